@@ -1,0 +1,42 @@
+# ReplaySSM Bench. The two set-up commands are `make test` and `make reproduce`; the rest are parts.
+# On a CPU box everything runs in .venv with the pinned CPU stack (constraints-cpu.txt).
+# On a GPU box, reuse the CUDA torch you have: `make reproduce PY=python` (no venv is made then).
+
+SHELL := /bin/bash
+VENV  := .venv
+PY    ?= $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PYTHONHASHSEED := 0
+
+.PHONY: test lint bench-cpu kernel-report reproduce venv clean
+
+$(STAMP): pyproject.toml constraints-cpu.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -c constraints-cpu.txt -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# The whole suite on CPU: Triton kernels run under the interpreter (TRITON_INTERPRET=1).
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -n 2 --dist loadfile -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+# CPU micro-benchmarks (pytest-benchmark): baseline AR vs ReplaySSM AR, torch backend.
+bench-cpu: $(STAMP)
+	$(VENV)/bin/python -m pytest benchmarks -q -p no:randomly --benchmark-enable \
+		--benchmark-columns=median,iqr,rounds --benchmark-sort=name -s
+
+# Ahead-of-time build of every Triton kernel for sm_90 and sm_100: registers, spills, load widths.
+kernel-report: $(STAMP)
+	$(VENV)/bin/python scripts/kernel_report.py
+
+reproduce: $(STAMP)
+	bash scripts/reproduce.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""What serving engines do today: state-caching baselines with the same call shapes as ReplaySSM."""

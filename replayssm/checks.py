@@ -1,0 +1,128 @@
+"""Input validation shared by every method: clear ValueErrors before any kernel launch.
+
+Every public entry point (baselines and ReplaySSM, all backends) calls these before touching data, so a
+wrong shape, dtype, slot or backend fails the same way everywhere. Checks that would read device memory
+(slot values) are skipped while a CUDA graph is being captured, where a host sync is illegal.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+NULL_SLOT = -1  # a row whose slot is NULL_SLOT is padding: skipped, its output left as is
+BACKENDS = ("triton", "torch", "ref")
+ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+STATE_DTYPES = (torch.float32, torch.float16)
+
+
+def interpreter_active() -> bool:
+    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1 before import)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def aot_capture_active() -> bool:
+    """True while scripts/kernel_report.py captures launches to compile them ahead of time: kernels are
+    not run, so CPU tensors may be passed to the Triton backend without the interpreter."""
+    return os.environ.get("REPLAYSSM_AOT_CAPTURE", "0") == "1"
+
+
+def kernel_arch(device: torch.device | str) -> int:
+    """The GPU architecture launch configs are chosen for, as major*10+minor (90 = Hopper, 100 = Blackwell).
+
+    0 means the Triton interpreter (pick the biggest legal blocks: it costs per program, not per FLOP).
+    REPLAYSSM_TARGET_ARCH overrides it (the AOT kernel report builds for sm_90 and sm_100 on a CPU box).
+    """
+    override = os.environ.get("REPLAYSSM_TARGET_ARCH")
+    if override:
+        return int(override)
+    if interpreter_active() or torch.device(device).type != "cuda":
+        return 0
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def check_backend(backend: str, *tensors: torch.Tensor | None) -> None:
+    """Reject an unknown backend, and bf16 where the Triton interpreter would compute garbage."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    if backend == "triton":
+        devices = {t.device.type for t in tensors if t is not None}
+        if "cpu" in devices and not (interpreter_active() or aot_capture_active()):
+            raise ValueError("backend='triton' on CPU tensors needs TRITON_INTERPRET=1 set before importing triton")
+        if interpreter_active() and any(t is not None and t.dtype == torch.bfloat16 for t in tensors):
+            raise ValueError("bfloat16 is not supported by the Triton interpreter (TRITON_INTERPRET=1): "
+                             "it computes on the raw bit patterns; use float16/float32 on CPU")
+
+
+def check_dtype(name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]) -> None:
+    if t.dtype not in allowed:
+        raise ValueError(f"{name} has dtype {t.dtype}; expected one of {[str(d) for d in allowed]}")
+
+
+def check_shape(name: str, t: torch.Tensor | None, shape: tuple[int, ...]) -> None:
+    """Exact shape check; None passes (optional tensors)."""
+    if t is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {tuple(shape)}")
+
+
+def check_last_dim_contiguous(name: str, t: torch.Tensor | None) -> None:
+    """Kernels accept arbitrary strides on outer dims but need unit stride on the innermost one."""
+    if t is not None and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have unit stride on its last dim (got strides {t.stride()})")
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"tensors on different devices: {devices}")
+    return next(iter(devices.values()))
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def default_slots(batch: int, num_slots: int, device: torch.device) -> torch.Tensor:
+    if batch > num_slots:
+        raise ValueError(f"batch={batch} exceeds num_slots={num_slots}; pass slots explicitly")
+    return torch.arange(batch, dtype=torch.int32, device=device)
+
+
+def check_slots(slots: torch.Tensor | None, batch: int, num_slots: int, device: torch.device,
+                null_slot: int = NULL_SLOT) -> torch.Tensor:
+    """Return int32 slots [batch]; reject a wrong shape/dtype, a slot out of range, or a slot used twice."""
+    if slots is None:
+        return default_slots(batch, num_slots, device)
+    if slots.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"slots must be int32 or int64, got {slots.dtype}")
+    check_shape("slots", slots, (batch,))
+    if slots.device != device:
+        raise ValueError(f"slots on {slots.device}, cache on {device}")
+    if not _capturing():
+        live = slots[slots != null_slot]
+        if live.numel():
+            lo, hi = int(live.min()), int(live.max())
+            if lo < 0 or hi >= num_slots:
+                raise ValueError(f"slot out of range: slots span [{lo}, {hi}] but the pool has {num_slots} slots "
+                                 f"(null slot is {null_slot})")
+            if live.unique().numel() != live.numel():
+                raise ValueError("a slot appears in more than one row of the batch")
+    return slots.to(torch.int32)
+
+
+def check_num_accepted(num_accepted: torch.Tensor, batch: int, window: int) -> torch.Tensor:
+    """Accepted counts include the bonus token: each in 1..T."""
+    check_shape("num_accepted", num_accepted, (batch,))
+    if num_accepted.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"num_accepted must be an integer tensor, got {num_accepted.dtype}")
+    if not _capturing() and num_accepted.numel():
+        lo, hi = int(num_accepted.min()), int(num_accepted.max())
+        if lo < 1 or hi > window:
+            raise ValueError(f"num_accepted must be in 1..T={window}, got values in [{lo}, {hi}]")
+    return num_accepted.to(torch.int32)

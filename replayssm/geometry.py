@@ -1,0 +1,99 @@
+"""SSM layer geometries: Mamba-2 and Gated DeltaNet, with the production models and their TP splits.
+
+A geometry is the per-layer shape of one SSM mixer on one GPU. Tensor parallelism splits heads (and
+groups) evenly across ranks, so the geometry a kernel sees at TP=k is `geometry.tp_split(k)`.
+
+Sources for the numbers (see ../shared/docs/replayssm-method.md §7): the ReplaySSM fork's test
+geometries `nano4b=(96,80,128,8)`, `super120b=(128,64,128,8)`, `ultra550b=(256,64,128,8)`,
+`qwen4b=(16,32,128,128)`, `qwen122b=(16,64,128,128)`; TP8 of Super = 16 heads, 1 group (FlashInfer tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+def _check_positive(cls_name: str, **dims: int) -> None:
+    for name, value in dims.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{cls_name}.{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Mamba2Geometry:
+    """Mamba-2 mixer: state [nheads, headdim, dstate]; B and C are shared by nheads/ngroups heads."""
+
+    nheads: int
+    headdim: int
+    dstate: int
+    ngroups: int
+
+    def __post_init__(self) -> None:
+        _check_positive("Mamba2Geometry", nheads=self.nheads, headdim=self.headdim, dstate=self.dstate,
+                        ngroups=self.ngroups)
+        if self.nheads % self.ngroups:
+            raise ValueError(f"Mamba2Geometry: nheads={self.nheads} is not a multiple of ngroups={self.ngroups}")
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.nheads // self.ngroups
+
+    def state_numel(self) -> int:
+        """Elements of one sequence's state in one layer."""
+        return self.nheads * self.headdim * self.dstate
+
+    def tp_split(self, tp: int) -> Mamba2Geometry:
+        """The geometry one rank sees at tensor-parallel degree `tp` (heads and groups split evenly)."""
+        _check_positive("tp_split", tp=tp)
+        if self.nheads % tp or self.ngroups % tp:
+            raise ValueError(f"TP={tp} does not divide nheads={self.nheads} and ngroups={self.ngroups}")
+        return replace(self, nheads=self.nheads // tp, ngroups=self.ngroups // tp)
+
+
+@dataclass(frozen=True)
+class GDNGeometry:
+    """Gated DeltaNet mixer: H key heads (q, k [K]), HV value heads (v [V]); state [HV, V, K] (K-last)."""
+
+    H: int
+    HV: int
+    K: int
+    V: int
+
+    def __post_init__(self) -> None:
+        _check_positive("GDNGeometry", H=self.H, HV=self.HV, K=self.K, V=self.V)
+        if self.HV % self.H:
+            raise ValueError(f"GDNGeometry: HV={self.HV} is not a multiple of H={self.H}")
+
+    @property
+    def value_heads_per_key_head(self) -> int:
+        return self.HV // self.H
+
+    def state_numel(self) -> int:
+        return self.HV * self.V * self.K
+
+    def tp_split(self, tp: int) -> GDNGeometry:
+        _check_positive("tp_split", tp=tp)
+        if self.H % tp or self.HV % tp:
+            raise ValueError(f"TP={tp} does not divide H={self.H} and HV={self.HV}")
+        return replace(self, H=self.H // tp, HV=self.HV // tp)
+
+
+# The five production geometries (full width, TP=1). Keys are the model names used in conf/model/.
+MAMBA2_MODELS: dict[str, Mamba2Geometry] = {
+    "nemotron3_nano_4b": Mamba2Geometry(nheads=96, headdim=80, dstate=128, ngroups=8),
+    "nemotron3_super_120b": Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8),
+    "nemotron3_ultra_550b": Mamba2Geometry(nheads=256, headdim=64, dstate=128, ngroups=8),
+}
+GDN_MODELS: dict[str, GDNGeometry] = {
+    "qwen35_4b": GDNGeometry(H=16, HV=32, K=128, V=128),
+    "qwen35_122b_a10b": GDNGeometry(H=16, HV=64, K=128, V=128),
+}
+
+
+def get_geometry(model: str, tp: int = 1) -> Mamba2Geometry | GDNGeometry:
+    """Look up a production geometry by model name, split for tensor parallelism `tp`."""
+    table = {**MAMBA2_MODELS, **GDN_MODELS}
+    if model not in table:
+        raise ValueError(f"unknown model {model!r}; known models: {', '.join(sorted(table))}")
+    geometry = table[model]
+    return geometry if tp == 1 else geometry.tp_split(tp)

@@ -1,0 +1,194 @@
+"""ReplaySSM caches for Mamba-2: the AR buffer (ReplayCache) and the speculative ring (SpecRing).
+
+Everything persistent is allocated once here; no kernel allocates per step. Cursors live on the device
+and are advanced by kernels, so a decode step is CUDA-graph capturable.
+
+AR protocol (replayssm-method.md §3.1), per slot with h = write_pos[slot], L = buffer_len:
+    h <  L-1: output from checkpoint + h cached entries + current token; append the token at h; h += 1
+    h == L-1: flush: fold the L-1 entries and the current token into the checkpoint; h = 0
+L = 1 flushes every step, which is exactly the baseline selective state update.
+
+Spec protocol (§3.2, §3.3), history B, window T, logical length L = B + T, physical ring next_pow2(L):
+    verify: window token s sits at ring row (origin + write_pos + s) & (ring_len - 1); all T outputs come
+            from one checkpoint. Rows with is_flush first fold the committed history into the checkpoint.
+    commit: if the step flushed: origin += write_pos, write_pos = accepted; else write_pos += accepted;
+            is_flush = write_pos + 2T > L (early flush: the next window always fits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from replayssm.checks import ACT_DTYPES, NULL_SLOT, STATE_DTYPES, check_dtype, next_pow2
+from replayssm.geometry import Mamba2Geometry
+
+
+def _check_alloc(geometry, num_slots: int, state_dtype, act_dtype) -> None:
+    if not isinstance(geometry, Mamba2Geometry):
+        raise ValueError(f"expected a Mamba2Geometry, got {type(geometry).__name__}")
+    if not isinstance(num_slots, int) or num_slots <= 0:
+        raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
+    check_dtype("state_dtype", torch.empty(0, dtype=state_dtype), STATE_DTYPES)
+    check_dtype("act_dtype", torch.empty(0, dtype=act_dtype), ACT_DTYPES)
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass
+class ReplayCache:
+    """Checkpoint + linear input buffer for AR decode.
+
+    state     [num_slots, nheads, headdim, dstate]   checkpoint S0 (state_dtype)
+    x         [num_slots, nheads, buffer_len, headdim] cached x (act_dtype)
+    B         [num_slots, ngroups, buffer_len, dstate] cached B (act_dtype)
+    dt        [num_slots, nheads, buffer_len]          cached processed dt (fp32, after bias + softplus)
+    write_pos [num_slots] int32                        entries cached since the checkpoint
+    bc        [num_slots, ngroups, buffer_len] fp32    scratch: B_j . C_t of the output-only route
+    """
+
+    geometry: Mamba2Geometry
+    buffer_len: int
+    state: torch.Tensor
+    x: torch.Tensor
+    B: torch.Tensor
+    dt: torch.Tensor
+    write_pos: torch.Tensor
+    bc: torch.Tensor
+    null_slot: int = NULL_SLOT
+
+    @classmethod
+    def allocate(cls, geometry: Mamba2Geometry, num_slots: int, buffer_len: int, state_dtype=torch.float32,
+                 act_dtype=torch.float32, device="cpu") -> ReplayCache:
+        _check_alloc(geometry, num_slots, state_dtype, act_dtype)
+        if not isinstance(buffer_len, int) or buffer_len < 1:
+            raise ValueError(f"buffer_len must be an int >= 1, got {buffer_len!r}")
+        g, n, L = geometry, num_slots, buffer_len
+        return cls(
+            geometry=g, buffer_len=L,
+            state=torch.zeros(n, g.nheads, g.headdim, g.dstate, dtype=state_dtype, device=device),
+            x=torch.zeros(n, g.nheads, L, g.headdim, dtype=act_dtype, device=device),
+            B=torch.zeros(n, g.ngroups, L, g.dstate, dtype=act_dtype, device=device),
+            dt=torch.zeros(n, g.nheads, L, dtype=torch.float32, device=device),
+            write_pos=torch.zeros(n, dtype=torch.int32, device=device),
+            bc=torch.zeros(n, g.ngroups, L, dtype=torch.float32, device=device),
+        )
+
+    @property
+    def num_slots(self) -> int:
+        return self.state.shape[0]
+
+    @property
+    def state_dtype(self) -> torch.dtype:
+        return self.state.dtype
+
+    @property
+    def act_dtype(self) -> torch.dtype:
+        return self.x.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    def nbytes(self) -> int:
+        """Persistent bytes: checkpoint + buffers + cursors + scratch."""
+        return _nbytes(self.state, self.x, self.B, self.dt, self.write_pos, self.bc)
+
+    def reset(self, slots: torch.Tensor | None = None) -> None:
+        """A new request enters `slots` (its prefill state already in `state`): empty buffer."""
+        if slots is None:
+            self.write_pos.zero_()
+        else:
+            self.write_pos[slots.long()] = 0
+
+    def clone(self) -> ReplayCache:
+        return ReplayCache(self.geometry, self.buffer_len, self.state.clone(), self.x.clone(), self.B.clone(),
+                           self.dt.clone(), self.write_pos.clone(), self.bc.clone(), self.null_slot)
+
+
+@dataclass
+class SpecRing:
+    """Checkpoint + circular input ring for speculative decoding.
+
+    state     [num_slots, nheads, headdim, dstate]   checkpoint S0 (state_dtype)
+    x         [num_slots, nheads, ring_len, headdim] ring of x (act_dtype)
+    B         [num_slots, ngroups, ring_len, dstate] ring of B (act_dtype)
+    dt        [num_slots, nheads, ring_len]          ring of processed dt (fp32)
+    write_pos [num_slots] int32   committed history h since the checkpoint
+    origin    [num_slots] int32   ring row of history entry 0
+    is_flush  [num_slots] int32   1 if the next verify folds the history into the checkpoint first
+    bc        [num_slots, ngroups, ring_len, window] fp32 scratch: B_k . C_s for the window's readouts
+    """
+
+    geometry: Mamba2Geometry
+    history_len: int
+    window: int
+    state: torch.Tensor
+    x: torch.Tensor
+    B: torch.Tensor
+    dt: torch.Tensor
+    write_pos: torch.Tensor
+    origin: torch.Tensor
+    is_flush: torch.Tensor
+    bc: torch.Tensor
+    null_slot: int = NULL_SLOT
+
+    @classmethod
+    def allocate(cls, geometry: Mamba2Geometry, num_slots: int, history_len: int, window: int,
+                 state_dtype=torch.float32, act_dtype=torch.float32, device="cpu") -> SpecRing:
+        _check_alloc(geometry, num_slots, state_dtype, act_dtype)
+        for name, v in (("history_len", history_len), ("window", window)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if history_len < window:
+            raise ValueError(f"history_len B={history_len} < window T={window}: the ring needs B >= T "
+                             "so that a flushed window still fits")
+        g, n = geometry, num_slots
+        R = next_pow2(history_len + window)
+        return cls(
+            geometry=g, history_len=history_len, window=window,
+            state=torch.zeros(n, g.nheads, g.headdim, g.dstate, dtype=state_dtype, device=device),
+            x=torch.zeros(n, g.nheads, R, g.headdim, dtype=act_dtype, device=device),
+            B=torch.zeros(n, g.ngroups, R, g.dstate, dtype=act_dtype, device=device),
+            dt=torch.zeros(n, g.nheads, R, dtype=torch.float32, device=device),
+            write_pos=torch.zeros(n, dtype=torch.int32, device=device),
+            origin=torch.zeros(n, dtype=torch.int32, device=device),
+            is_flush=torch.zeros(n, dtype=torch.int32, device=device),
+            bc=torch.zeros(n, g.ngroups, R, window, dtype=torch.float32, device=device),
+        )
+
+    @property
+    def max_len(self) -> int:
+        """Logical length L = B + T: the most entries (history + window) a verify step touches."""
+        return self.history_len + self.window
+
+    @property
+    def ring_len(self) -> int:
+        return self.x.shape[2]
+
+    @property
+    def num_slots(self) -> int:
+        return self.state.shape[0]
+
+    @property
+    def state_dtype(self) -> torch.dtype:
+        return self.state.dtype
+
+    @property
+    def act_dtype(self) -> torch.dtype:
+        return self.x.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    def nbytes(self) -> int:
+        return _nbytes(self.state, self.x, self.B, self.dt, self.write_pos, self.origin, self.is_flush, self.bc)
+
+    def clone(self) -> SpecRing:
+        return SpecRing(self.geometry, self.history_len, self.window, self.state.clone(), self.x.clone(),
+                        self.B.clone(), self.dt.clone(), self.write_pos.clone(), self.origin.clone(),
+                        self.is_flush.clone(), self.bc.clone(), self.null_slot)

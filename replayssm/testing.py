@@ -1,0 +1,52 @@
+"""Comparison helpers shared by the tests and the harness's correctness gate.
+
+Error metric: relative RMSE, ||out - ref||_2 / ||ref||_2 (FLA's `assert_close` metric), computed in
+float64. It is scale-free, so one tolerance per dtype pair works for every geometry. Tolerances are keyed
+by the lowest-precision dtype that touches the result (activations, state).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Relative-RMSE tolerance per storage dtype. fp32: far below tf32 drift (~1e-3), so a kernel that lets
+# `tl.dot` fall back to plain tf32 fails. fp16/bf16: a few ulps of output rounding.
+REL_TOL: dict[torch.dtype, float] = {
+    torch.float64: 1e-12,
+    torch.float32: 1e-5,
+    torch.float16: 2e-3,
+    torch.bfloat16: 1.6e-2,
+}
+
+
+def tolerance(*dtypes: torch.dtype) -> float:
+    """The tolerance for a result that passed through every dtype in `dtypes` (the loosest wins)."""
+    return max(REL_TOL[d] for d in dtypes)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative RMSE in float64. NaN anywhere in `out` gives inf (never passes)."""
+    out64, ref64 = out.detach().double().cpu(), ref.detach().double().cpu()
+    if out64.shape != ref64.shape:
+        raise ValueError(f"shape mismatch: {tuple(out64.shape)} vs reference {tuple(ref64.shape)}")
+    if not torch.isfinite(out64).all():
+        return float("inf")
+    denom = ref64.norm().item()
+    diff = (out64 - ref64).norm().item()
+    if denom == 0.0:
+        return diff
+    return diff / denom
+
+
+def assert_rel_close(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    err = rel_err(out, ref)
+    assert err <= tol, f"{name}: relative error {err:.3e} exceeds {tol:.1e}"
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill with NaN so a kernel that forgets to write part of an output fails loudly."""
+    return t.fill_(float("nan"))
+
+
+def nan_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(t, float("nan"))
