@@ -28,7 +28,7 @@ lint: $(STAMP)
 
 # CPU micro-benchmarks (pytest-benchmark): baseline AR vs ReplaySSM AR, torch backend.
 bench-cpu: $(STAMP)
-	$(VENV)/bin/python -m pytest benchmarks -q -p no:randomly --benchmark-enable \
+	$(VENV)/bin/python -m pytest benchmarks -q --benchmark-enable \
 		--benchmark-columns=median,iqr,rounds --benchmark-sort=name -s
 
 # Ahead-of-time build of every Triton kernel for sm_90 and sm_100: registers, spills, load widths.

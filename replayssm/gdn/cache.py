@@ -1,0 +1,106 @@
+"""ReplaySSM cache for Gated DeltaNet AR decode: checkpoint + linear buffer of (u, k, g).
+
+Everything persistent is allocated once here; no kernel allocates per step. The cursor lives on the device
+and is advanced by a kernel, so a decode step is CUDA-graph capturable.
+
+What is cached (replayssm-method.md §2.4, §3.1): the *corrected* update u = beta (v - alpha S k), not raw v
+(caching v would make every replayed step depend on the state before it), the key k after the optional
+L2 normalisation (per key head, shared by HV/H value heads), and the log decay g (fp32). The read vector q
+is never cached.
+
+AR protocol, per slot with h = write_pos[slot], L = buffer_len:
+    h <  L-1: output from checkpoint + h cached entries + current token; append (u, k, g) at h; h += 1
+    h == L-1: flush: fold the L-1 entries and the current token into the checkpoint; h = 0
+L = 1 flushes every step, which is exactly the baseline fused recurrent step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from replayssm.checks import ACT_DTYPES, NULL_SLOT, STATE_DTYPES, check_dtype
+from replayssm.geometry import GDNGeometry
+
+
+def check_gdn_alloc(geometry, num_slots: int, state_dtype, act_dtype) -> None:
+    """Validate the arguments every GDN cache allocation shares (also used by the spec ring)."""
+    if not isinstance(geometry, GDNGeometry):
+        raise ValueError(f"expected a GDNGeometry, got {type(geometry).__name__}")
+    if not isinstance(num_slots, int) or isinstance(num_slots, bool) or num_slots <= 0:
+        raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
+    check_dtype("state_dtype", torch.empty(0, dtype=state_dtype), STATE_DTYPES)
+    check_dtype("act_dtype", torch.empty(0, dtype=act_dtype), ACT_DTYPES)
+
+
+def nbytes_of(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass
+class ReplayCache:
+    """Checkpoint + linear input buffer for GDN AR decode.
+
+    state     [num_slots, HV, V, K]          checkpoint S0 (state_dtype, K-last like vLLM / FlashInfer)
+    u         [num_slots, HV, buffer_len, V] cached corrected updates u (act_dtype)
+    k         [num_slots, H, buffer_len, K]  cached keys, L2-normalised if the step asked for it (act_dtype)
+    g         [num_slots, HV, buffer_len]    cached log decays (fp32)
+    write_pos [num_slots] int32              entries cached since the checkpoint
+    """
+
+    geometry: GDNGeometry
+    buffer_len: int
+    state: torch.Tensor
+    u: torch.Tensor
+    k: torch.Tensor
+    g: torch.Tensor
+    write_pos: torch.Tensor
+    null_slot: int = NULL_SLOT
+
+    @classmethod
+    def allocate(cls, geometry: GDNGeometry, num_slots: int, buffer_len: int, state_dtype=torch.float32,
+                 act_dtype=torch.float32, device="cpu") -> ReplayCache:
+        check_gdn_alloc(geometry, num_slots, state_dtype, act_dtype)
+        if not isinstance(buffer_len, int) or isinstance(buffer_len, bool) or buffer_len < 1:
+            raise ValueError(f"buffer_len must be an int >= 1, got {buffer_len!r}")
+        gm, n, L = geometry, num_slots, buffer_len
+        return cls(
+            geometry=gm, buffer_len=L,
+            state=torch.zeros(n, gm.HV, gm.V, gm.K, dtype=state_dtype, device=device),
+            u=torch.zeros(n, gm.HV, L, gm.V, dtype=act_dtype, device=device),
+            k=torch.zeros(n, gm.H, L, gm.K, dtype=act_dtype, device=device),
+            g=torch.zeros(n, gm.HV, L, dtype=torch.float32, device=device),
+            write_pos=torch.zeros(n, dtype=torch.int32, device=device),
+        )
+
+    @property
+    def num_slots(self) -> int:
+        return self.state.shape[0]
+
+    @property
+    def state_dtype(self) -> torch.dtype:
+        return self.state.dtype
+
+    @property
+    def act_dtype(self) -> torch.dtype:
+        return self.u.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    def nbytes(self) -> int:
+        """Persistent bytes: checkpoint + buffers + cursors."""
+        return nbytes_of(self.state, self.u, self.k, self.g, self.write_pos)
+
+    def reset(self, slots: torch.Tensor | None = None) -> None:
+        """A new request enters `slots` (its prefill state already in `state`): empty buffer."""
+        if slots is None:
+            self.write_pos.zero_()
+        else:
+            self.write_pos[slots.long()] = 0
+
+    def clone(self) -> ReplayCache:
+        return ReplayCache(self.geometry, self.buffer_len, self.state.clone(), self.u.clone(), self.k.clone(),
+                           self.g.clone(), self.write_pos.clone(), self.null_slot)
