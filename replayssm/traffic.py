@@ -1,0 +1,508 @@
+"""Analytic HBM bytes and FLOPs per decode step, per layer, per sequence: the roofline model.
+
+Accounting (replayssm-method.md §5.1, §5.2): every byte a kernel must move from or to HBM at least once:
+the recurrent state(s), the step's inputs and outputs, the cache entries it reads and the ones it appends.
+Ignored, as in §5.2: the conv state, scratch (`bc_pre`), z, D and the per-head parameters (A, dt_bias).
+Sizes are parameters: `state_bytes` (4 fp32, 2 fp16), `act_bytes` (2 bf16/fp16, 4 fp32). Cached dt / g
+and the per-head scalars that arrive as inputs (raw dt, GDN g and beta) are fp32 in this repo (the inputs
+module draws them fp32), so they count 4 bytes each; the blog's formula counts raw dt at 2 bytes, a
+difference of nheads * 2 bytes per step (< 0.01 % of the total).
+
+One step is a `Traffic(read, write, flops)`; a mean over a cycle of steps has fractional fields. Divide by
+the accepted count for a per-token figure: `mamba2_replay_spec(...) / accepted`.
+
+Mamba-2 shapes per sequence (geometry nheads H, headdim P, dstate N, ngroups G):
+    state [H, P, N]; inputs x [H, P], B, C [G, N], dt [H]; output y [H, P];
+    cache entry per token (AR buffer, spec ring, commit-replay stash): x [H, P], B [G, N], dt [H] fp32.
+GDN shapes per sequence (key heads H, value heads HV, K, V):
+    state [HV, V, K]; inputs q, k [H, K], v [HV, V], g, beta [HV] fp32; output o [HV, V];
+    ReplaySSM entry: u [HV, V], k [H, K], g [HV] fp32; commit-replay stash: raw v, k, g, beta.
+
+FLOPs per head follow the blog's convention (§5.1, Mamba-2: d = headdim, n = dstate, h cached entries):
+    baseline step                          6dn            (= the state-and-output route with h = 0)
+    state-and-output route (and flushes)   2(h+1)dn + 2dn + 2dn
+    output-only route                      2dn + d + 2(h+1)n + n + 2(h+1)d
+GDN (per value head, VK = V*K) counts its rank updates and readouts the same way; see `_gdn_flops_*`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from replayssm.checks import next_pow2
+from replayssm.geometry import GDNGeometry, Mamba2Geometry
+
+FP32 = 4
+HALF = 2                       # bf16 / fp16
+CACHED_SCALAR_BYTES = FP32     # cached dt / g, and the raw dt, g, beta inputs
+ROUTES = ("output_only", "state_and_output")
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """HBM bytes read and written, and FLOPs, of one step (ints), or a mean over steps (fractional)."""
+
+    read: float
+    write: float
+    flops: float
+
+    @property
+    def total(self) -> float:
+        """Bytes moved, read + write."""
+        return self.read + self.write
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, FLOPs per byte."""
+        return self.flops / self.total
+
+    def __add__(self, other: Traffic) -> Traffic:
+        return Traffic(self.read + other.read, self.write + other.write, self.flops + other.flops)
+
+    def __mul__(self, k: float) -> Traffic:
+        return Traffic(self.read * k, self.write * k, self.flops * k)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, k: float) -> Traffic:
+        return Traffic(self.read / k, self.write / k, self.flops / k)
+
+
+def mean_traffic(steps: list[Traffic]) -> Traffic:
+    """The mean step of a cycle."""
+    if not steps:
+        raise ValueError("mean_traffic needs at least one step")
+    total = steps[0]
+    for s in steps[1:]:
+        total = total + s
+    return total / len(steps)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Persistent bytes per sequence per layer: recurrent state(s), input buffers/rings, and the small rest
+    (cursors and per-slot scratch) that the caches in this repo also allocate."""
+
+    states: int
+    buffers: int
+    scratch: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.states + self.buffers + self.scratch
+
+
+# ---------------------------------------------------------------------------------------------------------
+# validation
+
+
+def _check_geometry(geom, cls) -> None:
+    if not isinstance(geom, cls):
+        raise ValueError(f"expected a {cls.__name__}, got {type(geom).__name__}")
+
+
+def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+        raise ValueError(f"{name} must be an int {bound}, got {value!r}")
+
+
+def _check_dtypes(state_bytes: int, act_bytes: int) -> None:
+    if state_bytes not in (2, 4):
+        raise ValueError(f"state_bytes must be 2 (fp16) or 4 (fp32), got {state_bytes!r}")
+    if act_bytes not in (2, 4):
+        raise ValueError(f"act_bytes must be 2 (bf16/fp16) or 4 (fp32), got {act_bytes!r}")
+
+
+def _check_route(route: str) -> None:
+    if route not in ROUTES:
+        raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
+
+
+def _check_spec(T: int, accepted: int, B_hist: int | None = None) -> None:
+    _check_int("T", T, 1)
+    _check_int("accepted", accepted, 1, T)
+    if B_hist is not None:
+        _check_int("B_hist", B_hist, 1)
+        if B_hist < T:
+            raise ValueError(f"B_hist={B_hist} < T={T}: the ring needs B >= T")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the speculative ring's cursor protocol (replayssm-method.md §3.3), simulated at a fixed acceptance
+
+
+def spec_cycle(B_hist: int, T: int, accepted: int) -> list[tuple[int, bool]]:
+    """The steady-state cycle of (history h, is_flush) seen by verify when every step accepts `accepted`.
+
+    Commit: after a flush step write_pos = accepted, else write_pos += accepted; then
+    is_flush_next = write_pos + 2T > B_hist + T. A reset row starts at write_pos 0, is_flush = 2T > B + T.
+    """
+    _check_spec(T, accepted, B_hist)
+    write_pos, is_flush = 0, 2 * T > B_hist + T
+    first_seen: dict[tuple[int, bool], int] = {}
+    steps: list[tuple[int, bool]] = []
+    while (write_pos, is_flush) not in first_seen:
+        first_seen[(write_pos, is_flush)] = len(steps)
+        steps.append((write_pos, is_flush))
+        write_pos = accepted if is_flush else write_pos + accepted
+        is_flush = write_pos + 2 * T > B_hist + T
+    return steps[first_seen[(write_pos, is_flush)]:]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Mamba-2 sizes and FLOPs
+
+
+def mamba2_state_bytes(geom: Mamba2Geometry, state_bytes: int = FP32) -> int:
+    return geom.nheads * geom.headdim * geom.dstate * state_bytes
+
+
+def mamba2_input_bytes(geom: Mamba2Geometry, act_bytes: int = HALF) -> int:
+    """One token's inputs: x [H, P], B and C [G, N] (act), raw dt [H] (fp32)."""
+    g = geom
+    return g.nheads * g.headdim * act_bytes + 2 * g.ngroups * g.dstate * act_bytes + g.nheads * CACHED_SCALAR_BYTES
+
+
+def mamba2_output_bytes(geom: Mamba2Geometry, act_bytes: int = HALF) -> int:
+    return geom.nheads * geom.headdim * act_bytes
+
+
+def mamba2_entry_bytes(geom: Mamba2Geometry, act_bytes: int = HALF) -> int:
+    """One cached token (AR buffer, spec ring, commit-replay stash): x [H, P], B [G, N] (act), dt [H] fp32.
+    C is never cached (replayssm-method.md §3)."""
+    g = geom
+    return g.nheads * g.headdim * act_bytes + g.ngroups * g.dstate * act_bytes + g.nheads * CACHED_SCALAR_BYTES
+
+
+def _mamba2_flops_baseline(geom: Mamba2Geometry) -> int:
+    d, n = geom.headdim, geom.dstate
+    return geom.nheads * 6 * d * n
+
+
+def _mamba2_flops_state_and_output(geom: Mamba2Geometry, h: int) -> int:
+    """Materialise S = a S0 + sum_{j<=h} s_j x_j B_j^T (rank h+1), then y = S C."""
+    d, n = geom.headdim, geom.dstate
+    return geom.nheads * (2 * (h + 1) * d * n + 2 * d * n + 2 * d * n)
+
+
+def _mamba2_flops_output_only(geom: Mamba2Geometry, h: int) -> int:
+    """y = a (S0 C) + sum_{j<=h} s_j (B_j . C) x_j: the state-building term 2(h+1)dn becomes 2(h+1)(d+n)."""
+    d, n = geom.headdim, geom.dstate
+    return geom.nheads * (2 * d * n + d + 2 * (h + 1) * n + n + 2 * (h + 1) * d)
+
+
+def _mamba2_flops_spec_verify(geom: Mamba2Geometry, h: int, T: int, flush: bool) -> int:
+    """Window of T from one checkpoint: T checkpoint readouts (S0 C_s), then the causal term over the h
+    history entries and the window (B_k . C_s and the weighted sum of x_k, for k <= h + s). A flush step
+    first rebuilds S1 from the h history entries (rank h + decay) and the causal term covers the window only."""
+    d, n = geom.headdim, geom.dstate
+    hist = 0 if flush else h
+    causal = sum(2 * (hist + s + 1) * (n + d) for s in range(T))
+    rebuild = (2 * h * d * n + 2 * d * n) if flush else 0
+    return geom.nheads * (rebuild + 2 * T * d * n + causal)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Mamba-2 autoregressive decode
+
+
+def mamba2_baseline_ar(geom: Mamba2Geometry, state_bytes: int = FP32, act_bytes: int = HALF) -> Traffic:
+    """Selective state update: read + write the state; read x, B, C, dt; write y."""
+    _check_geometry(geom, Mamba2Geometry)
+    _check_dtypes(state_bytes, act_bytes)
+    state = mamba2_state_bytes(geom, state_bytes)
+    return Traffic(read=state + mamba2_input_bytes(geom, act_bytes),
+                   write=state + mamba2_output_bytes(geom, act_bytes),
+                   flops=_mamba2_flops_baseline(geom))
+
+
+def mamba2_replay_ar(geom: Mamba2Geometry, L: int, h: int, route: str = "output_only", state_bytes: int = FP32,
+                     act_bytes: int = HALF) -> Traffic:
+    """ReplaySSM AR step at fill h (entries cached since the checkpoint), buffer length L.
+
+    h < L-1: read the checkpoint, the h cached entries and the inputs; write y and append one entry.
+    h == L-1 (flush): the same reads; write y and the new checkpoint, append nothing. Flushes always take
+    the state-and-output route. With L = 1 every step is a flush at h = 0: exactly the baseline.
+    """
+    _check_geometry(geom, Mamba2Geometry)
+    _check_dtypes(state_bytes, act_bytes)
+    _check_route(route)
+    _check_int("L", L, 1)
+    _check_int("h", h, 0, L - 1)
+    state = mamba2_state_bytes(geom, state_bytes)
+    entry = mamba2_entry_bytes(geom, act_bytes)
+    flush = h == L - 1
+    read = state + h * entry + mamba2_input_bytes(geom, act_bytes)
+    write = mamba2_output_bytes(geom, act_bytes) + (state if flush else entry)
+    if flush or route == "state_and_output":
+        flops = _mamba2_flops_state_and_output(geom, h)
+    else:
+        flops = _mamba2_flops_output_only(geom, h)
+    return Traffic(read=read, write=write, flops=flops)
+
+
+def mamba2_replay_ar_cycle(geom: Mamba2Geometry, L: int, route: str = "output_only", state_bytes: int = FP32,
+                           act_bytes: int = HALF) -> Traffic:
+    """Mean step over one flush cycle h = 0..L-1 (what a timed run of L consecutive steps measures)."""
+    _check_int("L", L, 1)
+    return mean_traffic([mamba2_replay_ar(geom, L, h, route, state_bytes, act_bytes) for h in range(L)])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Mamba-2 speculative decode (window T = 1 + drafts; `accepted` in 1..T counts the bonus token)
+
+
+def mamba2_baseline_spec(geom: Mamba2Geometry, T: int, state_bytes: int = FP32, act_bytes: int = HALF) -> Traffic:
+    """vLLM native: read one state snapshot, run the window serially, write T snapshots (one per draft)."""
+    _check_geometry(geom, Mamba2Geometry)
+    _check_dtypes(state_bytes, act_bytes)
+    _check_int("T", T, 1)
+    state = mamba2_state_bytes(geom, state_bytes)
+    return Traffic(read=state + T * mamba2_input_bytes(geom, act_bytes),
+                   write=T * state + T * mamba2_output_bytes(geom, act_bytes),
+                   flops=T * _mamba2_flops_baseline(geom))
+
+
+def mamba2_commit_replay_spec(geom: Mamba2Geometry, T: int, accepted: int, state_bytes: int = FP32,
+                              act_bytes: int = HALF) -> Traffic:
+    """Commit-time replay: verify reads the frozen checkpoint once (serial window in registers, writes y
+    and stashes the T entries); commit reads the checkpoint and the `accepted` stash entries and writes
+    the checkpoint once (a rank-`accepted` update)."""
+    _check_geometry(geom, Mamba2Geometry)
+    _check_dtypes(state_bytes, act_bytes)
+    _check_spec(T, accepted)
+    state = mamba2_state_bytes(geom, state_bytes)
+    entry = mamba2_entry_bytes(geom, act_bytes)
+    d, n = geom.headdim, geom.dstate
+    verify = Traffic(read=state + T * mamba2_input_bytes(geom, act_bytes),
+                     write=T * mamba2_output_bytes(geom, act_bytes) + T * entry,
+                     flops=T * _mamba2_flops_baseline(geom))
+    commit = Traffic(read=state + accepted * entry, write=state,
+                     flops=geom.nheads * (2 * accepted * d * n + 2 * d * n))
+    return verify + commit
+
+
+def mamba2_replay_spec_step(geom: Mamba2Geometry, T: int, h: int, flush: bool, state_bytes: int = FP32,
+                            act_bytes: int = HALF) -> Traffic:
+    """One ReplaySSM verify step with committed history h: read the checkpoint, the h history entries and
+    the window's inputs; write the T window entries into the ring and the T outputs; a flush step also
+    writes the rebuilt checkpoint (the commit kernel moves cursors only: no HBM traffic to speak of)."""
+    state = mamba2_state_bytes(geom, state_bytes)
+    entry = mamba2_entry_bytes(geom, act_bytes)
+    return Traffic(read=state + h * entry + T * mamba2_input_bytes(geom, act_bytes),
+                   write=T * entry + T * mamba2_output_bytes(geom, act_bytes) + (state if flush else 0),
+                   flops=_mamba2_flops_spec_verify(geom, h, T, flush))
+
+
+def mamba2_replay_spec(geom: Mamba2Geometry, B_hist: int, T: int, accepted: int, state_bytes: int = FP32,
+                       act_bytes: int = HALF) -> Traffic:
+    """Steady-state mean per step of ReplaySSM spec when every step accepts `accepted` tokens."""
+    _check_geometry(geom, Mamba2Geometry)
+    _check_dtypes(state_bytes, act_bytes)
+    return mean_traffic([mamba2_replay_spec_step(geom, T, h, flush, state_bytes, act_bytes)
+                         for h, flush in spec_cycle(B_hist, T, accepted)])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GDN sizes and FLOPs
+
+
+def gdn_state_bytes(geom: GDNGeometry, state_bytes: int = FP32) -> int:
+    return geom.HV * geom.V * geom.K * state_bytes
+
+
+def gdn_input_bytes(geom: GDNGeometry, act_bytes: int = HALF) -> int:
+    """One token's inputs: q, k [H, K], v [HV, V] (act); g, beta [HV] (fp32)."""
+    g = geom
+    return 2 * g.H * g.K * act_bytes + g.HV * g.V * act_bytes + 2 * g.HV * CACHED_SCALAR_BYTES
+
+
+def gdn_output_bytes(geom: GDNGeometry, act_bytes: int = HALF) -> int:
+    return geom.HV * geom.V * act_bytes
+
+
+def gdn_entry_bytes(geom: GDNGeometry, act_bytes: int = HALF) -> int:
+    """One ReplaySSM cached token: corrected update u [HV, V], key k [H, K] (act), log decay g [HV] fp32."""
+    g = geom
+    return g.HV * g.V * act_bytes + g.H * g.K * act_bytes + g.HV * CACHED_SCALAR_BYTES
+
+
+def gdn_stash_bytes(geom: GDNGeometry, act_bytes: int = HALF) -> int:
+    """One commit-replay stash token: raw v [HV, V], k [H, K] (act), g, beta [HV] fp32 (u cannot be
+    stashed: it depends on the state at the token, which the commit recomputes serially)."""
+    g = geom
+    return g.HV * g.V * act_bytes + g.H * g.K * act_bytes + 2 * g.HV * CACHED_SCALAR_BYTES
+
+
+def _gdn_flops_baseline_token(geom: GDNGeometry, readout: bool = True) -> int:
+    """Decay alpha S (VK), S k (2VK), rank-1 update (2VK), S q (2VK, if `readout`); u = beta (v - S k) (2V)."""
+    VK = geom.V * geom.K
+    return geom.HV * (VK + 2 * VK + 2 * VK + (2 * VK if readout else 0) + 2 * geom.V)
+
+
+def _gdn_flops_replay(geom: GDNGeometry, h: int, flush: bool) -> int:
+    """Rebuild S_h = e^G S0 + sum_{j<h} w_j u_j k_j^T (VK + 2hVK, nothing when h = 0), read it with k and q
+    (4VK), the token's vector work (u: 3V; o = alpha S_h q + u (k . q): 3V + 2K); a flush writes
+    alpha S_h + u k^T (3VK)."""
+    V, K = geom.V, geom.K
+    VK = V * K
+    rebuild = (VK + 2 * h * VK) if h else 0
+    fold = 3 * VK if flush else 0
+    return geom.HV * (rebuild + 4 * VK + 6 * V + 2 * K + fold)
+
+
+def _gdn_flops_spec_verify(geom: GDNGeometry, h: int, T: int, flush: bool) -> int:
+    """Window of T from one checkpoint (replayssm-method.md §2.6). Non-flush: S0 q_s, S0 k_s (4T VK) plus the
+    history terms k_j . q_s, k_j . k_s and sum_j w_j u_j (.) (4hT(K + V)). Flush: rebuild S_h (VK + 2hVK)
+    and read it (4T VK). Both: the T x T system, A (T^2 K), solve (T^2 V) and the intra-window output
+    (T(T+1)(K + V))."""
+    V, K = geom.V, geom.K
+    VK = V * K
+    if flush:
+        checkpoint = (VK + 2 * h * VK if h else 0) + 4 * T * VK
+    else:
+        checkpoint = 4 * T * VK + 4 * h * T * (K + V)
+    window = T * T * K + T * T * V + T * (T + 1) * (K + V)
+    return geom.HV * (checkpoint + window)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GDN autoregressive decode (ReplaySSM uses the state-and-output route only: it needs S k and S q)
+
+
+def gdn_baseline_ar(geom: GDNGeometry, state_bytes: int = FP32, act_bytes: int = HALF) -> Traffic:
+    """Fused recurrent step: read + write the state; read q, k, v, g, beta; write o."""
+    _check_geometry(geom, GDNGeometry)
+    _check_dtypes(state_bytes, act_bytes)
+    state = gdn_state_bytes(geom, state_bytes)
+    return Traffic(read=state + gdn_input_bytes(geom, act_bytes),
+                   write=state + gdn_output_bytes(geom, act_bytes),
+                   flops=_gdn_flops_baseline_token(geom))
+
+
+def gdn_replay_ar(geom: GDNGeometry, L: int, h: int, state_bytes: int = FP32, act_bytes: int = HALF) -> Traffic:
+    """ReplaySSM GDN AR step at fill h: as `mamba2_replay_ar` with the (u, k, g) entry; h == L-1 flushes."""
+    _check_geometry(geom, GDNGeometry)
+    _check_dtypes(state_bytes, act_bytes)
+    _check_int("L", L, 1)
+    _check_int("h", h, 0, L - 1)
+    state = gdn_state_bytes(geom, state_bytes)
+    entry = gdn_entry_bytes(geom, act_bytes)
+    flush = h == L - 1
+    return Traffic(read=state + h * entry + gdn_input_bytes(geom, act_bytes),
+                   write=gdn_output_bytes(geom, act_bytes) + (state if flush else entry),
+                   flops=_gdn_flops_replay(geom, h, flush))
+
+
+def gdn_replay_ar_cycle(geom: GDNGeometry, L: int, state_bytes: int = FP32, act_bytes: int = HALF) -> Traffic:
+    """Mean step over one flush cycle h = 0..L-1."""
+    _check_int("L", L, 1)
+    return mean_traffic([gdn_replay_ar(geom, L, h, state_bytes, act_bytes) for h in range(L)])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GDN speculative decode
+
+
+def gdn_baseline_spec(geom: GDNGeometry, T: int, state_bytes: int = FP32, act_bytes: int = HALF) -> Traffic:
+    """vLLM native: one state read, T snapshot writes, the window's inputs and outputs."""
+    _check_geometry(geom, GDNGeometry)
+    _check_dtypes(state_bytes, act_bytes)
+    _check_int("T", T, 1)
+    state = gdn_state_bytes(geom, state_bytes)
+    return Traffic(read=state + T * gdn_input_bytes(geom, act_bytes),
+                   write=T * state + T * gdn_output_bytes(geom, act_bytes),
+                   flops=T * _gdn_flops_baseline_token(geom))
+
+
+def gdn_commit_replay_spec(geom: GDNGeometry, T: int, accepted: int, state_bytes: int = FP32,
+                           act_bytes: int = HALF) -> Traffic:
+    """Commit-time replay (FlashInfer style): verify reads the frozen checkpoint once, runs the window
+    serially in registers, writes o and stashes raw (v, k, g, beta); commit reads the checkpoint and the
+    `accepted` stash entries, re-runs them serially (no readout) and writes the checkpoint once."""
+    _check_geometry(geom, GDNGeometry)
+    _check_dtypes(state_bytes, act_bytes)
+    _check_spec(T, accepted)
+    state = gdn_state_bytes(geom, state_bytes)
+    stash = gdn_stash_bytes(geom, act_bytes)
+    verify = Traffic(read=state + T * gdn_input_bytes(geom, act_bytes),
+                     write=T * gdn_output_bytes(geom, act_bytes) + T * stash,
+                     flops=T * _gdn_flops_baseline_token(geom))
+    commit = Traffic(read=state + accepted * stash, write=state,
+                     flops=accepted * _gdn_flops_baseline_token(geom, readout=False))
+    return verify + commit
+
+
+def gdn_replay_spec_step(geom: GDNGeometry, T: int, h: int, flush: bool, state_bytes: int = FP32,
+                         act_bytes: int = HALF) -> Traffic:
+    """One ReplaySSM GDN verify step with committed history h (see `mamba2_replay_spec_step`)."""
+    state = gdn_state_bytes(geom, state_bytes)
+    entry = gdn_entry_bytes(geom, act_bytes)
+    return Traffic(read=state + h * entry + T * gdn_input_bytes(geom, act_bytes),
+                   write=T * entry + T * gdn_output_bytes(geom, act_bytes) + (state if flush else 0),
+                   flops=_gdn_flops_spec_verify(geom, h, T, flush))
+
+
+def gdn_replay_spec(geom: GDNGeometry, B_hist: int, T: int, accepted: int, state_bytes: int = FP32,
+                    act_bytes: int = HALF) -> Traffic:
+    """Steady-state mean per step of ReplaySSM GDN spec when every step accepts `accepted` tokens."""
+    _check_geometry(geom, GDNGeometry)
+    _check_dtypes(state_bytes, act_bytes)
+    return mean_traffic([gdn_replay_spec_step(geom, T, h, flush, state_bytes, act_bytes)
+                         for h, flush in spec_cycle(B_hist, T, accepted)])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# persistent footprint per sequence per layer (max concurrency under an HBM budget)
+
+_CURSOR = 4  # one int32 per slot
+
+
+def cache_footprint(method: str, geom: Mamba2Geometry | GDNGeometry, *, L: int | None = None,
+                    B_hist: int | None = None, T: int | None = None, state_bytes: int = FP32,
+                    act_bytes: int = HALF) -> Footprint:
+    """Persistent bytes one sequence holds in one layer, for `method` in
+    "baseline_ar" (state), "replay_ar" (checkpoint + L entries; needs L), "baseline_spec" (T snapshots, as
+    vLLM allocates 1 + num_spec blocks; needs T), "replay_spec" (checkpoint + ring of next_pow2(B + T)
+    entries; needs B_hist, T), "commit_replay_spec" (checkpoint + T-entry stash; needs T).
+    `scratch` holds what this repo's caches also allocate per slot (cursors, the Mamba-2 bc scratch), so
+    `total` matches `cache.nbytes() / num_slots`."""
+    _check_dtypes(state_bytes, act_bytes)
+    if isinstance(geom, Mamba2Geometry):
+        state, entry, stash = (mamba2_state_bytes(geom, state_bytes), mamba2_entry_bytes(geom, act_bytes),
+                               mamba2_entry_bytes(geom, act_bytes))
+        bc_per_row = geom.ngroups * FP32          # bc scratch: one fp32 per (group, buffer row[, window pos])
+    elif isinstance(geom, GDNGeometry):
+        state, entry, stash = (gdn_state_bytes(geom, state_bytes), gdn_entry_bytes(geom, act_bytes),
+                               gdn_stash_bytes(geom, act_bytes))
+        bc_per_row = 0
+    else:
+        raise ValueError(f"expected a Mamba2Geometry or GDNGeometry, got {type(geom).__name__}")
+
+    if method == "baseline_ar":
+        return Footprint(states=state, buffers=0)
+    if method == "replay_ar":
+        _check_int("L", L, 1)
+        return Footprint(states=state, buffers=L * entry, scratch=L * bc_per_row + _CURSOR)
+    if method == "baseline_spec":
+        _check_int("T", T, 1)
+        return Footprint(states=T * state, buffers=0, scratch=_CURSOR)   # which snapshot is the committed one
+    if method == "replay_spec":
+        _check_spec(T, 1, B_hist)
+        ring = next_pow2(B_hist + T)
+        return Footprint(states=state, buffers=ring * entry, scratch=ring * T * bc_per_row + 3 * _CURSOR)
+    if method == "commit_replay_spec":
+        _check_int("T", T, 1)
+        return Footprint(states=state, buffers=T * stash)
+    raise ValueError(f"unknown method {method!r}; expected baseline_ar, replay_ar, baseline_spec, replay_spec "
+                     "or commit_replay_spec")
+
+
+def max_concurrency(hbm_budget_bytes: int, footprint: Footprint, num_layers: int) -> int:
+    """Sequences whose SSM caches fit in `hbm_budget_bytes` when each holds `footprint` in each of
+    `num_layers` SSM layers."""
+    _check_int("num_layers", num_layers, 1)
+    if hbm_budget_bytes < 0:
+        raise ValueError(f"hbm_budget_bytes must be >= 0, got {hbm_budget_bytes}")
+    return int(hbm_budget_bytes // (footprint.total * num_layers))
