@@ -1,0 +1,248 @@
+"""ReplaySSM AR decode for Mamba-2: one token per row from a checkpoint + input buffer (replayssm-method.md §2.3).
+
+    replay_step(cache, x, dt, A, B, C, ...) -> y [batch, nheads, headdim]
+    materialize(cache, slots=None)          -> state [batch, nheads, headdim, dstate] fp32
+
+Protocol per row (slot s, h = cache.write_pos[s], L = cache.buffer_len):
+    h <  L-1  normal step: y from the checkpoint + the h cached entries + the current token; the current
+              x, B, processed dt are appended at buffer row h; write_pos <- h + 1. The checkpoint is not written.
+    h == L-1  flush: the state after the current token is rebuilt and stored into the checkpoint (rounded
+              to the state dtype); nothing is appended; write_pos <- 0. L = 1 is the plain state update.
+Routes (normal steps only; a flush always rebuilds the state):
+    "output_only"      y = abar (S0 C) + sum_j s_j (B_j . C) x_j  with B_j . C precomputed once per group
+    "state_and_output" S_t = abar S0 + X^T (s * B) with a dot over the buffer axis, then y = S_t C
+Backends compute the same function and leave the same cache contents (state, x, B, dt, write_pos):
+"triton" (decode_kernels.py), "torch" (decode_torch.py, vectorised: the CPU timing backend) and "ref"
+(decode_ref.py, float64 loops: the protocol oracle). cache.bc is the output-only route's scratch: only
+the Triton output-only route writes it.
+
+The Triton path is CUDA-graph capturable: no host reads of device values (slot validation in
+replayssm/checks.py is skipped during capture), every tensor preallocated in the cache.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from replayssm.checks import (
+    check_backend,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_same_device,
+    check_shape,
+    check_slots,
+    kernel_arch,
+    next_pow2,
+)
+from replayssm.geometry import Mamba2Geometry
+from replayssm.mamba2.cache import ReplayCache
+
+ROUTES = ("output_only", "state_and_output")
+DT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_DSTATE = 256  # dstate is held whole in one register tile
+_A_ATTR = "_replay_A"  # where replay_step leaves the layer's A on the cache object for materialize
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Tile sizes and warps of one (geometry, buffer_len, route, arch) point."""
+
+    block_m: int       # headdim rows per program of the main kernel
+    block_n: int       # dstate, whole, padded to a power of 2 (>= 16 for tl.dot)
+    block_l: int       # buffer axis padded to a power of 2 >= 16 (tl.dot needs K >= 16)
+    num_warps: int
+    precompute_warps: int
+    dot_precision: str  # fp32 parity for the reconstruction dot: plain tf32 drifts ~1e-3
+
+
+@functools.lru_cache(maxsize=256)
+def launch_config(geometry: Mamba2Geometry, buffer_len: int, route: str, arch: int) -> LaunchConfig:
+    """The launch table. arch 0 = Triton interpreter: biggest legal blocks, so the grid is tiny (it costs
+    per program). GPU (sm_90 / sm_100 alike): the official fork's BLOCK_M for fp32 state, output_only 16
+    and state_and_output 32 (BLOCK_M 64 spills at fp32 with dstate 128). Warps from the AOT kernel report
+    (scripts/kernel_report.py, dstate 128, bf16 activations): output_only 1 warp = 254 registers, no spill
+    (the flush branch's tf32x3 dot sets the count; 2 warps would halve it); state_and_output and materialize
+    need 4 warps (1 warp spills 300+ bytes, 4 warps use 132 registers)."""
+    if geometry.dstate > MAX_DSTATE:
+        raise ValueError(f"cannot tile dstate={geometry.dstate}: the kernel holds dstate whole in one tile "
+                         f"(at most {MAX_DSTATE})")
+    block_n = max(16, next_pow2(geometry.dstate))
+    block_l = max(16, next_pow2(buffer_len))
+    if arch == 0:
+        return LaunchConfig(max(16, next_pow2(geometry.headdim)), block_n, block_l, 1, 1, "ieee")
+    if route == "output_only":
+        return LaunchConfig(16, block_n, block_l, 1, 2, "tf32x3")
+    return LaunchConfig(32, block_n, block_l, 4, 2, "tf32x3")
+
+
+def _validate_common(cache: ReplayCache, backend: str) -> None:
+    if not isinstance(cache, ReplayCache):
+        raise ValueError(f"expected a replayssm.mamba2.ReplayCache, got {type(cache).__name__}")
+    if backend == "triton" and cache.geometry.dstate > MAX_DSTATE:
+        raise ValueError(f"cannot tile dstate={cache.geometry.dstate}: the Triton kernels hold dstate whole in one "
+                         f"tile (at most {MAX_DSTATE}); use backend='torch' or 'ref'")
+    check_backend(backend, cache.state, cache.x)
+    for name in ("state", "x", "B", "dt", "bc"):  # kernels take outer strides only
+        check_last_dim_contiguous(f"cache.{name}", getattr(cache, name))
+
+
+def _validate_step(cache, x, dt, A, B, C, D, z, dt_bias, slots, route, out, backend) -> torch.Tensor:
+    """All checks of replay_step; returns int32 slots [batch]."""
+    _validate_common(cache, backend)
+    if route not in ROUTES:
+        raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
+    g = cache.geometry
+    if x.dim() != 3:
+        raise ValueError(f"x must be [batch, nheads, headdim], got shape {tuple(x.shape)}")
+    batch = x.shape[0]
+    check_backend(backend, x, dt, B, C, z, out)
+    for name, t, shape in (("x", x, (batch, g.nheads, g.headdim)), ("z", z, (batch, g.nheads, g.headdim)),
+                           ("out", out, (batch, g.nheads, g.headdim)), ("dt", dt, (batch, g.nheads)),
+                           ("B", B, (batch, g.ngroups, g.dstate)), ("C", C, (batch, g.ngroups, g.dstate)),
+                           ("A", A, (g.nheads,)), ("D", D, (g.nheads,)), ("dt_bias", dt_bias, (g.nheads,))):
+        check_shape(name, t, shape)
+        check_last_dim_contiguous(name, t)
+    for name, t in (("x", x), ("z", z), ("B", B), ("C", C), ("out", out)):
+        if t is not None and t.dtype != cache.act_dtype:
+            raise ValueError(f"{name} has dtype {t.dtype} but the cache's activation dtype is {cache.act_dtype}")
+    check_dtype("dt", dt, DT_DTYPES)
+    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+        if t is not None:
+            check_dtype(name, t, (torch.float32,))
+    device = check_same_device(cache=cache.state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, out=out)
+    return check_slots(slots, batch, cache.num_slots, device, cache.null_slot)
+
+
+def replay_step(cache: ReplayCache, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                dt_bias: torch.Tensor | None = None, dt_softplus: bool = True, slots: torch.Tensor | None = None,
+                route: str = "output_only", out: torch.Tensor | None = None, backend: str = "triton") -> torch.Tensor:
+    """One AR decode step for every row; mutates the cache (buffers, cursors, checkpoint on flush rows).
+
+    x, z [batch, nheads, headdim] and B, C [batch, ngroups, dstate] in cache.act_dtype; dt [batch, nheads]
+    raw (float32/16/bf16); A, D, dt_bias [nheads] float32; slots int32 [batch] (default arange(batch);
+    NULL_SLOT rows are skipped: output left as is, cache untouched). Returns y [batch, nheads, headdim]
+    (written into `out` when given).
+    """
+    slot_ids = _validate_step(cache, x, dt, A, B, C, D, z, dt_bias, slots, route, out, backend)
+    if out is None:
+        out = torch.empty(x.shape, dtype=cache.act_dtype, device=x.device)
+    setattr(cache, _A_ATTR, A)  # a reference, for materialize(cache) without A
+    if x.shape[0] == 0:
+        return out
+    if backend == "ref":
+        from replayssm.mamba2.decode_ref import replay_step_ref
+        replay_step_ref(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slot_ids, out)
+    elif backend == "torch":
+        from replayssm.mamba2.decode_torch import replay_step_torch
+        # slots=None lets the torch backend read the cache through views (no gather copies)
+        replay_step_torch(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, None if slots is None else slot_ids, out)
+    else:
+        _launch_step(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slot_ids, route, out)
+    return out
+
+
+def materialize(cache: ReplayCache, slots: torch.Tensor | None = None, backend: str = "triton", *,
+                A: torch.Tensor | None = None) -> torch.Tensor:
+    """The state after the entries cached so far (checkpoint decayed + buffer folded in), without writing.
+
+    Returns state [batch, nheads, headdim, dstate] float32; rows whose slot is NULL_SLOT are NaN.
+    batch = len(slots), or num_slots when slots is None. The decay needs the layer's A [nheads] float32:
+    pass it, or let it default to the A of the last replay_step on this cache object (recorded there,
+    since the cache itself stores processed dt, not A dt; a clone() does not carry it).
+    """
+    _validate_common(cache, backend)
+    if A is None:
+        A = getattr(cache, _A_ATTR, None)
+        if A is None:
+            raise ValueError("materialize needs A [nheads]: pass A=..., or run replay_step on this cache first")
+    check_shape("A", A, (cache.geometry.nheads,))
+    check_dtype("A", A, (torch.float32,))
+    check_last_dim_contiguous("A", A)
+    check_same_device(cache=cache.state, A=A)
+    if slots is not None and slots.dim() != 1:
+        raise ValueError(f"slots must be 1-D [batch], got shape {tuple(slots.shape)}")
+    batch = cache.num_slots if slots is None else slots.shape[0]
+    slot_ids = check_slots(slots, batch, cache.num_slots, cache.device, cache.null_slot)
+    g = cache.geometry
+    out = torch.full((batch, g.nheads, g.headdim, g.dstate), float("nan"), dtype=torch.float32, device=cache.device)
+    if batch == 0:
+        return out
+    if backend == "ref":
+        from replayssm.mamba2.decode_ref import materialize_ref
+        materialize_ref(cache, A, slot_ids, out)
+    elif backend == "torch":
+        from replayssm.mamba2.decode_torch import materialize_torch
+        materialize_torch(cache, A, None if slots is None else slot_ids, out)
+    else:
+        _launch_materialize(cache, A, slot_ids, out)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- launchers
+
+def _launch_step(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, route, out) -> None:
+    from replayssm.mamba2 import decode_kernels as k
+
+    g, L, batch = cache.geometry, cache.buffer_len, x.shape[0]
+    cfg = launch_config(g, L, route, kernel_arch(x.device))
+    output_only = route == "output_only"
+    if output_only:
+        k._bc_precompute_kernel[(batch, g.ngroups)](
+            B, C, slots, cache.write_pos, cache.B, cache.bc,
+            g.dstate, L,
+            B.stride(0), B.stride(1), C.stride(0), C.stride(1),
+            cache.B.stride(0), cache.B.stride(1), cache.B.stride(2), cache.bc.stride(0), cache.bc.stride(1),
+            BLOCK_N=cfg.block_n, BLOCK_L=cfg.block_l, num_warps=cfg.precompute_warps,
+        )
+    # Absent optional tensors: any valid pointer; the constexpr flags keep the kernel from reading it.
+    z_arg = z if z is not None else x
+    k._replay_step_kernel[(_cdiv(g.headdim, cfg.block_m), batch, g.nheads)](
+        x, dt, A, B, C, D if D is not None else A, z_arg, dt_bias if dt_bias is not None else A, out, slots,
+        cache.state, cache.x, cache.B, cache.dt, cache.bc, cache.write_pos,
+        g.headdim, g.dstate, L, g.heads_per_group,
+        x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
+        z_arg.stride(0), z_arg.stride(1), out.stride(0), out.stride(1),
+        cache.state.stride(0), cache.state.stride(1), cache.state.stride(2),
+        cache.x.stride(0), cache.x.stride(1), cache.x.stride(2),
+        cache.B.stride(0), cache.B.stride(1), cache.B.stride(2),
+        cache.dt.stride(0), cache.dt.stride(1), cache.bc.stride(0), cache.bc.stride(1),
+        OUTPUT_ONLY=output_only, HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
+        DT_SOFTPLUS=bool(dt_softplus), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_L=cfg.block_l,
+        DOT_PRECISION=cfg.dot_precision, num_warps=cfg.num_warps,
+    )
+    _launch_advance_cursor(cache, slots, batch)
+
+
+def _launch_advance_cursor(cache: ReplayCache, slots: torch.Tensor, batch: int) -> None:
+    from replayssm.mamba2 import decode_kernels as k
+
+    block_b = min(1024, max(16, next_pow2(batch)))
+    k._advance_cursor_kernel[(_cdiv(batch, block_b),)](
+        slots, cache.write_pos, batch, cache.buffer_len, BLOCK_B=block_b, num_warps=1 if block_b <= 128 else 4,
+    )
+
+
+def _launch_materialize(cache: ReplayCache, A: torch.Tensor, slots: torch.Tensor, out: torch.Tensor) -> None:
+    from replayssm.mamba2 import decode_kernels as k
+
+    g, batch = cache.geometry, slots.shape[0]
+    cfg = launch_config(g, cache.buffer_len, "state_and_output", kernel_arch(cache.device))
+    k._materialize_kernel[(_cdiv(g.headdim, cfg.block_m), batch, g.nheads)](
+        A, slots, cache.state, cache.x, cache.B, cache.dt, cache.write_pos, out,
+        g.headdim, g.dstate, cache.buffer_len, g.heads_per_group,
+        cache.state.stride(0), cache.state.stride(1), cache.state.stride(2),
+        cache.x.stride(0), cache.x.stride(1), cache.x.stride(2),
+        cache.B.stride(0), cache.B.stride(1), cache.B.stride(2),
+        cache.dt.stride(0), cache.dt.stride(1),
+        out.stride(0), out.stride(1), out.stride(2),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_L=cfg.block_l, DOT_PRECISION=cfg.dot_precision,
+        num_warps=cfg.num_warps,
+    )
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
