@@ -1,0 +1,82 @@
+"""Adapters to installed peers (mamba_ssm, FLA): our call shape, checked against our float64 references on
+tiny shapes (a peer's interpreter run costs ~0.1 s per program). Skipped, with the reason, where a peer is
+not installed."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from baselines import peers
+from replayssm.checks import NULL_SLOT
+from replayssm.gdn.inputs import random_state as gdn_random_state
+from replayssm.gdn.inputs import random_step as gdn_random_step
+from replayssm.gdn.ref import gdn_step_ref
+from replayssm.geometry import GDNGeometry, Mamba2Geometry
+from replayssm.mamba2.inputs import random_params, random_state, random_step
+from replayssm.mamba2.ref import ssm_step_ref
+from replayssm.testing import nan_like, rel_err, tolerance
+
+
+def _adapter_or_skip(factory):
+    try:
+        return factory()
+    except peers.PeerUnavailable as err:
+        pytest.skip(f"{factory.__name__}: {err}")
+
+
+def test_peer_status_names_every_peer():
+    status = peers.peer_status()
+    assert set(status) == set(peers.PEERS)
+    for name, value in status.items():
+        assert value == "ok" or value.startswith("skipped: "), (name, value)
+    versions = peers.peer_versions()
+    assert set(versions) == {"mamba-ssm", "fla-core", "flashinfer-python"}
+
+
+def test_missing_peer_is_skipped_with_its_reason(monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name.split(".")[0] in ("mamba_ssm", "fla") else
+                        real_find_spec(name, *a))
+    for factory in (peers.mamba_ssm_selective_state_update, peers.fla_fused_recurrent_gated_delta_rule):
+        with pytest.raises(peers.PeerUnavailable, match="^skipped: not installed"):
+            factory()
+    status = peers.peer_status()
+    assert status["mamba_ssm"] == status["fla"] == "skipped: not installed"
+
+
+def test_mamba_ssm_adapter_matches_ref(gen, device):
+    """One launch: row 0 -> slot 1, row 1 padded; the peer writes zeros for padded rows, ours stay NaN."""
+    ssu = _adapter_or_skip(peers.mamba_ssm_selective_state_update)
+    geom = Mamba2Geometry(nheads=2, headdim=16, dstate=16, ngroups=1)
+    p = random_params(geom, device=device, generator=gen)
+    state = random_state(geom, 2, device=device, generator=gen)
+    inp = random_step(geom, 2, device=device, generator=gen)
+    slots = torch.tensor([1, NULL_SLOT], dtype=torch.int32, device=device)
+    new, y_ref = ssm_step_ref(state[1:2], inp["x"][:1], inp["dt"][:1], p.A, inp["B"][:1], inp["C"][:1], p.D,
+                              inp["z"][:1], p.dt_bias)
+    before = state.clone()
+    out = nan_like(inp["x"])
+    ssu(state, inp["x"], inp["dt"], p.A, inp["B"], inp["C"], p.D, inp["z"], p.dt_bias, slots=slots, out=out)
+    assert rel_err(out[:1], y_ref) <= tolerance(torch.float32)
+    assert rel_err(state[1:2], new) <= tolerance(torch.float32)
+    assert torch.isnan(out[1]).all() and torch.equal(state[0], before[0])
+
+
+def test_fla_adapter_matches_ref(gen, device):
+    """One launch, GVA (HV = 2 H), in-kernel q/k normalisation, our K-last state; row 1 padded."""
+    step = _adapter_or_skip(peers.fla_fused_recurrent_gated_delta_rule)
+    geom = GDNGeometry(H=1, HV=2, K=16, V=16)
+    state = gdn_random_state(geom, 2, device=device, generator=gen)
+    inp = gdn_random_step(geom, 2, device=device, use_qk_l2norm=True, generator=gen)
+    slots = torch.tensor([1, NULL_SLOT], dtype=torch.int32, device=device)
+    new, o_ref, _ = gdn_step_ref(state[1:2], *(inp[k][:1] for k in ("q", "k", "v", "g", "beta")), use_qk_l2norm=True)
+    before = state.clone()
+    out = nan_like(inp["v"])
+    step(state, inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], use_qk_l2norm=True, slots=slots, out=out)
+    assert rel_err(out[:1], o_ref) <= tolerance(torch.float32)
+    assert rel_err(state[1:2], new) <= tolerance(torch.float32)
+    assert torch.isnan(out[1]).all() and torch.equal(state[0], before[0])
