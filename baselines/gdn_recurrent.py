@@ -1,0 +1,191 @@
+"""Baseline Gated DeltaNet AR decode: the fused recurrent step engines run today (vLLM / FLA style).
+
+    fused_recurrent_step(state, q, k, v, g, beta, scale=None, use_qk_l2norm=False, slots=None, out=None,
+                         backend="triton") -> o [batch, HV, V]
+
+state [num_slots, HV, V, K] (K-last) is read and written back in place every step:
+    q, k <- L2-normalised (if asked); q <- q * scale
+    S <- exp(g) S;  u = beta (v - S k);  S <- S + u k^T;  o = S q
+Inputs: q, k [batch, H, K] and v [batch, HV, V] in one act dtype; g, beta [batch, HV] fp32. Value head hv
+reads key head hv // (HV / H). slots int32 [batch] maps rows to state slots (NULL_SLOT rows skipped).
+Backends: "triton" (one kernel), "torch" (vectorised, one read + in-place update), "ref" (float64 loops).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm.checks import (
+    NULL_SLOT,
+    STATE_DTYPES,
+    check_backend,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_same_device,
+    check_slots,
+    kernel_arch,
+    next_pow2,
+)
+from replayssm.gdn.decode import check_step_inputs
+from replayssm.gdn.decode_torch import fold_into_state_, prepare_qk_fp32, state_times
+from replayssm.gdn.ref import gdn_step_ref
+
+
+@dataclass(frozen=True)
+class RecurrentLaunchConfig:
+    block_v: int
+    num_warps: int
+    num_stages: int
+
+
+def recurrent_launch_config(K: int, V: int, state_dtype: torch.dtype, arch: int) -> RecurrentLaunchConfig:
+    """Each program holds a [BV, K] state tile (whole K: the rank-1 update and both reductions need it).
+
+    Interpreter: BV = V (one program per (row, value head)). GPU: a [16, 128] fp32 tile over 4 warps,
+    16 elements per thread; built ahead of time for sm_90 at K = V = 128 (fp32 state, bf16 act): 48
+    registers, no local memory, 16-byte loads and stores along K, full occupancy. FLA's choice (BV 8,
+    1 warp) needs 72 registers in our build. Not yet timed on a GPU: revisit with measurements.
+    """
+    if arch == 0:
+        return RecurrentLaunchConfig(max(16, next_pow2(V)), 4, 1)
+    block_v = min(16, next_pow2(V))
+    return RecurrentLaunchConfig(block_v, 4 if K >= 128 else 2, 1)
+
+
+@triton.jit
+def _gdn_recurrent_step_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, slots_ptr, state_ptr,
+    stride_q_b, stride_q_h, stride_k_b, stride_k_h, stride_v_b, stride_v_h,
+    stride_g_b, stride_g_h, stride_beta_b, stride_beta_h, stride_o_b, stride_o_h,
+    stride_s_slot, stride_s_h, stride_s_v,
+    scale,
+    NULL_ID: tl.constexpr, HV_PER_H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_b = tl.program_id(1).to(tl.int64)
+    i_hv = tl.program_id(2).to(tl.int64)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    if slot == NULL_ID:
+        return
+    i_h = i_hv // HV_PER_H
+    offs_k = tl.arange(0, BK)
+    mask_k = offs_k < K
+    offs_v = i_v * BV + tl.arange(0, BV)
+    mask_v = offs_v < V
+    q = tl.load(q_ptr + i_b * stride_q_b + i_h * stride_q_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + i_b * stride_k_b + i_h * stride_k_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    if USE_L2NORM:
+        q = q / tl.sqrt(tl.sum(q * q, 0) + 1e-6)
+        k = k / tl.sqrt(tl.sum(k * k, 0) + 1e-6)
+    q = q * scale
+    v = tl.load(v_ptr + i_b * stride_v_b + i_hv * stride_v_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+    alpha = tl.exp(tl.load(g_ptr + i_b * stride_g_b + i_hv * stride_g_h))
+    beta = tl.load(beta_ptr + i_b * stride_beta_b + i_hv * stride_beta_h)
+
+    s_ptrs = state_ptr + slot * stride_s_slot + i_hv * stride_s_h + offs_v[:, None] * stride_s_v + offs_k[None, :]
+    s_mask = mask_v[:, None] & mask_k[None, :]
+    S = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32) * alpha
+    u = beta * (v - tl.sum(S * k[None, :], 1))
+    S = S + u[:, None] * k[None, :]
+    o = tl.sum(S * q[None, :], 1)
+    tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)
+    tl.store(o_ptr + i_b * stride_o_b + i_hv * stride_o_h + offs_v, o.to(o_ptr.dtype.element_ty), mask=mask_v)
+
+
+def _launch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out) -> None:
+    batch, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    cfg = recurrent_launch_config(K, V, state.dtype, kernel_arch(q.device))
+    grid = (triton.cdiv(V, cfg.block_v), batch, HV)
+    _gdn_recurrent_step_kernel[grid](
+        q, k, v, g, beta, out, slots, state,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), out.stride(0), out.stride(1),
+        state.stride(0), state.stride(1), state.stride(2),
+        scale,
+        NULL_ID=NULL_SLOT, HV_PER_H=HV // H, K=K, V=V, BK=max(16, next_pow2(K)), BV=cfg.block_v,
+        USE_L2NORM=bool(use_qk_l2norm), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def _step_torch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out) -> None:
+    """One read of the state for S k and S q (a batched GEMV from the pre-update state), then one chunked
+    in-place pass S <- alpha S + u k^T; u = beta (v - alpha S k) and o = alpha S q + u (k . q) are the
+    same algebra as the kernel's. slots None means row i uses slot i (no gather); else int32 [batch]."""
+    HV, H, V, K = v.shape[1], q.shape[1], v.shape[2], q.shape[2]
+    rows = None
+    if slots is not None:
+        rows = torch.nonzero(slots != NULL_SLOT).flatten()
+        if rows.numel() == 0:
+            return
+        q, k, v, g, beta = q[rows], k[rows], v[rows], g[rows], beta[rows]
+    n = q.shape[0]
+    target = slice(0, n) if rows is None else slots[rows].long()
+    S = state[target]                                       # a view when rows is None, else a gathered copy
+    qf, kf = prepare_qk_fp32(q, k, scale, use_qk_l2norm)
+    S_kq = state_times(S, torch.stack((kf, qf), 2), HV)                         # [n, HV, V, 2]
+    alpha = torch.exp(g)
+    u = beta[..., None] * (v.float() - alpha[..., None] * S_kq[..., 0])
+    kq = (kf * qf).sum(-1).repeat_interleave(HV // H, dim=1)
+    o = alpha[..., None] * S_kq[..., 1] + u * kq[..., None]
+    if rows is None:
+        out.copy_(o)
+    else:
+        out[rows] = o.to(out.dtype)
+    in_place = rows is None and S.dtype == torch.float32 and S.is_contiguous()
+    Sf = S if in_place else S.float().contiguous()
+    fold_into_state_(Sf.view(n * HV, V, K), alpha.reshape(-1), u.reshape(n * HV, V), kf.reshape(n * H, K))
+    if not in_place:
+        state[target] = Sf.to(state.dtype)
+
+
+def _step_ref(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out) -> None:
+    for row, slot in enumerate(slots.tolist()):
+        if slot == NULL_SLOT:
+            continue
+        r = slice(row, row + 1)
+        S, o, _ = gdn_step_ref(state[slot:slot + 1], q[r], k[r], v[r], g[r], beta[r], scale, use_qk_l2norm)
+        state[slot] = S[0].to(state.dtype)
+        out[row] = o[0].to(out.dtype)
+
+
+def fused_recurrent_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                         beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False,
+                         slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                         backend: str = "triton") -> torch.Tensor:
+    """One baseline GDN decode step; state [num_slots, HV, V, K] (fp32/fp16) is updated in place.
+
+    q, k [batch, H, K]; v [batch, HV, V] (same act dtype); g, beta [batch, HV] fp32; returns o [batch, HV, V].
+    """
+    check_backend(backend, q, k, v, out, state)
+    if not isinstance(state, torch.Tensor) or state.dim() != 4:
+        raise ValueError("state must be a tensor [num_slots, HV, V, K]")
+    check_dtype("state", state, STATE_DTYPES)
+    check_last_dim_contiguous("state", state)
+    if not isinstance(q, torch.Tensor) or q.dim() != 3 or not isinstance(v, torch.Tensor) or v.dim() != 3:
+        raise ValueError("q must be [batch, H, K] and v [batch, HV, V]")
+    num_slots, HV, V, K = state.shape
+    H = q.shape[1]
+    if H == 0 or HV % H:
+        raise ValueError(f"HV={HV} (state) is not a multiple of H={H} (q)")
+    batch = check_step_inputs(q, k, v, g, beta, out, H=H, HV=HV, K=K, V=V, act_dtype=q.dtype, scale=scale,
+                              use_qk_l2norm=use_qk_l2norm)
+    device = check_same_device(q=q, k=k, v=v, g=g, beta=beta, out=out, state=state)
+    slots_i32 = check_slots(slots, batch, num_slots, device)
+    scale = K ** -0.5 if scale is None else float(scale)
+    if out is None:
+        out = (torch.empty if slots is None else torch.zeros)(batch, HV, V, dtype=q.dtype, device=device)
+    if batch == 0:
+        return out
+    if backend == "triton":
+        _launch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
+    elif backend == "torch":
+        _step_torch(state, q, k, v, g, beta, scale, use_qk_l2norm, None if slots is None else slots_i32, out)
+    else:
+        _step_ref(state, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
+    return out

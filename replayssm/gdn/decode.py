@@ -1,0 +1,141 @@
+"""ReplaySSM Gated DeltaNet AR decode: public entry points (validation, then one of three backends).
+
+    replay_step(cache, q, k, v, g, beta, scale=None, use_qk_l2norm=False, slots=None, out=None,
+                backend="triton") -> o [batch, HV, V]
+    materialize(cache, slots=None, backend="triton", out=None) -> state [batch, HV, V, K] fp32
+
+Math (replayssm-method.md §2.4), per slot with h = write_pos, L = buffer_len, cached (u_j, k_j, g_j), j < h:
+    S_h = exp(G_tot) S0 + sum_j exp(G_tot - G_pre_j) u_j k_j^T      G_pre inclusive prefix sum, G_tot = sum g_j
+    alpha = exp(g), u = beta (v - alpha S_h k), o = alpha S_h q~ + u (k . q~), q~ = q * scale
+    h < L-1: append (u, k, g) at h, write_pos = h + 1 (checkpoint untouched)
+    h = L-1: S0 <- alpha S_h + u k^T (rounded to the state dtype), write_pos = 0
+`backend`: "triton" (the kernels, decode_kernels.py), "torch" (vectorised CPU timing backend,
+decode_torch.py), "ref" (float64 loops, decode_ref.py). All three compute the same function and leave
+the same cache contents (up to rounding).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from replayssm.checks import (
+    ACT_DTYPES,
+    check_backend,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_same_device,
+    check_shape,
+    check_slots,
+)
+from replayssm.gdn import decode_ref, decode_torch
+from replayssm.gdn.cache import ReplayCache
+from replayssm.gdn.decode_kernels import MAX_K, launch_materialize, launch_replay_step
+
+
+def check_step_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                      out: torch.Tensor | None, *, H: int, HV: int, K: int, V: int, act_dtype: torch.dtype,
+                      scale, use_qk_l2norm) -> int:
+    """Validate one AR step's inputs against a geometry; return batch. Shared by the baseline and ReplaySSM.
+
+    q, k [batch, H, K] and v, out [batch, HV, V] in act_dtype with unit stride on the last dim;
+    g, beta [batch, HV] fp32 (any strides).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+    if K > MAX_K:
+        raise ValueError(f"K={K} > {MAX_K}: the GDN decode kernels load q and k whole and cannot tile K")
+    if q.dim() != 3:
+        raise ValueError(f"q must be [batch, H, K], got shape {tuple(q.shape)}")
+    batch = q.shape[0]
+    check_shape("q", q, (batch, H, K))
+    check_shape("k", k, (batch, H, K))
+    check_shape("v", v, (batch, HV, V))
+    check_shape("g", g, (batch, HV))
+    check_shape("beta", beta, (batch, HV))
+    check_shape("out", out, (batch, HV, V))
+    check_dtype("q", q, ACT_DTYPES)
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if t is not None and t.dtype != act_dtype:
+            raise ValueError(f"{name} has dtype {t.dtype}; expected the activation dtype {act_dtype}")
+    check_dtype("g", g, (torch.float32,))
+    check_dtype("beta", beta, (torch.float32,))
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+        check_last_dim_contiguous(name, t)
+    if scale is not None and (not isinstance(scale, numbers.Real) or isinstance(scale, bool)):
+        raise ValueError(f"scale must be a real number or None, got {scale!r}")
+    if not isinstance(use_qk_l2norm, bool):
+        raise ValueError(f"use_qk_l2norm must be a bool, got {use_qk_l2norm!r}")
+    return batch
+
+
+def _check_cache(cache) -> None:
+    if not isinstance(cache, ReplayCache):
+        raise ValueError(f"expected a replayssm.gdn.ReplayCache, got {type(cache).__name__}")
+
+
+def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False,
+                slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                backend: str = "triton") -> torch.Tensor:
+    """One ReplaySSM AR decode step; returns o [batch, HV, V] (act dtype) and updates the cache in place.
+
+    q, k [batch, H, K]; v [batch, HV, V] (cache.act_dtype); g (log decay), beta [batch, HV] fp32;
+    slots int32 [batch] (default arange(batch); NULL_SLOT rows are skipped, their output left as is).
+    """
+    _check_cache(cache)
+    gm = cache.geometry
+    check_backend(backend, q, k, v, out, cache.state)
+    batch = check_step_inputs(q, k, v, g, beta, out, H=gm.H, HV=gm.HV, K=gm.K, V=gm.V, act_dtype=cache.act_dtype,
+                              scale=scale, use_qk_l2norm=use_qk_l2norm)
+    device = check_same_device(q=q, k=k, v=v, g=g, beta=beta, out=out, state=cache.state)
+    slots_i32 = check_slots(slots, batch, cache.num_slots, device, cache.null_slot)
+    scale = gm.K ** -0.5 if scale is None else float(scale)
+    if out is None:
+        out = (torch.empty if slots is None else torch.zeros)(batch, gm.HV, gm.V, dtype=cache.act_dtype,
+                                                               device=device)
+    if batch == 0:
+        return out
+    if backend == "triton":
+        launch_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
+    elif backend == "torch":
+        decode_torch.replay_step_torch(cache, q, k, v, g, beta, scale, use_qk_l2norm,
+                                       None if slots is None else slots_i32, out)
+    else:
+        decode_ref.replay_step_ref(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
+    return out
+
+
+def materialize(cache: ReplayCache, slots: torch.Tensor | None = None, backend: str = "triton",
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """The current state S_h of each row's slot, [batch, HV, V, K] fp32; the cache is not written.
+
+    slots int32 [batch] (default: every slot, batch = num_slots); NULL_SLOT rows of `out` are left as is
+    (zeros when `out` is not given).
+    """
+    _check_cache(cache)
+    gm = cache.geometry
+    check_backend(backend, cache.state, out)
+    if gm.K > MAX_K:
+        raise ValueError(f"K={gm.K} > {MAX_K}: the GDN decode kernels cannot tile K")
+    batch = cache.num_slots if slots is None else (slots.shape[0] if slots.dim() == 1 else -1)
+    if batch < 0:
+        raise ValueError(f"slots must be [batch], got shape {tuple(slots.shape)}")
+    slots_i32 = check_slots(slots, batch, cache.num_slots, cache.device, cache.null_slot)
+    if out is None:
+        out = torch.zeros(batch, gm.HV, gm.V, gm.K, dtype=torch.float32, device=cache.device)
+    check_shape("out", out, (batch, gm.HV, gm.V, gm.K))
+    check_dtype("out", out, (torch.float32,))
+    check_last_dim_contiguous("out", out)
+    check_same_device(out=out, state=cache.state)
+    if batch == 0:
+        return out
+    if backend == "triton":
+        launch_materialize(cache, slots_i32, out)
+    elif backend == "torch":
+        decode_torch.materialize_torch(cache, slots_i32, out)
+    else:
+        decode_ref.materialize_ref(cache, slots_i32, out)
+    return out

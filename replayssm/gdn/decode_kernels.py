@@ -1,0 +1,279 @@
+"""Triton kernels for ReplaySSM Gated DeltaNet AR decode (state-and-output route) and their launchers.
+
+One decode step is two launches (CUDA-graph capturable, no host sync):
+  1. `_gdn_replay_step_kernel`, grid (cdiv(V, BV), batch, HV): each program owns BV value rows of one
+     (row, value head). It rebuilds the state after the cached entries, S_h, tile by tile over K
+     ([BV, BKT] tiles, BKT >= 16) from the checkpoint and the buffer:
+         S_h = exp(G_tot) S0 + (u^T * w) @ k_buf          (one tl.dot over the padded buffer axis)
+     accumulates S_h k and S_h q across the K tiles, then for the current token
+         alpha = exp(g), u = beta (v - alpha S_h k), o = alpha S_h q + u (k . q)
+     Non-flush: append (u, k, g) at write_pos (no state write). Flush: re-walk the K tiles and write
+     alpha S_h + u k^T into the checkpoint.
+  2. `_gdn_advance_cursor_kernel`: write_pos <- (write_pos + 1) mod L for every live row. It runs after
+     the main kernel because every program of a row reads the cursor; advancing it in the main kernel
+     would race.
+`_gdn_materialize_kernel` shares the reconstruction and writes S_h to an fp32 output.
+
+Buffer writes are split so each element has exactly one writer: u rows by the program owning them,
+g by the V-tile-0 program of each value head, the key (per key head, shared by HV/H value heads) by the
+V-tile-0 program of the first value head of its group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm.checks import NULL_SLOT, kernel_arch, next_pow2
+
+MAX_K = 256  # q and k are loaded whole (for the L2 norm and k . q): beyond this they do not fit registers
+
+
+@dataclass(frozen=True)
+class ReplayLaunchConfig:
+    """Tiles of the replay kernels: BV value rows per program, K walked in tiles of BKT columns."""
+
+    block_v: int
+    block_kt: int
+    num_warps: int
+    num_stages: int
+    dot_precision: str
+
+
+def replay_launch_config(K: int, V: int, state_dtype: torch.dtype, arch: int) -> ReplayLaunchConfig:
+    """Launch config keyed by geometry and GPU architecture (no autotune: it would clobber in-place state).
+
+    arch 0 (interpreter): one program per (row, value head) and the whole K in one tile, because the
+    interpreter costs per program and per op, not per FLOP. GPU: [32, 64] fp32 tiles over 4 warps. Built
+    ahead of time for sm_90 at K = V = 128, L = 16 (fp32 state, bf16 act): 103 registers, no local memory,
+    16-byte loads along K. The fork's (BV 64, 1 warp, 3 stages) spills 792 bytes of stack in our kernel,
+    (64, 64, 4 warps) needs 128 registers. tf32x3 dots keep fp32 parity (plain tf32 drifts ~1e-3).
+    """
+    BK = max(16, next_pow2(K))
+    if arch == 0:
+        return ReplayLaunchConfig(max(16, next_pow2(V)), BK, 4, 1, "ieee")
+    return ReplayLaunchConfig(min(32, max(16, next_pow2(V))), min(BK, 64), 4, 2,
+                              "tf32x3" if arch >= 80 else "ieee")
+
+
+@triton.jit
+def _rebuild_tile(state_ptrs, state_mask, kbuf_ptrs, kbuf_mask, decay0, weighted_u,
+                  HAS_BUFFER: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One [BV, BKT] tile of S_h = exp(G_tot) S0 + (u * w) @ k_buf, in fp32."""
+    S = tl.load(state_ptrs, mask=state_mask, other=0.0).to(tl.float32)
+    if HAS_BUFFER:
+        kb = tl.load(kbuf_ptrs, mask=kbuf_mask, other=0.0).to(tl.float32)           # [BC, BKT]
+        S = S * decay0 + tl.dot(weighted_u, kb, input_precision=DOT_PRECISION)
+    return S
+
+
+@triton.jit
+def _buffer_weights(gbuf_ptr, ubuf_ptr, h, offs_c, offs_v, mask_v, stride_u_l, HAS_BUFFER: tl.constexpr,
+                    BV: tl.constexpr, BC: tl.constexpr):
+    """Checkpoint decay exp(G_tot) and the buffer's u rows times their replay weights w_j, [BV, BC] fp32."""
+    mask_c = offs_c < h
+    if HAS_BUFFER:
+        g_hist = tl.load(gbuf_ptr + offs_c, mask=mask_c, other=0.0)
+        G_pre = tl.cumsum(g_hist, 0)
+        G_tot = tl.sum(g_hist, 0)
+        w = tl.where(mask_c, tl.exp(G_tot - G_pre), 0.0)
+        U = tl.load(ubuf_ptr + offs_c[None, :] * stride_u_l + offs_v[:, None],
+                    mask=mask_v[:, None] & mask_c[None, :], other=0.0).to(tl.float32)  # [BV, BC]
+        return tl.exp(G_tot), U * w[None, :]
+    else:
+        return 1.0, tl.zeros([BV, BC], dtype=tl.float32)
+
+
+@triton.jit
+def _gdn_replay_step_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, slots_ptr,
+    state_ptr, ubuf_ptr, kbuf_ptr, gbuf_ptr, wpos_ptr,
+    stride_q_b, stride_q_h, stride_k_b, stride_k_h, stride_v_b, stride_v_h,
+    stride_g_b, stride_g_h, stride_beta_b, stride_beta_h, stride_o_b, stride_o_h,
+    stride_s_slot, stride_s_h, stride_s_v,
+    stride_u_slot, stride_u_h, stride_u_l,
+    stride_kb_slot, stride_kb_h, stride_kb_l,
+    stride_gb_slot, stride_gb_h,
+    scale,
+    NULL_ID: tl.constexpr, HV_PER_H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
+    BK: tl.constexpr, BKT: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,
+    USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_b = tl.program_id(1).to(tl.int64)
+    i_hv = tl.program_id(2).to(tl.int64)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    if slot == NULL_ID:
+        return
+    i_h = i_hv // HV_PER_H
+    h = tl.load(wpos_ptr + slot)
+    HAS_BUFFER: tl.constexpr = L > 1
+
+    # q and k whole: the L2 norms and k . q need all of K.
+    offs_k = tl.arange(0, BK)
+    mask_k = offs_k < K
+    q_row = q_ptr + i_b * stride_q_b + i_h * stride_q_h
+    k_row = k_ptr + i_b * stride_k_b + i_h * stride_k_h
+    q_full = tl.load(q_row + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    k_full = tl.load(k_row + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    if USE_L2NORM:
+        q_mult = scale / tl.sqrt(tl.sum(q_full * q_full, 0) + 1e-6)
+        k_mult = 1.0 / tl.sqrt(tl.sum(k_full * k_full, 0) + 1e-6)
+    else:
+        q_mult = scale
+        k_mult = 1.0
+    kq = tl.sum(q_full * k_full, 0) * q_mult * k_mult
+
+    offs_v = i_v * BV + tl.arange(0, BV)
+    mask_v = offs_v < V
+    offs_c = tl.arange(0, BC)
+    decay0, weighted_u = _buffer_weights(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h,
+                                         ubuf_ptr + slot * stride_u_slot + i_hv * stride_u_h,
+                                         h, offs_c, offs_v, mask_v, stride_u_l, HAS_BUFFER, BV, BC)
+    state_base = state_ptr + slot * stride_s_slot + i_hv * stride_s_h
+    kbuf_base = kbuf_ptr + slot * stride_kb_slot + i_h * stride_kb_h
+    mask_c = offs_c < h
+
+    Sk = tl.zeros([BV], dtype=tl.float32)
+    Sq = tl.zeros([BV], dtype=tl.float32)
+    for kt in tl.static_range(BK // BKT):
+        offs_kt = kt * BKT + tl.arange(0, BKT)
+        mask_kt = offs_kt < K
+        S = _rebuild_tile(state_base + offs_v[:, None] * stride_s_v + offs_kt[None, :],
+                          mask_v[:, None] & mask_kt[None, :],
+                          kbuf_base + offs_c[:, None] * stride_kb_l + offs_kt[None, :],
+                          mask_c[:, None] & mask_kt[None, :], decay0, weighted_u, HAS_BUFFER, DOT_PRECISION)
+        k_t = tl.load(k_row + offs_kt, mask=mask_kt, other=0.0).to(tl.float32) * k_mult
+        q_t = tl.load(q_row + offs_kt, mask=mask_kt, other=0.0).to(tl.float32) * q_mult
+        Sk += tl.sum(S * k_t[None, :], 1)
+        Sq += tl.sum(S * q_t[None, :], 1)
+
+    g_cur = tl.load(g_ptr + i_b * stride_g_b + i_hv * stride_g_h)
+    alpha = tl.exp(g_cur)
+    beta = tl.load(beta_ptr + i_b * stride_beta_b + i_hv * stride_beta_h)
+    v_cur = tl.load(v_ptr + i_b * stride_v_b + i_hv * stride_v_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+    u = beta * (v_cur - alpha * Sk)
+    o = alpha * Sq + u * kq
+    o_row = o_ptr + i_b * stride_o_b + i_hv * stride_o_h
+    tl.store(o_row + offs_v, o.to(o_ptr.dtype.element_ty), mask=mask_v)
+
+    if h == L - 1:
+        # Flush: fold the buffer and the current token into the checkpoint, K tile by K tile.
+        for kt in tl.static_range(BK // BKT):
+            offs_kt = kt * BKT + tl.arange(0, BKT)
+            mask_kt = offs_kt < K
+            s_ptrs = state_base + offs_v[:, None] * stride_s_v + offs_kt[None, :]
+            s_mask = mask_v[:, None] & mask_kt[None, :]
+            S = _rebuild_tile(s_ptrs, s_mask, kbuf_base + offs_c[:, None] * stride_kb_l + offs_kt[None, :],
+                              mask_c[:, None] & mask_kt[None, :], decay0, weighted_u, HAS_BUFFER, DOT_PRECISION)
+            k_t = tl.load(k_row + offs_kt, mask=mask_kt, other=0.0).to(tl.float32) * k_mult
+            S = alpha * S + u[:, None] * k_t[None, :]
+            tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)
+    else:
+        # Append: u rows of this program; g and the (shared) key by one program each.
+        u_row = ubuf_ptr + slot * stride_u_slot + i_hv * stride_u_h + h * stride_u_l
+        tl.store(u_row + offs_v, u.to(ubuf_ptr.dtype.element_ty), mask=mask_v)
+        if i_v == 0:
+            tl.store(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h + h, g_cur)
+            if i_hv % HV_PER_H == 0:
+                tl.store(kbuf_base + h * stride_kb_l + offs_k, (k_full * k_mult).to(kbuf_ptr.dtype.element_ty),
+                         mask=mask_k)
+
+
+@triton.jit
+def _gdn_advance_cursor_kernel(slots_ptr, wpos_ptr, batch, NULL_ID: tl.constexpr, L: tl.constexpr,
+                               BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_batch = offs < batch
+    slot = tl.load(slots_ptr + offs, mask=in_batch, other=NULL_ID)
+    live = in_batch & (slot != NULL_ID)
+    h = tl.load(wpos_ptr + slot, mask=live, other=0)
+    tl.store(wpos_ptr + slot, tl.where(h >= L - 1, 0, h + 1), mask=live)
+
+
+@triton.jit
+def _gdn_materialize_kernel(
+    out_ptr, slots_ptr, state_ptr, ubuf_ptr, kbuf_ptr, gbuf_ptr, wpos_ptr,
+    stride_out_b, stride_out_h, stride_out_v,
+    stride_s_slot, stride_s_h, stride_s_v,
+    stride_u_slot, stride_u_h, stride_u_l,
+    stride_kb_slot, stride_kb_h, stride_kb_l,
+    stride_gb_slot, stride_gb_h,
+    NULL_ID: tl.constexpr, HV_PER_H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
+    BK: tl.constexpr, BKT: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_b = tl.program_id(1).to(tl.int64)
+    i_hv = tl.program_id(2).to(tl.int64)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    if slot == NULL_ID:
+        return
+    i_h = i_hv // HV_PER_H
+    h = tl.load(wpos_ptr + slot)
+    HAS_BUFFER: tl.constexpr = L > 1
+    offs_v = i_v * BV + tl.arange(0, BV)
+    mask_v = offs_v < V
+    offs_c = tl.arange(0, BC)
+    mask_c = offs_c < h
+    decay0, weighted_u = _buffer_weights(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h,
+                                         ubuf_ptr + slot * stride_u_slot + i_hv * stride_u_h,
+                                         h, offs_c, offs_v, mask_v, stride_u_l, HAS_BUFFER, BV, BC)
+    state_base = state_ptr + slot * stride_s_slot + i_hv * stride_s_h
+    kbuf_base = kbuf_ptr + slot * stride_kb_slot + i_h * stride_kb_h
+    out_base = out_ptr + i_b * stride_out_b + i_hv * stride_out_h
+    for kt in tl.static_range(BK // BKT):
+        offs_kt = kt * BKT + tl.arange(0, BKT)
+        mask_kt = offs_kt < K
+        S = _rebuild_tile(state_base + offs_v[:, None] * stride_s_v + offs_kt[None, :],
+                          mask_v[:, None] & mask_kt[None, :],
+                          kbuf_base + offs_c[:, None] * stride_kb_l + offs_kt[None, :],
+                          mask_c[:, None] & mask_kt[None, :], decay0, weighted_u, HAS_BUFFER, DOT_PRECISION)
+        tl.store(out_base + offs_v[:, None] * stride_out_v + offs_kt[None, :], S,
+                 mask=mask_v[:, None] & mask_kt[None, :])
+
+
+def _cache_strides(cache) -> tuple[int, ...]:
+    return (*cache.state.stride()[:3], *cache.u.stride()[:3], *cache.k.stride()[:3], *cache.g.stride()[:2])
+
+
+def launch_replay_step(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slots: torch.Tensor,
+                       out: torch.Tensor) -> None:
+    """Inputs already validated; slots int32 [batch] (NULL_SLOT rows skipped)."""
+    gm, L = cache.geometry, cache.buffer_len
+    batch = q.shape[0]
+    cfg = replay_launch_config(gm.K, gm.V, cache.state_dtype, kernel_arch(q.device))
+    grid = (triton.cdiv(gm.V, cfg.block_v), batch, gm.HV)
+    _gdn_replay_step_kernel[grid](
+        q, k, v, g, beta, out, slots, cache.state, cache.u, cache.k, cache.g, cache.write_pos,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), out.stride(0), out.stride(1),
+        *_cache_strides(cache),
+        scale,
+        NULL_ID=NULL_SLOT, HV_PER_H=gm.HV // gm.H, K=gm.K, V=gm.V, L=L,
+        BK=max(16, next_pow2(gm.K)), BKT=cfg.block_kt, BV=cfg.block_v, BC=max(16, next_pow2(L)),
+        USE_L2NORM=bool(use_qk_l2norm), DOT_PRECISION=cfg.dot_precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    block = min(1024, max(16, next_pow2(batch)))
+    _gdn_advance_cursor_kernel[(triton.cdiv(batch, block),)](
+        slots, cache.write_pos, batch, NULL_ID=NULL_SLOT, L=L, BLOCK=block, num_warps=1,
+    )
+
+
+def launch_materialize(cache, slots: torch.Tensor, out: torch.Tensor) -> None:
+    """out [batch, HV, V, K] fp32 (last dim contiguous); NULL_SLOT rows left as they are."""
+    gm, L = cache.geometry, cache.buffer_len
+    batch = slots.shape[0]
+    cfg = replay_launch_config(gm.K, gm.V, cache.state_dtype, kernel_arch(out.device))
+    grid = (triton.cdiv(gm.V, cfg.block_v), batch, gm.HV)
+    _gdn_materialize_kernel[grid](
+        out, slots, cache.state, cache.u, cache.k, cache.g, cache.write_pos,
+        out.stride(0), out.stride(1), out.stride(2),
+        *_cache_strides(cache),
+        NULL_ID=NULL_SLOT, HV_PER_H=gm.HV // gm.H, K=gm.K, V=gm.V, L=L,
+        BK=max(16, next_pow2(gm.K)), BKT=cfg.block_kt, BV=cfg.block_v, BC=max(16, next_pow2(L)),
+        DOT_PRECISION=cfg.dot_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )

@@ -1,0 +1,313 @@
+"""ReplaySSM Gated DeltaNet AR decode vs the float64 delta-rule ground truth (replayssm.gdn.ref), all backends.
+
+Every scenario starts from a cache whose slots hold a random checkpoint, a random number of valid
+buffered entries and so desynchronised cursors; each step leaves random rows as NULL_SLOT padding and
+maps the others to permuted slots of a larger pool. The ground truth keeps one float64 state per slot.
+"""
+
+import pytest
+import torch
+
+from baselines.gdn_recurrent import fused_recurrent_step
+from replayssm.checks import NULL_SLOT
+from replayssm.gdn.cache import ReplayCache
+from replayssm.gdn.decode import materialize, replay_step
+from replayssm.gdn.inputs import random_state, random_step
+from replayssm.gdn.ref import gdn_step_ref, l2norm
+from replayssm.geometry import GDNGeometry, get_geometry
+from replayssm.testing import poison_, rel_err, tolerance
+
+F32, F16 = torch.float32, torch.float16
+BACKENDS = ["ref", "torch", "triton"]
+TINY = GDNGeometry(H=2, HV=4, K=32, V=32)      # two value heads per key head
+
+
+def strided_copy(t: torch.Tensor) -> torch.Tensor:
+    """The same values in a view with padded outer strides (every other row, padded last dim)."""
+    big = torch.full((2 * t.shape[0], *t.shape[1:-1], t.shape[-1] + 3), 7.0, dtype=t.dtype, device=t.device)
+    big[::2, ..., :t.shape[-1]] = t
+    view = big[::2, ..., :t.shape[-1]]
+    assert not view.is_contiguous()
+    return view
+
+
+def fold_entries(S0: torch.Tensor, u: torch.Tensor, k: torch.Tensor, g: torch.Tensor, h: int) -> torch.Tensor:
+    """The ground-truth state after h cached entries: S <- exp(g_j) S + u_j k_j^T, float64.
+    S0 [HV, V, K]; u [HV, L, V]; k [H, L, K]; g [HV, L]."""
+    HV, H = S0.shape[0], k.shape[0]
+    S = S0.double()
+    for j in range(h):
+        kj = k[:, j].double().repeat_interleave(HV // H, 0)
+        S = torch.exp(g[:, j].double())[:, None, None] * S + u[:, j].double()[:, :, None] * kj[:, None, :]
+    return S
+
+
+def random_cache(gm, num_slots, L, act_dtype, state_dtype, gen, device):
+    """A cache with a random checkpoint and a random count of valid entries per slot; its ground truth."""
+    cache = ReplayCache.allocate(gm, num_slots, L, state_dtype=state_dtype, act_dtype=act_dtype, device=device)
+    cache.state.copy_(random_state(gm, num_slots, dtype=state_dtype, generator=gen))
+    u = torch.randn(num_slots, gm.HV, L, gm.V, generator=gen) * 0.3
+    k = l2norm(torch.randn(num_slots, gm.H, L, gm.K, generator=gen))
+    g = -torch.exp(torch.empty(num_slots, gm.HV, L).uniform_(-6.9, -0.36, generator=gen))
+    cache.u.copy_(u)
+    cache.k.copy_(k)
+    cache.g.copy_(g)
+    cache.write_pos.copy_(torch.randint(0, L, (num_slots,), generator=gen, dtype=torch.int32))
+    cache.write_pos[0] = L - 1          # slot 0 flushes on its next step
+    truth = torch.stack([fold_entries(cache.state[s].cpu(), cache.u[s].cpu(), cache.k[s].cpu(), cache.g[s].cpu(),
+                                      int(cache.write_pos[s])) for s in range(num_slots)])
+    return cache, truth
+
+
+def run_scenario(backend, gm, L, act_dtype, state_dtype, steps, gen, device, use_qk_l2norm=False, scale=None,
+                 strided=False, batch=3, extra_slots=2):
+    tol = tolerance(act_dtype, state_dtype)
+    num_slots = batch + extra_slots
+    cache, truth = random_cache(gm, num_slots, L, act_dtype, state_dtype, gen, device)
+    flushes = 0
+    for step in range(steps):
+        slots = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32)
+        live = torch.rand(batch, generator=gen) < 0.75
+        live[step % batch] = True
+        if step == 0:                   # row 0 (live) gets slot 0, which flushes
+            slots[slots == 0] = slots[0].clone()
+            slots[0] = 0
+        slots[~live] = NULL_SLOT
+        inp = random_step(gm, batch, act_dtype, device, use_qk_l2norm=use_qk_l2norm, generator=gen)
+        out = poison_(torch.empty(batch, gm.HV, gm.V, dtype=act_dtype, device=device))
+        if strided:
+            inp = {name: strided_copy(t) for name, t in inp.items()}
+            out = strided_copy(out)
+        before = cache.clone()
+        replay_step(cache, **inp, scale=scale, use_qk_l2norm=use_qk_l2norm, slots=slots.to(device), out=out,
+                    backend=backend)
+
+        rows, sl = live.nonzero().flatten(), slots[live].long()
+        S_true, o_true, _ = gdn_step_ref(truth[sl], *(inp[n].cpu()[rows] for n in ("q", "k", "v", "g", "beta")),
+                                         scale=scale, use_qk_l2norm=use_qk_l2norm)
+        truth[sl] = S_true
+        err = rel_err(out[rows.to(device)], o_true)
+        assert err <= tol, f"step {step}: output error {err:.2e} > {tol:.0e}"
+        assert torch.isnan(out[(~live).to(device)].float()).all(), "a NULL_SLOT row's output was written"
+        idle = torch.ones(num_slots, dtype=torch.bool)
+        idle[sl] = False
+        for name in ("state", "u", "k", "g", "write_pos"):
+            assert torch.equal(getattr(cache, name)[idle.to(device)], getattr(before, name)[idle.to(device)]), \
+                f"step {step}: {name} of a slot not in the batch changed"
+        was = before.write_pos[sl.to(device)].long()
+        flushes += int((was == L - 1).sum())
+        expect_pos = torch.where(was == L - 1, 0, was + 1)
+        assert torch.equal(cache.write_pos[sl.to(device)].long(), expect_pos)
+    state = materialize(cache, backend=backend)
+    err = rel_err(state, truth)
+    assert err <= tol, f"materialized state error {err:.2e} > {tol:.0e}"
+    assert flushes > 0, "the scenario never crossed a flush"
+
+
+SCENARIOS = [  # (L, act, state, use_qk_l2norm, scale, strided)
+    (1, F32, F32, True, None, False),
+    (4, F32, F32, False, 0.3, True),
+    (16, F32, F32, True, None, True),
+    (4, F16, F32, True, None, False),
+    (16, F16, F16, False, 0.5, True),
+    (1, F16, F16, False, None, True),
+    (4, F32, F16, True, 0.2, False),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("L, act, state, l2, scale, strided", SCENARIOS)
+def test_replay_matches_ground_truth(backend, L, act, state, l2, scale, strided, gen, device):
+    steps = L + 3 if backend == "triton" else 2 * L + 6
+    run_scenario(backend, TINY, L, act, state, steps, gen, device, use_qk_l2norm=l2, scale=scale, strided=strided)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_single_key_head_geometry(backend, gen, device):
+    gm = GDNGeometry(H=1, HV=3, K=16, V=32)   # non-power-of-two head count, K < V
+    run_scenario(backend, gm, 4, F32, F32, 8, gen, device, use_qk_l2norm=True, batch=2, extra_slots=1)
+
+
+@pytest.mark.parametrize("backend", ["ref", "torch"])
+@pytest.mark.parametrize("model", ["qwen35_122b_a10b", "qwen35_4b"])
+def test_tp_split_geometry(backend, model, gen, device):
+    gm = get_geometry(model, 8)
+    run_scenario(backend, gm, 4, F32, F32, 6, gen, device, use_qk_l2norm=True, batch=2, extra_slots=1)
+
+
+def test_triton_tp_split_geometry(gen, device):
+    gm = get_geometry("qwen35_122b_a10b", 8)
+    run_scenario("triton", gm, 4, F32, F32, 2, gen, device, use_qk_l2norm=True, batch=1, extra_slots=1)
+
+
+def test_backends_leave_the_same_cache(gen, device):
+    """ref, torch and triton write the same buffer entries, cursors and checkpoint (up to fp32 rounding)."""
+    gm, L = TINY, 4
+    cache0, _ = random_cache(gm, 4, L, F32, F32, gen, device)
+    caches = {b: cache0.clone() for b in BACKENDS}
+    for _ in range(L + 1):
+        slots = torch.tensor([2, NULL_SLOT, 0], dtype=torch.int32, device=device)
+        inp = random_step(gm, 3, device=device, use_qk_l2norm=True, generator=gen)
+        for b, c in caches.items():
+            replay_step(c, **inp, use_qk_l2norm=True, slots=slots, backend=b)
+    ref = caches["ref"]
+    for b in ("torch", "triton"):
+        for name in ("state", "u", "k", "g"):
+            err = rel_err(getattr(caches[b], name), getattr(ref, name))
+            assert err <= 1e-6, f"{b}: cache.{name} differs from ref by {err:.2e}"
+        assert torch.equal(caches[b].write_pos, ref.write_pos)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("state_dtype", [F32, F16])
+def test_buffer_len_one_is_the_baseline(backend, state_dtype, gen, device):
+    """L = 1 flushes every step: the same outputs and state as fused_recurrent_step."""
+    gm, batch = TINY, 3
+    cache = ReplayCache.allocate(gm, batch, 1, state_dtype=state_dtype, device=device)
+    cache.state.copy_(random_state(gm, batch, dtype=state_dtype, generator=gen))
+    state = cache.state.clone()
+    tol = 1e-6 if state_dtype == F32 else tolerance(F16)
+    for step in range(3):
+        inp = random_step(gm, batch, device=device, use_qk_l2norm=True, generator=gen)
+        o_replay = replay_step(cache, **inp, use_qk_l2norm=True, backend=backend)
+        o_base = fused_recurrent_step(state, **inp, use_qk_l2norm=True, backend=backend)
+        assert rel_err(o_replay, o_base) <= tol, f"step {step}: outputs differ"
+        assert rel_err(cache.state, state) <= tol, f"step {step}: states differ"
+        assert int(cache.write_pos.abs().sum()) == 0
+
+
+def synced_run_checkpoints(backend, gm, L, steps, batch, gen, device):
+    """All rows in step: after every flush the checkpoint must equal the ground-truth state."""
+    cache = ReplayCache.allocate(gm, batch, L, device=device)
+    cache.state.copy_(random_state(gm, batch, generator=gen))
+    truth = cache.state.double().cpu()
+    worst, checked = 0.0, 0
+    for step in range(steps):
+        inp = random_step(gm, batch, device=device, use_qk_l2norm=True, generator=gen)
+        o = replay_step(cache, **inp, use_qk_l2norm=True, backend=backend)
+        truth, o_true, _ = gdn_step_ref(truth, *(inp[n].cpu() for n in ("q", "k", "v", "g", "beta")),
+                                        use_qk_l2norm=True)
+        worst = max(worst, rel_err(o, o_true))
+        if (step + 1) % L == 0:
+            assert int(cache.write_pos.abs().sum()) == 0
+            err = rel_err(cache.state, truth)
+            assert err <= tolerance(F32), f"step {step}: checkpoint error {err:.2e}"
+            checked += 1
+    assert worst <= tolerance(F32), f"worst output error {worst:.2e}"
+    assert checked == steps // L
+    assert rel_err(materialize(cache, backend=backend), truth) <= tolerance(F32)
+
+
+@pytest.mark.slow
+def test_long_run_torch(gen, device):
+    synced_run_checkpoints("torch", TINY, 16, 1008, 2, gen, device)
+
+
+@pytest.mark.slow
+def test_long_run_triton(gen, device):
+    synced_run_checkpoints("triton", GDNGeometry(H=1, HV=2, K=16, V=16), 4, 104, 2, gen, device)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_materialize_slots_and_null_rows(backend, gen, device):
+    cache, truth = random_cache(TINY, 5, 8, F32, F32, gen, device)
+    before = cache.clone()
+    slots = torch.tensor([4, NULL_SLOT, 1], dtype=torch.int32, device=device)
+    out = poison_(torch.empty(3, TINY.HV, TINY.V, TINY.K, device=device))
+    materialize(cache, slots=slots, backend=backend, out=out)
+    assert rel_err(out[0], truth[4]) <= 1e-6 and rel_err(out[2], truth[1]) <= 1e-6
+    assert torch.isnan(out[1]).all()
+    for name in ("state", "u", "k", "g", "write_pos"):
+        assert torch.equal(getattr(cache, name), getattr(before, name)), f"materialize wrote cache.{name}"
+
+
+def test_cache_allocate_and_bookkeeping(device):
+    gm = get_geometry("qwen35_122b_a10b", 8)
+    cache = ReplayCache.allocate(gm, 3, 16, state_dtype=F16, act_dtype=torch.bfloat16, device=device)
+    assert cache.state.shape == (3, gm.HV, gm.V, gm.K) and cache.state_dtype == F16
+    assert cache.u.shape == (3, gm.HV, 16, gm.V) and cache.act_dtype == torch.bfloat16
+    assert cache.k.shape == (3, gm.H, 16, gm.K) and cache.g.shape == (3, gm.HV, 16) and cache.g.dtype == F32
+    per_slot = gm.HV * gm.V * gm.K * 2 + 16 * (gm.HV * gm.V * 2 + gm.H * gm.K * 2 + gm.HV * 4) + 4
+    assert cache.nbytes() == 3 * per_slot and cache.num_slots == 3 and cache.null_slot == NULL_SLOT
+    cache.write_pos.fill_(5)
+    twin = cache.clone()
+    cache.reset(torch.tensor([1], dtype=torch.int32, device=device))
+    assert cache.write_pos.tolist() == [5, 0, 5] and twin.write_pos.tolist() == [5, 5, 5]
+    cache.reset()
+    assert cache.write_pos.tolist() == [0, 0, 0]
+
+
+def _bad_calls(cache, inp, device):
+    """(label, kwargs overrides) that must each raise ValueError before any launch."""
+    gm, b = cache.geometry, inp["q"].shape[0]
+    f = lambda *shape, dtype=F32: torch.randn(*shape, device=device).to(dtype)
+    return [
+        ("q shape", dict(q=f(b, gm.H, gm.K + 1))),
+        ("k heads", dict(k=f(b, gm.H + 1, gm.K))),
+        ("v shape", dict(v=f(b, gm.HV, gm.V - 1))),
+        ("g shape", dict(g=f(b, gm.HV + 1))),
+        ("beta batch", dict(beta=f(b + 1, gm.HV))),
+        ("q dtype", dict(q=inp["q"].half())),
+        ("g dtype", dict(g=inp["g"].half())),
+        ("beta dtype", dict(beta=inp["beta"].double())),
+        ("q last-dim stride", dict(q=f(b, gm.H, 2 * gm.K)[..., ::2])),
+        ("out shape", dict(out=f(b, gm.HV, gm.V + 1))),
+        ("out dtype", dict(out=f(b, gm.HV, gm.V, dtype=F16))),
+        ("slot out of range", dict(slots=torch.tensor([0, 9, 1], dtype=torch.int32, device=device))),
+        ("slot twice", dict(slots=torch.tensor([1, 1, 0], dtype=torch.int32, device=device))),
+        ("slots dtype", dict(slots=torch.tensor([0.0, 1.0, 2.0], device=device))),
+        ("slots shape", dict(slots=torch.tensor([0, 1], dtype=torch.int32, device=device))),
+        ("scale", dict(scale="0.1")),
+        ("l2norm flag", dict(use_qk_l2norm=1)),
+        ("backend", dict(backend="cuda")),
+    ]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_input_raises_before_touching_the_cache(backend, gen, device):
+    cache, _ = random_cache(TINY, 4, 4, F32, F32, gen, device)
+    before = cache.clone()
+    inp = random_step(TINY, 3, device=device, generator=gen)
+    for label, override in _bad_calls(cache, inp, device):
+        kwargs = {"backend": backend, **inp, **override}
+        with pytest.raises(ValueError):
+            replay_step(cache, **kwargs)
+            pytest.fail(f"{label}: no ValueError")
+    for name in ("state", "u", "k", "g", "write_pos"):
+        assert torch.equal(getattr(cache, name), getattr(before, name))
+
+
+def test_bad_geometry_and_allocation(device):
+    with pytest.raises(ValueError):
+        GDNGeometry(H=2, HV=3, K=16, V=16)          # HV not a multiple of H
+    big_k = GDNGeometry(H=1, HV=1, K=512, V=16)
+    cache = ReplayCache.allocate(big_k, 1, 4, device=device)
+    inp = random_step(big_k, 1, device=device)
+    for backend in BACKENDS:
+        with pytest.raises(ValueError, match="K=512"):
+            replay_step(cache, **inp, backend=backend)
+        with pytest.raises(ValueError, match="K=512"):
+            materialize(cache, backend=backend)
+    for bad in (dict(num_slots=0), dict(buffer_len=0), dict(state_dtype=torch.bfloat16),
+                dict(act_dtype=torch.float64), dict(geometry=(1, 1, 16, 16))):
+        args = {"geometry": TINY, "num_slots": 2, "buffer_len": 4, **bad}
+        with pytest.raises(ValueError):
+            ReplayCache.allocate(**args, device=device)
+    with pytest.raises(ValueError):
+        replay_step("not a cache", **random_step(TINY, 1, device=device))
+
+
+def test_bf16_rejected_by_the_interpreter(gen, device):
+    if device != "cpu":
+        pytest.skip("the interpreter only runs on CPU")
+    cache = ReplayCache.allocate(TINY, 2, 4, act_dtype=torch.bfloat16)
+    inp = random_step(TINY, 2, act_dtype=torch.bfloat16, generator=gen)
+    with pytest.raises(ValueError, match="bfloat16"):
+        replay_step(cache, **inp, backend="triton")
+    replay_step(cache, **inp, backend="torch")      # bf16 is fine off the interpreter
+    assert cache.write_pos.tolist() == [1, 1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_on_gpu(gen):
+    run_scenario("triton", TINY, 4, torch.bfloat16, F32, 7, gen, "cuda", use_qk_l2norm=True)
