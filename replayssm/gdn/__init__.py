@@ -1,0 +1,10 @@
+"""ReplaySSM for Gated DeltaNet. Public API (DESIGN.md §2): ReplayCache, replay_step, materialize (AR decode);
+SpecRing, spec_verify, spec_commit, spec_reset, spec_materialize (speculative decoding)."""
+
+from replayssm.gdn.cache import ReplayCache
+from replayssm.gdn.decode import materialize, replay_step
+from replayssm.gdn.ring import SpecRing
+from replayssm.gdn.spec import spec_commit, spec_materialize, spec_reset, spec_verify
+
+__all__ = ["ReplayCache", "SpecRing", "materialize", "replay_step", "spec_commit", "spec_materialize", "spec_reset",
+           "spec_verify"]

@@ -1,0 +1,113 @@
+"""ReplaySSM speculative ring for Gated DeltaNet: checkpoint + circular ring of (u, k, g).
+
+Everything persistent is allocated once here; no kernel allocates per step. Cursors live on the device
+and are advanced by tiny kernels, so a speculative step is CUDA-graph capturable.
+
+What the ring holds (replayssm-method.md §2.6, §3.2): for every token since the checkpoint, the corrected
+update u = beta (v - alpha S k) (so replay is the plain linear recurrence S <- exp(g) S + u k^T), the key k
+after the optional in-kernel L2 normalisation (per key head, shared by HV/H value heads) and the log decay
+g (fp32). The read vector q is never cached.
+
+Spec protocol, history B, window T, logical length L = B + T, physical ring next_pow2(L) rows (the same
+protocol as the Mamba-2 ring, replayssm/mamba2/cache.py):
+    verify: window token s sits at ring row (origin + write_pos + s) & (ring_len - 1); all T outputs come
+            from one committed state S_h (checkpoint + write_pos ring entries) through a T x T triangular
+            solve. Rows with is_flush first fold the committed history into the checkpoint (S0 <- S_h).
+    commit: if the step flushed: origin += write_pos, write_pos = accepted; else write_pos += accepted;
+            is_flush = write_pos + 2T > L (early flush: the next window always fits).
+    reset:  write_pos = origin = 0, is_flush = 2T > L (0, since B >= T).
+Invariant: write_pos <= B at every verify, so history + window <= L <= ring_len rows never overlap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from replayssm.checks import NULL_SLOT, next_pow2
+from replayssm.gdn.cache import check_gdn_alloc, nbytes_of
+from replayssm.geometry import GDNGeometry
+
+
+@dataclass
+class SpecRing:
+    """Checkpoint + circular input ring for GDN speculative decoding.
+
+    state     [num_slots, HV, V, K]          checkpoint S0 (state_dtype, K-last)
+    u         [num_slots, HV, ring_len, V]   ring of corrected updates u (act_dtype)
+    k         [num_slots, H, ring_len, K]    ring of keys, L2-normalised if verify asked for it (act_dtype)
+    g         [num_slots, HV, ring_len]      ring of log decays (fp32)
+    write_pos [num_slots] int32   committed history h since the checkpoint
+    origin    [num_slots] int32   ring row of history entry 0
+    is_flush  [num_slots] int32   1 if the next verify folds the history into the checkpoint first
+    """
+
+    geometry: GDNGeometry
+    history_len: int
+    window: int
+    state: torch.Tensor
+    u: torch.Tensor
+    k: torch.Tensor
+    g: torch.Tensor
+    write_pos: torch.Tensor
+    origin: torch.Tensor
+    is_flush: torch.Tensor
+    null_slot: int = NULL_SLOT
+
+    @classmethod
+    def allocate(cls, geometry: GDNGeometry, num_slots: int, history_len: int, window: int,
+                 state_dtype=torch.float32, act_dtype=torch.float32, device="cpu") -> SpecRing:
+        check_gdn_alloc(geometry, num_slots, state_dtype, act_dtype)
+        for name, value in (("history_len", history_len), ("window", window)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if history_len < window:
+            raise ValueError(f"history_len B={history_len} < window T={window}: the ring needs B >= T "
+                             "so that a flushed window still fits")
+        gm, n = geometry, num_slots
+        R = next_pow2(history_len + window)
+        return cls(
+            geometry=gm, history_len=history_len, window=window,
+            state=torch.zeros(n, gm.HV, gm.V, gm.K, dtype=state_dtype, device=device),
+            u=torch.zeros(n, gm.HV, R, gm.V, dtype=act_dtype, device=device),
+            k=torch.zeros(n, gm.H, R, gm.K, dtype=act_dtype, device=device),
+            g=torch.zeros(n, gm.HV, R, dtype=torch.float32, device=device),
+            write_pos=torch.zeros(n, dtype=torch.int32, device=device),
+            origin=torch.zeros(n, dtype=torch.int32, device=device),
+            is_flush=torch.zeros(n, dtype=torch.int32, device=device),
+        )
+
+    @property
+    def max_len(self) -> int:
+        """Logical length L = B + T: the most entries (history + window) a verify step touches."""
+        return self.history_len + self.window
+
+    @property
+    def ring_len(self) -> int:
+        return self.u.shape[2]
+
+    @property
+    def num_slots(self) -> int:
+        return self.state.shape[0]
+
+    @property
+    def state_dtype(self) -> torch.dtype:
+        return self.state.dtype
+
+    @property
+    def act_dtype(self) -> torch.dtype:
+        return self.u.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    def nbytes(self) -> int:
+        """Persistent bytes: checkpoint + ring + cursors (no scratch: GDN verify needs none)."""
+        return nbytes_of(self.state, self.u, self.k, self.g, self.write_pos, self.origin, self.is_flush)
+
+    def clone(self) -> SpecRing:
+        return SpecRing(self.geometry, self.history_len, self.window, self.state.clone(), self.u.clone(),
+                        self.k.clone(), self.g.clone(), self.write_pos.clone(), self.origin.clone(),
+                        self.is_flush.clone(), self.null_slot)

@@ -1,0 +1,177 @@
+"""ReplaySSM speculative decoding for Gated DeltaNet: verify (+ early flush), commit, reset, materialise.
+
+One public function per operation, three backends computing the same function and the same cache contents:
+"triton" (replayssm/gdn/spec_kernels.py), "torch" (spec_torch.py, vectorised fp32, the CPU timing backend)
+and "ref" (spec_ref.py, float64 loops, the protocol oracle). The ring protocol is documented in
+replayssm/gdn/ring.py; the math in replayssm-method.md §2.6 (blog Algorithm 8).
+
+A speculative step on a batch of rows, each mapped to a ring slot by `slots` (NULL_SLOT rows are padding:
+skipped, output left as is, cache untouched):
+    o = spec_verify(ring, q, k, v, g, beta)     # o [batch, T, HV, V]: every window token from one S_h
+    spec_commit(ring, num_accepted)             # num_accepted [batch] in 1..T (bonus token included)
+spec_reset(ring, slots) starts a request (prefill state already in ring.state); spec_materialize returns the
+committed state (checkpoint + history) without writing anything.
+
+Input shapes: q, k [batch, T, H, K] and v [batch, T, HV, V] in the ring's activation dtype; g (log decay)
+and beta [batch, T, HV] fp32; scale defaults to K ** -0.5; use_qk_l2norm normalises q and k in the kernel
+(eps 1e-6 under the square root). Value head hv reads key head hv // (HV // H). Outer strides are free;
+the last dim of every input needs unit stride.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm.checks import (
+    check_backend,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_num_accepted,
+    check_same_device,
+    check_shape,
+    check_slots,
+)
+from replayssm.gdn import spec_kernels, spec_ref, spec_torch
+from replayssm.gdn.ring import SpecRing
+from replayssm.geometry import GDNGeometry
+
+__all__ = ["SpecRing", "spec_verify", "spec_commit", "spec_reset", "spec_materialize", "check_window"]
+
+
+def check_window(geometry: GDNGeometry, window: int, act_dtype: torch.dtype, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor | None,
+                 scale: float | None, backend: str) -> tuple[int, float]:
+    """Validate one speculative window against a cache's geometry, window T and activation dtype.
+
+    Shared by ReplaySSM and the baselines (same call shapes). Returns (batch, scale).
+    """
+    check_backend(backend, q, k, v, g, beta, out)
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+    if q.dim() != 4:
+        raise ValueError(f"q must be [batch, T, H, K], got shape {tuple(q.shape)}")
+    batch, T = q.shape[0], q.shape[1]
+    if T != window:
+        raise ValueError(f"window length {T} != the cache's window T={window}")
+    gm = geometry
+    check_shape("q", q, (batch, T, gm.H, gm.K))
+    check_shape("k", k, (batch, T, gm.H, gm.K))
+    check_shape("v", v, (batch, T, gm.HV, gm.V))
+    check_shape("g", g, (batch, T, gm.HV))
+    check_shape("beta", beta, (batch, T, gm.HV))
+    check_shape("out", out, (batch, T, gm.HV, gm.V))
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_dtype(name, t, (act_dtype,))
+    for name, t in (("g", g), ("beta", beta)):
+        check_dtype(name, t, (torch.float32,))
+    if out is not None:
+        check_dtype("out", out, (act_dtype,))
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("out", out)):
+        check_last_dim_contiguous(name, t)
+    check_same_device(q=q, k=k, v=v, g=g, beta=beta, out=out)
+    if backend == "triton" and gm.K > spec_kernels.MAX_K:
+        raise ValueError(f"K={gm.K} > {spec_kernels.MAX_K}: the Triton kernels cannot tile a key dim this large")
+    if scale is None:
+        scale = gm.K ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise ValueError(f"scale must be a float or None, got {scale!r}")
+    return batch, float(scale)
+
+
+def _check_ring(ring) -> None:
+    if not isinstance(ring, SpecRing):
+        raise ValueError(f"expected a replayssm.gdn.ring.SpecRing, got {type(ring).__name__}")
+
+
+def _check_cache_device(ring: SpecRing, t: torch.Tensor) -> None:
+    if t.device != ring.device:
+        raise ValueError(f"inputs on {t.device}, ring on {ring.device}")
+
+
+def spec_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False,
+                slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                backend: str = "triton") -> torch.Tensor:
+    """Outputs of all T window tokens from the committed state; append the window to the ring.
+
+    q, k [batch, T, H, K]; v [batch, T, HV, V]; g, beta [batch, T, HV] fp32; slots int32 [batch];
+    returns o [batch, T, HV, V] in the activation dtype (written into `out` if given). Rows with
+    is_flush fold their committed history into the checkpoint first. Cursors are not moved: call
+    spec_commit with the accepted counts before the next verify.
+    """
+    _check_ring(ring)
+    batch, scale = check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend)
+    _check_cache_device(ring, q)
+    check_backend(backend, ring.state)
+    slots = check_slots(slots, batch, ring.num_slots, ring.device, ring.null_slot)
+    if out is None:
+        gm = ring.geometry
+        out = torch.empty(batch, ring.window, gm.HV, gm.V, dtype=ring.act_dtype, device=ring.device)
+    if batch == 0:
+        return out
+    impl = {"triton": spec_kernels.verify_triton, "torch": spec_torch.verify_torch, "ref": spec_ref.verify_ref}
+    return impl[backend](ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out)
+
+
+def spec_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
+                backend: str = "triton") -> None:
+    """Advance each row's cursors by its accepted count (1..T, bonus included); decide the next flush.
+
+    num_accepted [batch] int. If the step flushed: origin += write_pos, write_pos = accepted; else
+    write_pos += accepted. Then is_flush = write_pos + 2T > L.
+    """
+    _check_ring(ring)
+    check_backend(backend, ring.state, num_accepted)
+    if not isinstance(num_accepted, torch.Tensor) or num_accepted.dim() != 1:
+        raise ValueError("num_accepted must be a 1-D integer tensor [batch]")
+    _check_cache_device(ring, num_accepted)
+    batch = num_accepted.shape[0]
+    slots = check_slots(slots, batch, ring.num_slots, ring.device, ring.null_slot)
+    if batch == 0:
+        return
+    # Padded rows may carry any count: validate the live rows only.
+    live = slots != ring.null_slot
+    check_num_accepted(torch.where(live, num_accepted, 1), batch, ring.window)
+    num_accepted = num_accepted.to(torch.int32)
+    impl = {"triton": spec_kernels.commit_triton, "torch": spec_torch.commit_torch, "ref": spec_ref.commit_ref}
+    impl[backend](ring, num_accepted, slots)
+
+
+def spec_reset(ring: SpecRing, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
+    """Start requests in `slots` (default: the whole pool): empty history, origin 0, no pending flush."""
+    _check_ring(ring)
+    check_backend(backend, ring.state)
+    if slots is None:
+        slots = torch.arange(ring.num_slots, dtype=torch.int32, device=ring.device)
+    if not isinstance(slots, torch.Tensor) or slots.dim() != 1:
+        raise ValueError("slots must be a 1-D integer tensor")
+    slots = check_slots(slots, slots.shape[0], ring.num_slots, ring.device, ring.null_slot)
+    if slots.numel() == 0:
+        return
+    impl = {"triton": spec_kernels.reset_triton, "torch": spec_torch.reset_torch, "ref": spec_ref.reset_ref}
+    impl[backend](ring, slots)
+
+
+def spec_materialize(ring: SpecRing, slots: torch.Tensor | None = None, backend: str = "triton") -> torch.Tensor:
+    """The committed state of each row: checkpoint + write_pos ring entries, nothing written.
+
+    Returns state [batch, HV, V, K] fp32 (batch = len(slots), default the whole pool); NULL_SLOT rows are
+    NaN (as replayssm.mamba2.spec_materialize).
+    """
+    _check_ring(ring)
+    check_backend(backend, ring.state)
+    if slots is None:
+        slots = torch.arange(ring.num_slots, dtype=torch.int32, device=ring.device)
+    if not isinstance(slots, torch.Tensor) or slots.dim() != 1:
+        raise ValueError("slots must be a 1-D integer tensor")
+    slots = check_slots(slots, slots.shape[0], ring.num_slots, ring.device, ring.null_slot)
+    if backend == "triton" and ring.geometry.K > spec_kernels.MAX_K:
+        raise ValueError(f"K={ring.geometry.K} > {spec_kernels.MAX_K}: the Triton kernels cannot tile it")
+    gm = ring.geometry
+    out = torch.full((slots.shape[0], gm.HV, gm.V, gm.K), float("nan"), dtype=torch.float32, device=ring.device)
+    if slots.numel() == 0:
+        return out
+    impl = {"triton": spec_kernels.materialize_triton, "torch": spec_torch.materialize_torch,
+            "ref": spec_ref.materialize_ref}
+    return impl[backend](ring, slots, out)

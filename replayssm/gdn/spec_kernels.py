@@ -1,0 +1,305 @@
+"""Triton kernels of the GDN speculative ring: verify (+ flush), materialise, commit and reset cursors.
+
+Verify grid (cdiv(V, BV), batch, HV): one program owns a [BV, K] slice of one value head's state and walks K
+in tiles of BKT columns. Per tile it rebuilds S_h = exp(G_tot) S0 + (w u)^T k_hist with one tl.dot over the
+history axis (padded to BC >= 16 rows), stores it as the new checkpoint on flush rows (masked store, so
+non-flush rows write no state), and accumulates, with one more tl.dot each, the readouts S_h w_r and the
+Gram matrix w_r . w_c of the stacked window rows w = [k_0 .. k_{T-1}, q_0 .. q_{T-1}] (padded to TW >= 16).
+After the K walk the T x T unit lower triangular system (I + A) U = R is solved by forward substitution
+(row s of R - A U, one row per step) and the outputs come from one more tl.dot (replayssm-method.md §2.6).
+Cursors are never written by verify: commit and reset are separate tiny launches, so verify is race-free
+and every launch is CUDA-graph capturable.
+
+Ring ownership (no two programs write one address): the u rows of (slot, hv, V tile) belong to that
+program; the g rows of (slot, hv) to the program with pid_v == 0; the k rows of (slot, key head) to the
+program with pid_v == 0 and hv the first value head of the group. Window rows never overlap the history
+rows other programs read (write_pos + T <= L <= ring_len).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from replayssm.checks import NULL_SLOT, kernel_arch, next_pow2
+from replayssm.geometry import GDNGeometry
+
+# The K walk itself takes any K, but the launch configs were built and checked (no spills) for K <= 256 only;
+# a larger key dim is rejected rather than run on an unchecked tiling (same limit as the baselines).
+MAX_K = 256
+
+
+def launch_config(geometry: GDNGeometry, history_len: int, window: int, device) -> dict:
+    """Block sizes for (geometry, GPU arch). Interpreter: biggest legal blocks (it costs per program).
+    GPU: [BV, BKT] = [32, 16] tiles, 2 warps, tf32x3 dots: at K = V = 128, fp32 state, T <= 8, B <= 32 the
+    AOT build for sm_90 / sm_100 uses 128-161 registers and no local memory ([32, 32] tiles reach 250
+    registers; "ieee" dots would run the reconstruction on CUDA cores)."""
+    arch = kernel_arch(device)
+    cfg = {"TW": max(16, next_pow2(2 * window)), "BC": max(16, next_pow2(history_len))}
+    if arch == 0:
+        cfg.update(BV=max(16, next_pow2(geometry.V)), BKT=max(16, next_pow2(geometry.K)), num_warps=4,
+                   DOT_PRECISION="ieee")
+    else:
+        cfg.update(BV=32 if geometry.V > 16 else 16, BKT=16, num_warps=2, DOT_PRECISION="tf32x3")
+    return cfg
+
+
+@triton.jit
+def _history_weights(ring_g_ptr, g_base, hist_rows, valid):
+    """w_j = exp(G_tot - G_j) for history entries j (0 past write_pos) and exp(G_tot)."""
+    g_hist = tl.load(ring_g_ptr + g_base + hist_rows, mask=valid, other=0.0)
+    G_pre = tl.cumsum(g_hist, 0)
+    G_tot = tl.sum(g_hist, 0)
+    w = tl.where(valid, tl.exp(tl.minimum(G_tot - G_pre, 0.0)), 0.0)
+    return w, tl.exp(G_tot)
+
+
+@triton.jit
+def _spec_verify_kernel(
+    state_ptr, s_slot, s_head, s_v,
+    ring_u_ptr, ru_slot, ru_head, ru_row,
+    ring_k_ptr, rk_slot, rk_head, rk_row,
+    ring_g_ptr, rg_slot, rg_head,
+    write_pos_ptr, origin_ptr, is_flush_ptr, slots_ptr,
+    q_ptr, q_b, q_t, q_h,
+    k_ptr, k_b, k_t, k_h,
+    v_ptr, v_b, v_t, v_h,
+    g_ptr, g_b, g_t,
+    beta_ptr, beta_b, beta_t,
+    out_ptr, o_b, o_t, o_h,
+    scale, ring_mask,
+    T: tl.constexpr, TW: tl.constexpr, BC: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BV: tl.constexpr, BKT: tl.constexpr, USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    NULL: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    hv = tl.program_id(2).to(tl.int64)
+    slot = tl.load(slots_ptr + row)
+    if slot == NULL:
+        return
+    slot = slot.to(tl.int64)
+    kh = hv // GROUP
+    h = tl.load(write_pos_ptr + slot)
+    origin = tl.load(origin_ptr + slot)
+    do_fold = (tl.load(is_flush_ptr + slot) != 0) & (h > 0)
+    writes_k = (pid_v == 0) & (hv % GROUP == 0)
+
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    mask_v = offs_v < V
+    offs_c = tl.arange(0, BC)
+    valid_c = offs_c < h
+    hist_rows = (origin + offs_c) & ring_mask
+    # Window rows, stacked: row r < T is key k_r, row T + s is query q_s (padded to TW >= 16 for tl.dot).
+    # One [TW, BKT] operand gives both readouts S_h k, S_h q and both Gram matrices k.k, q.k per K tile.
+    offs_r = tl.arange(0, TW)
+    is_k = offs_r < T
+    is_q = (offs_r >= T) & (offs_r < 2 * T)
+    tok = tl.where(is_q, offs_r - T, offs_r)
+    live_r = is_k | is_q
+    w_ptrs = tl.where(is_q, q_ptr + row * q_b + tok * q_t + kh * q_h, k_ptr + row * k_b + tok * k_t + kh * k_h)
+    win_rows = (origin + h + tok) & ring_mask
+
+    w, decay0 = _history_weights(ring_g_ptr, slot * rg_slot + hv * rg_head, hist_rows, valid_c)
+    u_hist = tl.load(ring_u_ptr + slot * ru_slot + hv * ru_head + hist_rows[:, None] * ru_row + offs_v[None, :],
+                     mask=valid_c[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    wu_t = tl.trans(u_hist * w[:, None])                                          # [BV, BC]
+
+    # q rows carry the scale; in-kernel L2 norm needs the whole K axis: a first pass over the window rows.
+    mult = tl.where(is_q, scale, 1.0)
+    if USE_L2NORM:
+        ssq = tl.zeros([TW], dtype=tl.float32)
+        for k0 in range(0, K, BKT):
+            offs_k = k0 + tl.arange(0, BKT)
+            wt = tl.load(w_ptrs[:, None] + offs_k[None, :], mask=live_r[:, None] & (offs_k < K)[None, :],
+                         other=0.0).to(tl.float32)
+            ssq += tl.sum(wt * wt, 1)
+        mult = mult / tl.sqrt(ssq + 1e-6)
+
+    HW = tl.zeros([TW, BV], dtype=tl.float32)          # row r: S_h w_r (S_h k_s, then S_h q_s)
+    WW = tl.zeros([TW, TW], dtype=tl.float32)          # w_r . w_c (k.k in the top rows, q.k below)
+    for k0 in range(0, K, BKT):
+        offs_k = k0 + tl.arange(0, BKT)
+        mask_k = offs_k < K
+        s_ptrs = state_ptr + slot * s_slot + hv * s_head + offs_v[:, None] * s_v + offs_k[None, :]
+        s_mask = mask_v[:, None] & mask_k[None, :]
+        S = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32) * decay0
+        k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row + offs_k[None, :],
+                         mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        S += tl.dot(wu_t, k_hist, input_precision=DOT_PRECISION)                    # S_h tile [BV, BKT]
+        tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask & do_fold)
+        Wt = tl.load(w_ptrs[:, None] + offs_k[None, :], mask=live_r[:, None] & mask_k[None, :],
+                     other=0.0).to(tl.float32) * mult[:, None]
+        tl.store(ring_k_ptr + slot * rk_slot + kh * rk_head + win_rows[:, None] * rk_row + offs_k[None, :],
+                 Wt.to(ring_k_ptr.dtype.element_ty), mask=is_k[:, None] & mask_k[None, :] & writes_k)
+        HW += tl.dot(Wt, tl.trans(S), input_precision=DOT_PRECISION)
+        WW += tl.dot(Wt, tl.trans(Wt), input_precision=DOT_PRECISION)
+
+    # Gates relative to S_h: G[r] = g_0 + .. + g_tok(r) on the rows, Gk[c] on the key columns.
+    g_k = tl.load(g_ptr + row * g_b + offs_r * g_t + hv, mask=is_k, other=0.0)
+    Gk = tl.cumsum(g_k, 0)
+    G = tl.sum(tl.where(is_k[None, :] & (offs_r[None, :] <= tok[:, None]), g_k[None, :], 0.0), 1)
+    beta_k = tl.load(beta_ptr + row * beta_b + offs_r * beta_t + hv, mask=is_k, other=0.0)
+    eG = tl.exp(G)
+    decay = tl.exp(tl.minimum(G[:, None] - Gk[None, :], 0.0))                      # [TW, TW]
+    key_col = is_k[None, :]
+
+    # Chunked delta rule over the window: (I + A) U = R, A strictly lower triangular on the key rows.
+    v_win = tl.load(v_ptr + row * v_b + offs_r[:, None] * v_t + hv * v_h + offs_v[None, :],
+                    mask=is_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    R = beta_k[:, None] * (v_win - eG[:, None] * HW)                              # 0 on the query rows
+    A = tl.where(key_col & (offs_r[:, None] > offs_r[None, :]), beta_k[:, None] * decay * WW, 0.0)
+    # Forward substitution, one row per step: row s of R - A U only reads the finished rows < s of U.
+    U = tl.zeros([TW, BV], dtype=tl.float32)
+    for s in tl.static_range(T):
+        U = tl.where(offs_r[:, None] == s, R - tl.dot(A, U, input_precision=DOT_PRECISION), U)
+    # o_s = exp(G_s) S_h q_s + sum_{c <= s} exp(G_s - G_c) (k_c . q_s) U_c, on the query rows.
+    M = tl.where(is_q[:, None] & key_col & (offs_r[None, :] <= tok[:, None]), decay * WW, 0.0)
+    o = eG[:, None] * HW + tl.dot(M, U, input_precision=DOT_PRECISION)
+
+    tl.store(out_ptr + row * o_b + tok[:, None] * o_t + hv * o_h + offs_v[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=is_q[:, None] & mask_v[None, :])
+    tl.store(ring_u_ptr + slot * ru_slot + hv * ru_head + win_rows[:, None] * ru_row + offs_v[None, :],
+             U.to(ring_u_ptr.dtype.element_ty), mask=is_k[:, None] & mask_v[None, :])
+    tl.store(ring_g_ptr + slot * rg_slot + hv * rg_head + win_rows, g_k, mask=is_k & (pid_v == 0))
+
+
+@triton.jit
+def _materialize_kernel(
+    state_ptr, s_slot, s_head, s_v,
+    ring_u_ptr, ru_slot, ru_head, ru_row,
+    ring_k_ptr, rk_slot, rk_head, rk_row,
+    ring_g_ptr, rg_slot, rg_head,
+    write_pos_ptr, origin_ptr, slots_ptr,
+    out_ptr, o_b, o_h, o_v,
+    ring_mask,
+    BC: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    BKT: tl.constexpr, DOT_PRECISION: tl.constexpr, NULL: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    hv = tl.program_id(2).to(tl.int64)
+    slot = tl.load(slots_ptr + row)
+    if slot == NULL:
+        return
+    slot = slot.to(tl.int64)
+    kh = hv // GROUP
+    h = tl.load(write_pos_ptr + slot)
+    origin = tl.load(origin_ptr + slot)
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    mask_v = offs_v < V
+    offs_c = tl.arange(0, BC)
+    valid_c = offs_c < h
+    hist_rows = (origin + offs_c) & ring_mask
+    w, decay0 = _history_weights(ring_g_ptr, slot * rg_slot + hv * rg_head, hist_rows, valid_c)
+    u_hist = tl.load(ring_u_ptr + slot * ru_slot + hv * ru_head + hist_rows[:, None] * ru_row + offs_v[None, :],
+                     mask=valid_c[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    wu_t = tl.trans(u_hist * w[:, None])
+    for k0 in range(0, K, BKT):
+        offs_k = k0 + tl.arange(0, BKT)
+        mask_k = offs_k < K
+        s_mask = mask_v[:, None] & mask_k[None, :]
+        S = tl.load(state_ptr + slot * s_slot + hv * s_head + offs_v[:, None] * s_v + offs_k[None, :],
+                    mask=s_mask, other=0.0).to(tl.float32) * decay0
+        k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row + offs_k[None, :],
+                         mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        S += tl.dot(wu_t, k_hist, input_precision=DOT_PRECISION)
+        tl.store(out_ptr + row * o_b + hv * o_h + offs_v[:, None] * o_v + offs_k[None, :], S, mask=s_mask)
+
+
+@triton.jit
+def _commit_kernel(write_pos_ptr, origin_ptr, is_flush_ptr, slots_ptr, num_accepted_ptr, batch, ring_mask,
+                   T: tl.constexpr, L: tl.constexpr, BLOCK: tl.constexpr, NULL: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_batch = rows < batch
+    slot = tl.load(slots_ptr + rows, mask=in_batch, other=NULL)
+    live = in_batch & (slot != NULL)
+    slot = tl.where(live, slot, 0).to(tl.int64)
+    a = tl.load(num_accepted_ptr + rows, mask=live, other=0)
+    h = tl.load(write_pos_ptr + slot, mask=live, other=0)
+    origin = tl.load(origin_ptr + slot, mask=live, other=0)
+    flushed = tl.load(is_flush_ptr + slot, mask=live, other=0) != 0
+    origin = tl.where(flushed, (origin + h) & ring_mask, origin)
+    h = tl.where(flushed, a, h + a)
+    tl.store(origin_ptr + slot, origin, mask=live)
+    tl.store(write_pos_ptr + slot, h, mask=live)
+    tl.store(is_flush_ptr + slot, (h + 2 * T > L).to(tl.int32), mask=live)
+
+
+@triton.jit
+def _reset_kernel(write_pos_ptr, origin_ptr, is_flush_ptr, slots_ptr, batch,
+                  FLUSH0: tl.constexpr, BLOCK: tl.constexpr, NULL: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_batch = rows < batch
+    slot = tl.load(slots_ptr + rows, mask=in_batch, other=NULL)
+    live = in_batch & (slot != NULL)
+    slot = tl.where(live, slot, 0).to(tl.int64)
+    zero = tl.zeros([BLOCK], dtype=tl.int32)
+    tl.store(write_pos_ptr + slot, zero, mask=live)
+    tl.store(origin_ptr + slot, zero, mask=live)
+    tl.store(is_flush_ptr + slot, zero + FLUSH0, mask=live)
+
+
+def _ring_args(ring) -> tuple:
+    return (ring.state, ring.state.stride(0), ring.state.stride(1), ring.state.stride(2),
+            ring.u, ring.u.stride(0), ring.u.stride(1), ring.u.stride(2),
+            ring.k, ring.k.stride(0), ring.k.stride(1), ring.k.stride(2),
+            ring.g, ring.g.stride(0), ring.g.stride(1))
+
+
+def verify_triton(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slots, out):
+    gm, batch = ring.geometry, q.shape[0]
+    cfg = launch_config(gm, ring.history_len, ring.window, q.device)
+    grid = (triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)
+    _spec_verify_kernel[grid](
+        *_ring_args(ring),
+        ring.write_pos, ring.origin, ring.is_flush, slots,
+        q, q.stride(0), q.stride(1), q.stride(2),
+        k, k.stride(0), k.stride(1), k.stride(2),
+        v, v.stride(0), v.stride(1), v.stride(2),
+        g, g.stride(0), g.stride(1),
+        beta, beta.stride(0), beta.stride(1),
+        out, out.stride(0), out.stride(1), out.stride(2),
+        float(scale), ring.ring_len - 1,
+        T=ring.window, TW=cfg["TW"], BC=cfg["BC"], GROUP=gm.value_heads_per_key_head, K=gm.K, V=gm.V,
+        BV=cfg["BV"], BKT=cfg["BKT"], USE_L2NORM=bool(use_qk_l2norm), DOT_PRECISION=cfg["DOT_PRECISION"],
+        NULL=NULL_SLOT, num_warps=cfg["num_warps"],
+    )
+    return out
+
+
+def materialize_triton(ring, slots, out):
+    gm, batch = ring.geometry, slots.shape[0]
+    cfg = launch_config(gm, ring.history_len, ring.window, slots.device)
+    grid = (triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)
+    _materialize_kernel[grid](
+        *_ring_args(ring),
+        ring.write_pos, ring.origin, slots,
+        out, out.stride(0), out.stride(1), out.stride(2),
+        ring.ring_len - 1,
+        BC=cfg["BC"], GROUP=gm.value_heads_per_key_head, K=gm.K, V=gm.V, BV=cfg["BV"], BKT=cfg["BKT"],
+        DOT_PRECISION=cfg["DOT_PRECISION"], NULL=NULL_SLOT, num_warps=cfg["num_warps"],
+    )
+    return out
+
+
+def _cursor_block(batch: int) -> int:
+    return max(16, min(1024, next_pow2(batch)))
+
+
+def commit_triton(ring, num_accepted, slots) -> None:
+    batch = slots.shape[0]
+    block = _cursor_block(batch)
+    _commit_kernel[(triton.cdiv(batch, block),)](
+        ring.write_pos, ring.origin, ring.is_flush, slots, num_accepted, batch, ring.ring_len - 1,
+        T=ring.window, L=ring.max_len, BLOCK=block, NULL=NULL_SLOT, num_warps=1,
+    )
+
+
+def reset_triton(ring, slots) -> None:
+    batch = slots.shape[0]
+    block = _cursor_block(batch)
+    _reset_kernel[(triton.cdiv(batch, block),)](
+        ring.write_pos, ring.origin, ring.is_flush, slots, batch,
+        FLUSH0=int(2 * ring.window > ring.max_len), BLOCK=block, NULL=NULL_SLOT, num_warps=1,
+    )

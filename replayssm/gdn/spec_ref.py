@@ -1,0 +1,125 @@
+"""Float64 protocol oracle for the GDN speculative ring (backend="ref"): loops, written for clarity.
+
+It keeps the exact cache protocol of the Triton kernels (same ring rows, same cursor moves, same values
+stored, rounded to the cache dtypes only where they are stored) and computes everything else in float64.
+The arguments arrive validated from replayssm.gdn.spec (slots is an int32 tensor, shapes and dtypes match).
+
+Per live row (slot != NULL_SLOT), value head hv, key head kh = hv // (HV // H), h = write_pos, o = origin:
+    S_h = replay of the committed history from the checkpoint: S <- exp(g_j) S + u_j k_j^T, j < h
+          (= exp(G_tot) S0 + sum_j exp(G_tot - G_j) u_j k_j^T, replayssm-method.md §2.4)
+    is_flush and h > 0: checkpoint <- S_h
+    window (§2.6): G_s = g_0 + .. + g_s; A[s, s'] = beta_s exp(G_s - G_s') (k_s . k_s') for s' < s;
+          R_s = beta_s (v_s - exp(G_s) S_h k_s); U = (I + A)^-1 R (forward substitution);
+          o_s = exp(G_s) S_h q_s + sum_{s' <= s} exp(G_s - G_s') (k_s' . q_s) U_s'
+    append (U_s, k_s, g_s) at ring rows (o + h + s) & (ring_len - 1)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from replayssm.gdn.ref import l2norm
+from replayssm.gdn.ring import SpecRing
+
+
+def _history_state(ring: SpecRing, slot: int, hv: int) -> torch.Tensor:
+    """S_h [V, K] float64: the checkpoint with the committed ring entries replayed into it."""
+    mask = ring.ring_len - 1
+    kh = hv // ring.geometry.value_heads_per_key_head
+    h, origin = int(ring.write_pos[slot]), int(ring.origin[slot])
+    S = ring.state[slot, hv].double()
+    for j in range(h):
+        row = (origin + j) & mask
+        u_j = ring.u[slot, hv, row].double()
+        k_j = ring.k[slot, kh, row].double()
+        S = math.exp(float(ring.g[slot, hv, row])) * S + torch.outer(u_j, k_j)
+    return S
+
+
+def _prepare(t: torch.Tensor, use_qk_l2norm: bool) -> torch.Tensor:
+    return l2norm(t) if use_qk_l2norm else t.double()
+
+
+def verify_ref(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+               beta: torch.Tensor, scale: float, use_qk_l2norm: bool, slots: torch.Tensor,
+               out: torch.Tensor) -> torch.Tensor:
+    """q, k [batch, T, H, K]; v [batch, T, HV, V]; g, beta [batch, T, HV]; out [batch, T, HV, V]."""
+    gm, T, mask = ring.geometry, ring.window, ring.ring_len - 1
+    group = gm.value_heads_per_key_head
+    for row, slot in enumerate(slots.tolist()):
+        if slot == ring.null_slot:
+            continue
+        h, origin, flush = int(ring.write_pos[slot]), int(ring.origin[slot]), bool(ring.is_flush[slot])
+        window_rows = [(origin + h + s) & mask for s in range(T)]
+        # All heads first compute S_h from the ring as it was on entry; the flush store comes after, so a
+        # head never replays the history on top of a checkpoint that already holds it.
+        history = [_history_state(ring, slot, hv) for hv in range(gm.HV)]
+        if flush and h > 0:
+            for hv in range(gm.HV):
+                ring.state[slot, hv] = history[hv].to(ring.state_dtype)
+        kn = _prepare(k[row], use_qk_l2norm)                   # [T, H, K]
+        qn = _prepare(q[row], use_qk_l2norm) * scale
+        for hv in range(gm.HV):
+            kh = hv // group
+            S_h = history[hv]
+            ks, qs = kn[:, kh], qn[:, kh]                       # [T, K]
+            G = torch.cumsum(g[row, :, hv].double(), 0)         # [T] decay from S_h to token s
+            b = beta[row, :, hv].double()
+            R = [b[s] * (v[row, s, hv].double() - torch.exp(G[s]) * (S_h @ ks[s])) for s in range(T)]
+            # U = (I + A)^-1 R by forward substitution: U_s = R_s - sum_{s' < s} A[s, s'] U_s'.
+            U = []
+            for s in range(T):
+                u_s = R[s].clone()
+                for sp in range(s):
+                    a = b[s] * torch.exp(torch.clamp(G[s] - G[sp], max=0.0)) * torch.dot(ks[s], ks[sp])
+                    u_s = u_s - a * U[sp]
+                U.append(u_s)
+            for s in range(T):
+                o_s = torch.exp(G[s]) * (S_h @ qs[s])
+                for sp in range(s + 1):
+                    o_s = o_s + torch.exp(torch.clamp(G[s] - G[sp], max=0.0)) * torch.dot(ks[sp], qs[s]) * U[sp]
+                out[row, s, hv] = o_s.to(out.dtype)
+                ring.u[slot, hv, window_rows[s]] = U[s].to(ring.act_dtype)
+                ring.g[slot, hv, window_rows[s]] = g[row, s, hv]
+        for s in range(T):
+            ring.k[slot, :, window_rows[s]] = kn[s].to(ring.act_dtype)
+    return out
+
+
+def commit_ref(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
+    """Advance the cursors by the accepted counts (1..T, bonus included)."""
+    T, L, mask = ring.window, ring.max_len, ring.ring_len - 1
+    for row, slot in enumerate(slots.tolist()):
+        if slot == ring.null_slot:
+            continue
+        a, h = int(num_accepted[row]), int(ring.write_pos[slot])
+        if int(ring.is_flush[slot]):
+            # The verify folded the h history entries into the checkpoint: the window becomes the history.
+            ring.origin[slot] = (int(ring.origin[slot]) + h) & mask
+            h = a
+        else:
+            h = h + a
+        ring.write_pos[slot] = h
+        ring.is_flush[slot] = int(h + 2 * T > L)
+
+
+def reset_ref(ring: SpecRing, slots: torch.Tensor) -> None:
+    """A request enters decode in `slots` (its prefill state already in the checkpoint): empty history."""
+    for slot in slots.tolist():
+        if slot == ring.null_slot:
+            continue
+        ring.write_pos[slot] = 0
+        ring.origin[slot] = 0
+        ring.is_flush[slot] = int(2 * ring.window > ring.max_len)
+
+
+def materialize_ref(ring: SpecRing, slots: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out [batch, HV, V, K] fp32 <- committed state S_h of each live row (no cache write)."""
+    for row, slot in enumerate(slots.tolist()):
+        if slot == ring.null_slot:
+            continue
+        for hv in range(ring.geometry.HV):
+            out[row, hv] = _history_state(ring, slot, hv).to(out.dtype)
+    return out

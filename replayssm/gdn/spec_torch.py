@@ -1,0 +1,167 @@
+"""Vectorised PyTorch backend of the GDN speculative ring (backend="torch"): the CPU timing backend.
+
+Same function and cache contents as the Triton kernels (replayssm/gdn/spec_kernels.py), fp32 math. It
+touches the state as few times as the method allows: a non-flush row reads the checkpoint once and never
+builds S_h (it reads S_h k and S_h q as exp(G_tot) S0 k + sum_j w_j u_j (k_j . k), the output-only form of
+replayssm-method.md §2.6 step 2); only flush rows materialise S_h, and write it once. The T x T system
+(I + A) U = R is solved with torch.linalg.solve_triangular (unit lower triangular).
+
+Arguments arrive validated from replayssm.gdn.spec. Value head hv = kh * G + i of key head kh is handled
+as a [.., H, G, ..] view so grouped keys are never copied HV/H times for the state-sized products.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm.gdn.ring import SpecRing
+
+L2NORM_EPS = 1e-6
+
+
+def l2norm_fp32(t: torch.Tensor) -> torch.Tensor:
+    """t / sqrt(sum t^2 + 1e-6) over the last dim, fp32 (the kernels' formula)."""
+    t = t.float()
+    return t * torch.rsqrt((t * t).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def _live_rows(ring: SpecRing, slots: torch.Tensor, batch: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(rows, slots) of the live rows; rows is None when every row is live (no gather of the inputs)."""
+    live = slots != ring.null_slot
+    if bool(live.all()):
+        return None, slots.long()
+    rows = live.nonzero().squeeze(1)
+    return rows, slots.long()[rows]
+
+
+def _whole_pool(ring: SpecRing, rows: torch.Tensor | None, sl: torch.Tensor) -> bool:
+    """True when the live rows are slots 0..num_slots-1 in order: cache tensors are used as views."""
+    return rows is None and sl.numel() == ring.num_slots and bool(
+        (sl == torch.arange(ring.num_slots, device=sl.device)).all())
+
+
+def _history(ring: SpecRing, sl: torch.Tensor, whole: bool):
+    """Committed history of the rows in logical order, masked past write_pos.
+
+    Returns (w_u [b, H, G, R, V] fp32: u_j weighted by exp(G_tot - G_j), k [b, H, R, K] fp32,
+    decay0 [b, HV] = exp(G_tot)). Rows past write_pos carry weight 0.
+    """
+    gm, R = ring.geometry, ring.ring_len
+    G = gm.value_heads_per_key_head
+    h = ring.write_pos.long() if whole else ring.write_pos.long()[sl]
+    origin = ring.origin.long() if whole else ring.origin.long()[sl]
+    j = torch.arange(R, device=sl.device)
+    pos = (origin[:, None] + j) & (R - 1)                              # [b, R] ring row of history entry j
+    valid = j[None, :] < h[:, None]                                     # [b, R]
+    b = pos.shape[0]
+    g_all = ring.g if whole else ring.g[sl]
+    g_hist = torch.gather(g_all, 2, pos[:, None, :].expand(b, gm.HV, R)) * valid[:, None, :]
+    G_pre = torch.cumsum(g_hist, -1)
+    G_tot = G_pre[..., -1:]
+    w = torch.exp(torch.clamp(G_tot - G_pre, max=0.0)) * valid[:, None, :]      # [b, HV, R]
+    u_all = ring.u if whole else ring.u[sl]
+    u_hist = torch.gather(u_all, 2, pos[:, None, :, None].expand(b, gm.HV, R, gm.V)).float()
+    k_all = ring.k if whole else ring.k[sl]
+    k_hist = torch.gather(k_all, 2, pos[:, None, :, None].expand(b, gm.H, R, gm.K)).float()
+    w_u = (u_hist * w[..., None]).view(b, gm.H, G, R, gm.V)
+    return w_u, k_hist, torch.exp(G_tot[..., 0])
+
+
+def verify_torch(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                 beta: torch.Tensor, scale: float, use_qk_l2norm: bool, slots: torch.Tensor,
+                 out: torch.Tensor) -> torch.Tensor:
+    """q, k [batch, T, H, K]; v [batch, T, HV, V]; g, beta [batch, T, HV]; out [batch, T, HV, V]."""
+    gm, T, R = ring.geometry, ring.window, ring.ring_len
+    G = gm.value_heads_per_key_head
+    rows, sl = _live_rows(ring, slots, q.shape[0])
+    if sl.numel() == 0:
+        return out
+    whole = _whole_pool(ring, rows, sl)
+    if rows is not None:
+        q, k, v, g, beta = (t.index_select(0, rows) for t in (q, k, v, g, beta))
+    b = sl.numel()
+
+    kw = (l2norm_fp32(k) if use_qk_l2norm else k.float()).transpose(1, 2)          # [b, H, T, K]
+    qw = (l2norm_fp32(q) if use_qk_l2norm else q.float()).transpose(1, 2) * scale
+    kqw = torch.cat([kw, qw], 2)                                                    # [b, H, 2T, K]
+
+    # S_h [k | q] = exp(G_tot) S0 [k | q] + sum_j w_j u_j (k_j . [k | q]): one pass over the checkpoint.
+    w_u, k_hist, decay0 = _history(ring, sl, whole)
+    S0 = (ring.state if whole else ring.state[sl]).view(b, gm.H, G, gm.V, gm.K)
+    hkq = torch.einsum("bhgvk,bhtk->bhgtv", S0.float(), kqw)
+    hkq.mul_(decay0.view(b, gm.H, G, 1, 1))
+    hkq.add_(torch.einsum("bhgrv,bhrt->bhgtv", w_u, k_hist @ kqw.transpose(-1, -2)))
+    hkq = hkq.reshape(b, gm.HV, 2 * T, gm.V)
+    hk, hq = hkq[:, :, :T], hkq[:, :, T:]
+
+    # Flush rows fold the history into the checkpoint (rows with h == 0 have nothing to fold).
+    wp = ring.write_pos if whole else ring.write_pos[sl]
+    fl = ring.is_flush if whole else ring.is_flush[sl]
+    fold = ((fl != 0) & (wp > 0)).nonzero().squeeze(1)
+    if fold.numel():
+        S_h = S0.index_select(0, fold).float() * decay0.index_select(0, fold).view(-1, gm.H, G, 1, 1)
+        S_h.add_(torch.einsum("bhgrv,bhrk->bhgvk", w_u.index_select(0, fold), k_hist.index_select(0, fold)))
+        ring.state.index_copy_(0, sl.index_select(0, fold), S_h.view(-1, gm.HV, gm.V, gm.K).to(ring.state_dtype))
+
+    # Window: chunked delta rule over T tokens from S_h.
+    g_win = g.float().transpose(1, 2)                                               # [b, HV, T]
+    b_win = beta.float().transpose(1, 2)
+    Gc = torch.cumsum(g_win, -1)
+    decay = torch.exp(torch.clamp(Gc[..., :, None] - Gc[..., None, :], max=0.0))   # [b, HV, T, T]
+    kk = (kw @ kw.transpose(-1, -2)).repeat_interleave(G, 1)                        # [b, HV, T, T]
+    qk = (qw @ kw.transpose(-1, -2)).repeat_interleave(G, 1)
+    ones = torch.ones(T, T, dtype=torch.bool, device=q.device)
+    A = torch.where(torch.tril(ones, -1), b_win[..., :, None] * decay * kk, 0.0)
+    eG = torch.exp(Gc)[..., None]
+    Rhs = b_win[..., None] * (v.float().transpose(1, 2) - eG * hk)                  # [b, HV, T, V]
+    U = torch.linalg.solve_triangular(A, Rhs, upper=False, unitriangular=True)      # diagonal taken as 1
+    o = eG * hq + torch.where(torch.tril(ones), decay * qk, 0.0) @ U                 # [b, HV, T, V]
+    if rows is None:
+        out.copy_(o.transpose(1, 2))
+    else:
+        out.index_copy_(0, rows, o.transpose(1, 2).to(out.dtype))
+
+    # Append the window to the ring after the committed history.
+    origin = ring.origin if whole else ring.origin[sl]
+    wrows = (origin.long()[:, None] + wp.long()[:, None] + torch.arange(T, device=q.device)) & (R - 1)   # [b, T]
+    sidx, widx = sl[:, None, None], wrows[:, None, :]
+    ring.u[sidx, torch.arange(gm.HV, device=q.device)[None, :, None], widx] = U.to(ring.act_dtype)
+    ring.g[sidx, torch.arange(gm.HV, device=q.device)[None, :, None], widx] = g_win
+    ring.k[sidx, torch.arange(gm.H, device=q.device)[None, :, None], widx] = kw.to(ring.act_dtype)
+    return out
+
+
+def commit_torch(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
+    rows, sl = _live_rows(ring, slots, num_accepted.shape[0])
+    a = (num_accepted if rows is None else num_accepted.index_select(0, rows)).to(torch.int32)
+    h, origin, fl = ring.write_pos[sl], ring.origin[sl], ring.is_flush[sl] != 0
+    ring.origin[sl] = torch.where(fl, (origin + h) & (ring.ring_len - 1), origin)
+    h = torch.where(fl, a, h + a)
+    ring.write_pos[sl] = h
+    ring.is_flush[sl] = (h + 2 * ring.window > ring.max_len).to(torch.int32)
+
+
+def reset_torch(ring: SpecRing, slots: torch.Tensor) -> None:
+    _, sl = _live_rows(ring, slots, slots.shape[0])
+    ring.write_pos[sl] = 0
+    ring.origin[sl] = 0
+    ring.is_flush[sl] = int(2 * ring.window > ring.max_len)
+
+
+def materialize_torch(ring: SpecRing, slots: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out [batch, HV, V, K] fp32 <- committed state of each live row (no cache write)."""
+    gm = ring.geometry
+    rows, sl = _live_rows(ring, slots, slots.shape[0])
+    if sl.numel() == 0:
+        return out
+    whole = _whole_pool(ring, rows, sl)
+    b, G = sl.numel(), gm.value_heads_per_key_head
+    w_u, k_hist, decay0 = _history(ring, sl, whole)
+    S0 = (ring.state if whole else ring.state[sl]).view(b, gm.H, G, gm.V, gm.K).float()
+    S_h = S0 * decay0.view(b, gm.H, G, 1, 1) + torch.einsum("bhgrv,bhrk->bhgvk", w_u, k_hist)
+    S_h = S_h.view(b, gm.HV, gm.V, gm.K)
+    if rows is None:
+        out.copy_(S_h)
+    else:
+        out.index_copy_(0, rows, S_h)
+    return out
