@@ -1,0 +1,193 @@
+"""Provenance of a run (env.json) and the hardware profile it is filed under.
+
+Fields (the union anchors.md §6 recommends): hostname, platform, python, CPU name, threads, torch, triton,
+CUDA, peers' versions (mamba_ssm, fla, flashinfer), git sha + dirty flag, GPU name / UUID / count / memory /
+SM count / compute capability / L2, driver and CUDA driver versions, clocks, power limit, throttle
+(clock-event) reasons, persistence mode (NVML, each reading absent when NVML is missing or fails), the
+hardware profile with its datasheet peaks, the measured copy bandwidth, and the timing mode / L2 policy.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PEERS = {"mamba_ssm": ("mamba-ssm", "mamba_ssm"), "fla": ("flash-linear-attention", "fla-core"),
+         "flashinfer": ("flashinfer-python", "flashinfer")}
+
+
+def _run(*cmd: str) -> str | None:
+    try:
+        return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def git_info() -> dict:
+    """sha (None outside a git checkout) and dirty (tracked files modified)."""
+    sha = _run("git", "rev-parse", "HEAD")
+    status = _run("git", "status", "--porcelain", "--untracked-files=no")
+    return {"git_sha": sha.strip() if sha else None, "git_dirty": bool(status.strip()) if status is not None else None}
+
+
+def short_sha() -> str:
+    sha = git_info()["git_sha"]
+    return sha[:8] if sha else "nogit"
+
+
+def new_run_id() -> str:
+    """UTC timestamp + short git sha, e.g. 20260901T101500Z-1a2b3c4d."""
+    return f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{short_sha()}"
+
+
+def package_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _clock_event_reasons(pynvml):
+    """nvmlDeviceGetCurrentClocksEventReasons (newer name) or ...ThrottleReasons (older): a bitmask."""
+    return getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+        pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+
+
+def nvml_info(index: int = 0) -> dict:
+    """Driver, clocks, throttle reasons, power, persistence, memory via NVML; {'nvml': 'absent: ...'} if not."""
+    try:
+        import pynvml
+    except ImportError:
+        return {"nvml": "absent: pynvml not installed"}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return {"nvml": f"absent: {exc}"}
+    out: dict = {"nvml": "present"}
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        readings = {
+            "driver_version": lambda: pynvml.nvmlSystemGetDriverVersion(),
+            "cuda_driver_version": lambda: pynvml.nvmlSystemGetCudaDriverVersion(),
+            "gpu_uuid": lambda: pynvml.nvmlDeviceGetUUID(h),
+            "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+            "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+            "sm_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+            "mem_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM),
+            "throttle_reasons": lambda: int(_clock_event_reasons(pynvml)(h)),
+            "power_limit_w": lambda: pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000,
+            "persistence_mode": lambda: pynvml.nvmlDeviceGetPersistenceMode(h),
+            "memory_used_bytes": lambda: int(pynvml.nvmlDeviceGetMemoryInfo(h).used),
+            "memory_total_bytes": lambda: int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+        }
+        for key, read in readings.items():
+            try:
+                value = read()
+                out[key] = value.decode() if isinstance(value, bytes) else value
+            except (pynvml.NVMLError, AttributeError) as exc:
+                out[key] = f"absent: {exc}"
+    except pynvml.NVMLError as exc:
+        out["nvml"] = f"absent: {exc}"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+    return out
+
+
+def gpu_info() -> dict:
+    if not torch.cuda.is_available():
+        return {"gpu_name": None, "gpu_count": 0}
+    props = torch.cuda.get_device_properties(0)
+    return {"gpu_name": props.name, "gpu_count": torch.cuda.device_count(), "sm_count": props.multi_processor_count,
+            "compute_capability": f"{props.major}.{props.minor}", "gpu_memory_bytes": int(props.total_memory),
+            "l2_bytes": int(getattr(props, "L2_cache_size", 0)) or None}
+
+
+# ---------------------------------------------------------------------------------------------- hardware
+
+def _profiles(conf_dir: Path) -> dict[str, dict]:
+    from omegaconf import OmegaConf
+
+    return {p.stem: OmegaConf.to_container(OmegaConf.load(p), resolve=True)
+            for p in sorted((conf_dir / "hardware").glob("*.yaml")) if p.stem != "auto"}
+
+
+def _matches(profile: dict, device_name: str) -> bool:
+    name = device_name.upper()
+    return (any(m.upper() in name for m in profile.get("device_match") or [])
+            and not any(x.upper() in name for x in profile.get("device_exclude") or []))
+
+
+def resolve_hardware(hw: dict, device: str, conf_dir: Path) -> dict:
+    """The hardware profile of this run. `auto` detects it from the device name; an explicit profile
+    that contradicts the device raises ValueError (rows would be filed under the wrong hardware)."""
+    name = (hw or {}).get("name", "auto")
+    profiles = _profiles(conf_dir)
+    if device == "cpu":
+        if name not in ("auto", "cpu"):
+            raise ValueError(f"hardware={name} but this run is on the CPU; use hardware=auto or hardware=cpu")
+        return dict(profiles.get("cpu", {"name": "cpu"}) if name == "auto" else hw, l2_source=None)
+    gpu = torch.cuda.get_device_properties(0).name
+    if name == "auto":
+        found = [p for p in profiles.values() if _matches(p, gpu)]
+        hw = found[0] if found else {"name": re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_"),
+                                     "peak_hbm_TBps": None, "l2_bytes": None, "note": "no profile matched"}
+    elif name == "cpu" or not _matches(hw, gpu):
+        raise ValueError(f"hardware={name} does not match the device {gpu!r}; use hardware=auto")
+    hw = dict(hw)
+    l2 = gpu_info().get("l2_bytes")
+    hw["l2_source"] = "device" if l2 else ("config" if hw.get("l2_bytes") else None)
+    hw["l2_bytes"] = l2 or hw.get("l2_bytes")
+    return hw
+
+
+def collect_env(*, device: str, hardware: dict, timing: dict, sweep: dict) -> dict:
+    """The env.json of a run."""
+    env = {
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpu_name": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "triton": package_version("triton"),
+        "cuda": torch.version.cuda,
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
+        "peers": {peer: package_version(*names) for peer, names in PEERS.items()},
+        **git_info(),
+        "device": device,
+        **gpu_info(),
+        "hardware": hardware,
+        "timing_mode": sweep.get("timing_mode"),
+        "l2_policy": sweep.get("l2"),
+        "backend": sweep.get("backend"),
+        "timing": timing,
+    }
+    env.update(nvml_info() if device == "cuda" else {"nvml": "absent: CPU run"})
+    return env

@@ -1,0 +1,88 @@
+"""Memory per point: allocator peak, NVML device usage, analytic footprint, layer stacks, concurrency.
+
+    peak_mem_bytes   torch.cuda.max_memory_allocated() over the point (reset before it); NaN on CPU
+    NVML             device-wide used bytes (includes the CUDA context and other processes); pynvml may be
+                     missing or fail (no driver): every NVMLError is caught and the reading is absent (None)
+    footprint_bytes  persistent cache bytes per sequence per layer: cache.nbytes() / num_slots (states,
+                     buffers, rings, cursors, scratch); replayssm.traffic.cache_footprint is its analytic twin
+    max_concurrency  sequences whose SSM caches fit an HBM budget over all SSM layers of the model
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def reset_peak(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_bytes(device: str) -> float:
+    if device != "cuda":
+        return math.nan
+    torch.cuda.synchronize()
+    return float(torch.cuda.max_memory_allocated())
+
+
+def free_bytes(device: str) -> int | None:
+    """Free device memory (cuda) or None (CPU: the layer stack is not budgeted there)."""
+    if device != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info()
+    return int(free)
+
+
+def nvml_used_bytes(index: int = 0) -> int | None:
+    """Device-wide used memory from NVML, None when NVML is absent or fails."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
+            return int(info.used)
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        return None
+
+
+def footprint_per_sequence(cache_bytes: int, num_slots: int) -> float:
+    """Persistent bytes one sequence holds in one layer."""
+    return cache_bytes / num_slots
+
+
+def max_concurrency(hbm_budget_bytes: float, footprint_bytes: float, ssm_layers: int) -> int:
+    """How many sequences' SSM caches (footprint_bytes per layer, `ssm_layers` layers) fit the budget."""
+    if footprint_bytes <= 0 or ssm_layers <= 0:
+        raise ValueError(f"footprint ({footprint_bytes}) and ssm_layers ({ssm_layers}) must be positive")
+    return int(hbm_budget_bytes // (footprint_bytes * ssm_layers))
+
+
+def stack_layers(layer_bytes: int, *, l2: str, l2_bytes: int | None, l2_factor: float, max_layers: int,
+                 budget_bytes: int | None) -> tuple[int, str]:
+    """Layers in the timed stack, each with its own state pool, and a note.
+
+    cold: enough layers that their working set is >= l2_factor x L2 (the state then streams from HBM), at
+    most max_layers and within the memory budget. warm: one layer. Raises MemoryError when not even one
+    layer fits the budget (recorded as status=oom).
+    """
+    if budget_bytes is not None and layer_bytes > budget_bytes:
+        raise MemoryError(f"one layer needs {layer_bytes / 2**30:.2f} GiB, budget {budget_bytes / 2**30:.2f} GiB")
+    if l2 != "cold":
+        return 1, ""
+    if not l2_bytes:
+        return max_layers, "L2 size unknown: max_layers used"
+    want = max(1, math.ceil(l2_factor * l2_bytes / max(layer_bytes, 1)))
+    layers = min(want, max_layers)
+    if budget_bytes is not None:
+        layers = min(layers, max(1, budget_bytes // max(layer_bytes, 1)))
+    note = "" if layers >= want else (f"cold L2 not reached: {layers} layers x {layer_bytes} B < "
+                                      f"{l2_factor} x L2 ({l2_bytes} B)")
+    return int(layers), note

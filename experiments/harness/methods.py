@@ -1,0 +1,380 @@
+"""The method registry: one entry per method, so adding a method touches one place.
+
+Each entry knows, per SSM family, which module implements it (imported lazily: a missing module makes
+the point `skipped` with the reason, never a crash), how to allocate its persistent cache for a pool of
+slots, how to load a committed state into a fresh cache (for the correctness gate), how to call one
+decode step (AR) or one verify + commit (spec), and its analytic bytes per step (replayssm/traffic.py).
+
+    name                kind  families     what it is
+    baseline_ar         ar    mamba2, gdn  selective state update / fused recurrent step (state read+write)
+    replay_ar           ar    mamba2, gdn  ReplaySSM checkpoint + buffer, flush every L steps (route column)
+    baseline_spec       spec  mamba2, gdn  vLLM native: one state snapshot per draft token
+    commit_replay_spec  spec  mamba2, gdn  frozen checkpoint, replay the accepted prefix at commit
+    replay_spec         spec  mamba2, gdn  ReplaySSM ring: verify from one checkpoint, early flush
+    peer:mamba_ssm      ar    mamba2       installed mamba_ssm selective_state_update (baselines.peers)
+    peer:fla            ar    gdn          installed FLA fused_recurrent_gated_delta_rule (baselines.peers)
+
+The API functions an entry returns from `api()` are the raw public functions; the harness may wrap
+them in torch.compile, then calls them through `step` / `verify` / `commit`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+
+import torch
+
+from replayssm.checks import interpreter_active
+
+REGISTRY: dict[str, Method] = {}
+
+
+class MethodUnavailable(Exception):
+    """The method cannot run here (module missing, peer not installed): the point is skipped."""
+
+
+def register(method: Method) -> Method:
+    if method.name in REGISTRY:
+        raise ValueError(f"method {method.name!r} is already registered")
+    REGISTRY[method.name] = method
+    return method
+
+
+def unregister(name: str) -> None:
+    REGISTRY.pop(name, None)
+
+
+def import_module(path: str):
+    try:
+        return importlib.import_module(path)
+    except ImportError as exc:
+        raise MethodUnavailable(f"{path} is not importable ({exc})") from None
+
+
+def _traffic():
+    try:
+        return importlib.import_module("replayssm.traffic")
+    except ImportError:
+        return None
+
+
+class Method:
+    """Base entry. Subclasses set the class attributes and the per-family module table."""
+
+    name: str = ""
+    kind: str = "ar"                       # "ar" (one token per row per step) or "spec" (verify + commit)
+    families: tuple[str, ...] = ("mamba2", "gdn")
+    uses_buffer: bool = False              # buffer_len applies (and the gate runs L+1 steps)
+    uses_history: bool = False             # history_len applies (spec ring)
+    modules: dict[str, str] = {}
+
+    def backend_for(self, backend: str) -> str:
+        return backend
+
+    def routes(self, family: str) -> tuple[str | None, ...]:
+        return (None,)
+
+    def module(self, family: str):
+        return import_module(self.modules[family])
+
+    def unavailable(self, family: str, device: str, backend: str) -> str | None:
+        """None when the method can run here, else the reason it is skipped."""
+        try:
+            self.module(family)
+        except MethodUnavailable as exc:
+            return str(exc)
+        return None
+
+    def api(self, family: str) -> dict[str, Callable]:
+        raise NotImplementedError
+
+    def allocate(self, p, wl, num_slots: int, device: str):
+        raise NotImplementedError
+
+    def set_state(self, cache, state: torch.Tensor) -> None:
+        """Make a freshly allocated cache hold `state` [num_slots, ...] as its committed state."""
+        cache.state.copy_(state)
+
+    def footprint(self, cache) -> int:
+        """Persistent bytes of the cache (all slots)."""
+        return int(cache.nbytes())
+
+    def gate_steps(self, p, default: int) -> int:
+        return default
+
+    def flush_cursor(self, cache):
+        """The write_pos tensor to set to L-1 to time a lone flush step (AR replay), else None."""
+        return None
+
+    def traffic(self, p, wl, accepted: torch.Tensor | None):
+        """Analytic bytes per step per sequence (a replayssm.traffic.Traffic), None when not modelled."""
+        return None
+
+    # AR: `kw` is Workload.call_kwargs(inputs), built once per input set (outside any timed region)
+    def step(self, fns, cache, p, kw: dict, slots, out):
+        raise NotImplementedError
+
+    # spec
+    def verify(self, fns, cache, p, kw: dict, slots, out):
+        raise NotImplementedError
+
+    def commit(self, fns, cache, p, num_accepted: torch.Tensor, slots, A: torch.Tensor | None) -> None:
+        raise NotImplementedError
+
+
+def _bytes(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def _tr_args(wl) -> dict:
+    return {"state_bytes": _bytes(wl.state_dtype), "act_bytes": _bytes(wl.act_dtype)}
+
+
+# --------------------------------------------------------------------------------------------- AR methods
+
+class BaselineAR(Method):
+    name, kind = "baseline_ar", "ar"
+    modules = {"mamba2": "baselines.mamba2_ssu", "gdn": "baselines.gdn_recurrent"}
+
+    def api(self, family):
+        mod = self.module(family)
+        return {"step": mod.selective_state_update if family == "mamba2" else mod.fused_recurrent_step}
+
+    def allocate(self, p, wl, num_slots, device):
+        return torch.zeros(num_slots, *wl.state_shape, dtype=wl.state_dtype, device=device)
+
+    def set_state(self, cache, state):
+        cache.copy_(state)
+
+    def footprint(self, cache):
+        return cache.numel() * cache.element_size()
+
+    def step(self, fns, cache, p, kw, slots, out):
+        return fns["step"](cache, **kw, slots=slots, out=out, backend=p.backend)
+
+    def traffic(self, p, wl, accepted):
+        tr = _traffic()
+        if tr is None:
+            return None
+        fn = tr.mamba2_baseline_ar if wl.family == "mamba2" else tr.gdn_baseline_ar
+        return fn(wl.geometry, **_tr_args(wl))
+
+
+class ReplayAR(Method):
+    name, kind, uses_buffer = "replay_ar", "ar", True
+    modules = {"mamba2": "replayssm.mamba2.decode", "gdn": "replayssm.gdn.decode"}
+
+    def routes(self, family):
+        # GDN reads the state with two vectors (S k, S q): only the state-and-output route exists.
+        return ("output_only", "state_and_output") if family == "mamba2" else ("state_and_output",)
+
+    def api(self, family):
+        return {"step": self.module(family).replay_step}
+
+    def allocate(self, p, wl, num_slots, device):
+        cls = import_module(f"replayssm.{wl.family}.cache").ReplayCache
+        return cls.allocate(wl.geometry, num_slots, p.buffer_len, state_dtype=wl.state_dtype,
+                            act_dtype=wl.act_dtype, device=device)
+
+    def set_state(self, cache, state):
+        cache.state.copy_(state)
+        cache.write_pos.zero_()
+
+    def gate_steps(self, p, default):
+        return p.buffer_len + 1             # crosses the flush and runs one step after it
+
+    def flush_cursor(self, cache):
+        return cache.write_pos
+
+    def step(self, fns, cache, p, kw, slots, out):
+        if p.family == "mamba2":
+            return fns["step"](cache, **kw, slots=slots, out=out, backend=p.backend, route=p.route)
+        return fns["step"](cache, **kw, slots=slots, out=out, backend=p.backend)
+
+    def traffic(self, p, wl, accepted):
+        tr = _traffic()
+        if tr is None:
+            return None
+        if wl.family == "mamba2":
+            return tr.mamba2_replay_ar_cycle(wl.geometry, p.buffer_len, p.route, **_tr_args(wl))
+        return tr.gdn_replay_ar_cycle(wl.geometry, p.buffer_len, **_tr_args(wl))
+
+
+# ------------------------------------------------------------------------------------------- spec methods
+
+class SpecMethod(Method):
+    kind = "spec"
+    commit_takes_A = False
+    cache_modules: dict[str, tuple[str, str]] = {}    # family -> (module, class)
+
+    def api(self, family):
+        mod = self.module(family)
+        # A Mamba-2 commit that replays the accepted prefix needs the layer's A; GDN's does not.
+        self.commit_takes_A = "A" in inspect.signature(mod.spec_commit).parameters
+        return {"verify": mod.spec_verify, "commit": mod.spec_commit}
+
+    def verify(self, fns, cache, p, kw, slots, out):
+        return fns["verify"](cache, **kw, slots=slots, out=out, backend=p.backend)
+
+    def commit(self, fns, cache, p, num_accepted, slots, A):
+        if self.commit_takes_A:
+            fns["commit"](cache, num_accepted, A, slots=slots, backend=p.backend)
+        else:
+            fns["commit"](cache, num_accepted, slots=slots, backend=p.backend)
+
+    def _cache_class(self, family):
+        module, cls = self.cache_modules[family]
+        return getattr(import_module(module), cls)
+
+    def unavailable(self, family, device, backend):
+        reason = super().unavailable(family, device, backend)
+        if reason is None:
+            try:
+                self._cache_class(family)
+            except (MethodUnavailable, AttributeError) as exc:
+                return str(exc)
+        return reason
+
+
+class BaselineSpec(SpecMethod):
+    name = "baseline_spec"
+    modules = {"mamba2": "baselines.mamba2_ssu", "gdn": "baselines.gdn_recurrent_spec"}
+    cache_modules = {"mamba2": ("baselines.mamba2_ssu", "SpecStates"),
+                     "gdn": ("baselines.gdn_recurrent_spec", "SpecStates")}
+
+    def allocate(self, p, wl, num_slots, device):
+        return self._cache_class(wl.family).allocate(wl.geometry, num_slots, p.spec_T, state_dtype=wl.state_dtype,
+                                                     device=device)
+
+    def set_state(self, cache, state):
+        cache.state[:, 0].copy_(state)      # snapshot 0 holds the committed state of a fresh request
+        cache.last.zero_()
+
+    def traffic(self, p, wl, accepted):
+        tr = _traffic()
+        if tr is None:
+            return None
+        fn = tr.mamba2_baseline_spec if wl.family == "mamba2" else tr.gdn_baseline_spec
+        return fn(wl.geometry, p.spec_T, **_tr_args(wl))
+
+
+class CommitReplaySpec(SpecMethod):
+    name = "commit_replay_spec"
+    modules = {"mamba2": "baselines.mamba2_commit_replay", "gdn": "baselines.gdn_commit_replay"}
+    cache_modules = {"mamba2": ("baselines.mamba2_commit_replay", "CommitReplayCache"),
+                     "gdn": ("baselines.gdn_commit_replay", "CommitReplayCache")}
+
+    def allocate(self, p, wl, num_slots, device):
+        return self._cache_class(wl.family).allocate(wl.geometry, num_slots, p.spec_T, state_dtype=wl.state_dtype,
+                                                     act_dtype=wl.act_dtype, device=device)
+
+    def traffic(self, p, wl, accepted):
+        tr = _traffic()
+        if tr is None or accepted is None:
+            return None
+        fn = tr.mamba2_commit_replay_spec if wl.family == "mamba2" else tr.gdn_commit_replay_spec
+        counts = torch.bincount(accepted.flatten().long(), minlength=p.spec_T + 1).tolist()
+        total = None
+        for a, c in enumerate(counts):
+            if c:
+                t = fn(wl.geometry, p.spec_T, a, **_tr_args(wl)) * c
+                total = t if total is None else total + t
+        return total / accepted.numel()
+
+
+class ReplaySpec(SpecMethod):
+    name, uses_history = "replay_spec", True
+    modules = {"mamba2": "replayssm.mamba2.spec", "gdn": "replayssm.gdn.spec"}
+    cache_modules = {"mamba2": ("replayssm.mamba2.cache", "SpecRing"), "gdn": ("replayssm.gdn.ring", "SpecRing")}
+
+    def allocate(self, p, wl, num_slots, device):
+        return self._cache_class(wl.family).allocate(wl.geometry, num_slots, p.history_len, p.spec_T,
+                                                     state_dtype=wl.state_dtype, act_dtype=wl.act_dtype,
+                                                     device=device)
+
+    def set_state(self, cache, state):
+        cache.state.copy_(state)
+        for cursor in (cache.write_pos, cache.origin, cache.is_flush):
+            cursor.zero_()
+
+    def gate_steps(self, p, default):
+        return p.history_len + 2            # even accepting 1 per step, the history overflows into a flush
+
+    def traffic(self, p, wl, accepted):
+        """Mean over the drawn schedule, every row simulated with the ring's commit rule from a reset."""
+        tr = _traffic()
+        if tr is None or accepted is None:
+            return None
+        step = tr.mamba2_replay_spec_step if wl.family == "mamba2" else tr.gdn_replay_spec_step
+        B, T = p.history_len, p.spec_T
+        total, n = None, 0
+        for row in accepted.t().tolist():                    # per row: its counts over the steps
+            write_pos, is_flush = 0, 2 * T > B + T
+            for a in row:
+                t = step(wl.geometry, T, write_pos, is_flush, **_tr_args(wl))
+                total, n = (t if total is None else total + t), n + 1
+                write_pos = a if is_flush else write_pos + a
+                is_flush = write_pos + 2 * T > B + T
+        return total / n
+
+
+# ------------------------------------------------------------------------------------------------ peers
+
+class PeerAR(Method):
+    """An installed third-party kernel behind baselines.peers, timed beside our baseline (fairness rule).
+    `adapter` names the baselines.peers factory that returns a function with our call shape."""
+
+    kind = "ar"
+    peer: str = ""
+    adapter: str = ""
+
+    def backend_for(self, backend):
+        return "triton"                      # peers are their projects' Triton kernels
+
+    def module(self, family):
+        return import_module("baselines.peers")
+
+    def unavailable(self, family, device, backend):
+        try:
+            self.api(family)
+        except MethodUnavailable as exc:
+            return str(exc)
+        if device == "cpu" and not interpreter_active():
+            return f"{self.peer} is a Triton kernel: needs a CUDA device (or TRITON_INTERPRET=1)"
+        return None
+
+    def api(self, family):
+        mod = self.module(family)
+        try:
+            return {"step": getattr(mod, self.adapter)()}
+        except mod.PeerUnavailable as exc:          # str() is "skipped: <reason>"
+            raise MethodUnavailable(str(exc).removeprefix("skipped: ")) from None
+
+    def allocate(self, p, wl, num_slots, device):
+        return torch.zeros(num_slots, *wl.state_shape, dtype=wl.state_dtype, device=device)
+
+    def set_state(self, cache, state):
+        cache.copy_(state)
+
+    def footprint(self, cache):
+        return cache.numel() * cache.element_size()
+
+    def step(self, fns, cache, p, kw, slots, out):
+        return fns["step"](cache, **kw, slots=slots, out=out)
+
+    def traffic(self, p, wl, accepted):
+        return BaselineAR.traffic(self, p, wl, accepted)
+
+
+class PeerMambaSSM(PeerAR):
+    name, families, peer, adapter = "peer:mamba_ssm", ("mamba2",), "mamba_ssm", "mamba_ssm_selective_state_update"
+
+
+class PeerFLA(PeerAR):
+    name, families, peer, adapter = "peer:fla", ("gdn",), "fla", "fla_fused_recurrent_gated_delta_rule"
+
+
+for _cls in (BaselineAR, ReplayAR, BaselineSpec, CommitReplaySpec, ReplaySpec, PeerMambaSSM, PeerFLA):
+    register(_cls())

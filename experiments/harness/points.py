@@ -1,0 +1,386 @@
+"""Sweep expansion and validation: a composed config -> the list of points to check and time.
+
+Everything is validated here, before any allocation or timing, with a ValueError that names the key
+(`sweep.batch[2]: expected a positive int, got 'x'`). A point is one (config, method) pair; it becomes
+exactly one row. `config_hash` identifies it across resumes of a run.
+
+Config shape (conf/config.yaml): model (one model spec), method.names, hardware, sweep, experiment,
+timing, seed, device. `sweep.models` (names, "name@tpN" for a TP split) overrides the model group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.config_store import ConfigStore
+
+from experiments.harness.acceptance import Acceptance, parse_acceptance
+from experiments.harness.methods import REGISTRY, Method
+from replayssm.geometry import GDN_MODELS, MAMBA2_MODELS, GDNGeometry, Mamba2Geometry
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+FAMILIES = ("mamba2", "gdn")
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+          "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+STATE_DTYPES = ("float32", "float16")
+ACT_DTYPES = ("float32", "float16", "bfloat16")
+ROUTES = ("output_only", "state_and_output")
+TIMING_MODES = ("graph", "eager")
+L2_MODES = ("cold", "warm")
+BACKENDS = ("triton", "torch")
+SLOT_LAYOUTS = ("identity", "permuted")
+EXPERIMENT_KINDS = ("ar", "spec")
+_MODEL_ENTRY = re.compile(r"^([A-Za-z0-9_]+)(?:@tp(\d+))?$")
+
+
+# ------------------------------------------------------------------------------- structured config schemas
+# Every conf/sweep/*.yaml and conf/hardware/*.yaml extends these (`defaults: [schema, _self_]`), so Hydra
+# rejects a misspelt key or a value of the wrong type while composing; `expand` re-checks the values (the
+# plain-dict path never meets Hydra) and the semantics (B >= T, dtypes, devices) with key-naming messages.
+# typing.Optional/List are what OmegaConf's schema reader understands.
+
+@dataclass
+class SweepSchema:
+    models: list[str] | None = None          # null: the model group's choice; "name" or "name@tpN"
+    batch: list[int] = field(default_factory=lambda: [1])
+    buffer_len: list[int] = field(default_factory=lambda: [16])
+    routes: list[str] = field(default_factory=lambda: ["output_only", "state_and_output"])
+    spec_T: list[int] = field(default_factory=lambda: [4])
+    history_len: list[int] = field(default_factory=lambda: [16])
+    acceptance: list[Any] = field(default_factory=list)  # {kind: rate, p: 0.8} or a label "rate:0.8"
+    state_dtype: list[str] = field(default_factory=lambda: ["float32"])
+    act_dtype: list[str] = field(default_factory=lambda: ["bfloat16"])
+    backend: str = "triton"
+    timing_mode: str = "graph"
+    l2: str = "cold"
+    torch_compile: Any = False                   # true | false | auto
+    slot_layout: str = "identity"
+    threads: int | None = None
+
+
+@dataclass
+class HardwareSchema:
+    name: str = "auto"
+    device_match: list[str] = field(default_factory=list)
+    device_exclude: list[str] = field(default_factory=list)
+    peak_hbm_TBps: float | None = None
+    peak_fp32_simt_TFLOPs: float | None = None
+    peak_bf16_tensor_TFLOPs: float | None = None
+    l2_bytes: int | None = None
+    hbm_bytes: int | None = None
+
+
+ConfigStore.instance().store(group="sweep", name="schema", node=SweepSchema)
+ConfigStore.instance().store(group="hardware", name="schema", node=HardwareSchema)
+SWEEP_KEYS = tuple(SweepSchema.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model at one TP degree: the geometry a rank's kernel sees plus what the inputs need."""
+
+    name: str
+    family: str
+    tp: int
+    geometry: Mamba2Geometry | GDNGeometry
+    has_z: bool = False
+    dt_softplus: bool = True
+    use_qk_l2norm: bool = False
+    ssm_layers: int | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@tp{self.tp}"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One row to produce. Fields that do not apply to the method are None (empty in rows.csv)."""
+
+    experiment: str
+    family: str
+    model: str
+    tp: int
+    method: str
+    route: str | None
+    backend: str
+    batch: int
+    buffer_len: int | None
+    spec_T: int | None
+    history_len: int | None
+    acceptance: str | None
+    state_dtype: str
+    act_dtype: str
+    context_len: int | None
+    timing_mode: str
+    l2: str
+    torch_compile: str
+    slot_layout: str
+    device: str
+    seed: int
+    geometry: tuple = field(default=())
+
+    @property
+    def model_key(self) -> str:
+        return f"{self.model}@tp{self.tp}"
+
+    def config_hash(self) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Plan:
+    """Validated sweep: the points in run order, the models and acceptance models they refer to."""
+
+    experiment: str
+    kind: str
+    device: str
+    points: list[Point]
+    models: dict[str, ModelSpec]
+    acceptances: dict[str, Acceptance]
+    timing: dict
+    hardware: dict
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+def _int(key: str, v, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{key}: expected an int >= {minimum}, got {v!r} ({type(v).__name__})")
+    if v < minimum:
+        raise ValueError(f"{key}: expected an int >= {minimum}, got {v}")
+    return v
+
+
+def _int_list(sweep: dict, key: str, minimum: int = 1) -> list[int]:
+    values = sweep.get(key)
+    if not isinstance(values, (list, tuple)) or not values:
+        raise ValueError(f"sweep.{key}: expected a non-empty list of ints, got {values!r}")
+    return [_int(f"sweep.{key}[{i}]", v, minimum) for i, v in enumerate(values)]
+
+
+def _choice(key: str, v, allowed: tuple[str, ...]) -> str:
+    if v not in allowed:
+        raise ValueError(f"{key}: unknown value {v!r}; expected one of {list(allowed)}")
+    return v
+
+
+def _dtype_list(sweep: dict, key: str, allowed: tuple[str, ...]) -> list[str]:
+    values = sweep.get(key)
+    if not isinstance(values, (list, tuple)) or not values:
+        raise ValueError(f"sweep.{key}: expected a non-empty list of dtype names, got {values!r}")
+    out = []
+    for i, v in enumerate(values):
+        if not isinstance(v, str) or v not in DTYPES:
+            raise ValueError(f"sweep.{key}[{i}]: unknown dtype {v!r}; expected one of {list(allowed)}")
+        name = str(DTYPES[v]).removeprefix("torch.")
+        if name not in allowed:
+            raise ValueError(f"sweep.{key}[{i}]: dtype {name} is not allowed here; expected one of {list(allowed)}")
+        out.append(name)
+    return out
+
+
+def _compile_flag(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v in ("true", "false", "auto"):
+        return v
+    raise ValueError(f"sweep.torch_compile: expected true, false or auto, got {v!r}")
+
+
+def resolve_device(device) -> str:
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected auto, cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: cuda requested but torch.cuda.is_available() is False")
+    return device
+
+
+def known_models() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+
+
+def load_model_config(name: str) -> dict:
+    """The model group's YAML for `name` (conf/model/<name>.yaml) as a plain dict."""
+    from omegaconf import OmegaConf
+
+    path = CONF_DIR / "model" / f"{name}.yaml"
+    if not path.exists():
+        raise ValueError(f"model: unknown model {name!r}; known models: {', '.join(known_models())}")
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
+def model_spec(cfg: dict, tp: int | None, key: str = "model") -> ModelSpec:
+    """Validate a model config dict and split its geometry for tensor parallelism."""
+    name, family = cfg.get("name"), cfg.get("family")
+    if family not in FAMILIES:
+        raise ValueError(f"{key}.family: unknown SSM family {family!r}; expected one of {list(FAMILIES)}")
+    geo = cfg.get("geometry") or {}
+    try:
+        geometry = Mamba2Geometry(**geo) if family == "mamba2" else GDNGeometry(**geo)
+    except TypeError as exc:
+        raise ValueError(f"{key}.geometry: {exc}") from None
+    reference = {**MAMBA2_MODELS, **GDN_MODELS}.get(name)
+    if reference is not None and reference != geometry:
+        raise ValueError(f"{key}.geometry of {name} disagrees with replayssm.geometry: {geometry} vs {reference}")
+    tp = _int(f"{key}.tp", cfg.get("tp", 1) if tp is None else tp)
+    try:
+        geometry = geometry.tp_split(tp) if tp > 1 else geometry
+    except ValueError as exc:
+        raise ValueError(f"{key}.tp: {exc}") from None
+    layers = cfg.get("layers") or {}
+    return ModelSpec(name=name, family=family, tp=tp, geometry=geometry, has_z=bool(cfg.get("has_z")),
+                     dt_softplus=cfg.get("dt_softplus") is not False, use_qk_l2norm=bool(cfg.get("use_qk_l2norm")),
+                     ssm_layers=layers.get("ssm"))
+
+
+def _models(cfg: dict) -> list[ModelSpec]:
+    sweep, chosen = cfg["sweep"], cfg.get("model") or {}
+    entries = sweep.get("models")
+    if entries is None:
+        if not chosen.get("name"):
+            raise ValueError("model: no model chosen (set model=<name> or sweep.models)")
+        return [model_spec(chosen, None)]
+    if not isinstance(entries, (list, tuple)) or not entries:
+        raise ValueError(f"sweep.models: expected null or a non-empty list of model names, got {entries!r}")
+    specs = []
+    for i, entry in enumerate(entries):
+        match = _MODEL_ENTRY.match(entry) if isinstance(entry, str) else None
+        if match is None:
+            raise ValueError(f"sweep.models[{i}]: expected 'name' or 'name@tpN', got {entry!r}")
+        name, tp = match.group(1), match.group(2)
+        base = chosen if chosen.get("name") == name else load_model_config(name)
+        specs.append(model_spec(base, int(tp) if tp else None, key=f"sweep.models[{i}]"))
+    return specs
+
+
+def _methods(cfg: dict, kind: str) -> list[Method]:
+    names = list((cfg.get("method") or {}).get("names") or [])
+    names += [n for n in (cfg["experiment"].get("reference_methods") or []) if n not in names]
+    if not names:
+        raise ValueError("method.names: no method selected")
+    for i, n in enumerate(names):
+        if n not in REGISTRY:
+            raise ValueError(f"method.names[{i}]: unknown method {n!r}; known methods: {', '.join(REGISTRY)}")
+    reference = set(cfg["experiment"].get("reference_methods") or [])
+    chosen = [REGISTRY[n] for n in names if REGISTRY[n].kind == kind or n in reference]
+    if not chosen:
+        raise ValueError(f"method.names: none of {names} is a {kind!r} method (experiment {cfg['experiment']['name']})")
+    return chosen
+
+
+# ------------------------------------------------------------------------------------------------ expand
+
+def expand(cfg) -> Plan:
+    """Validate `cfg` (DictConfig or dict) and expand it into points. Raises ValueError naming the key."""
+    if not isinstance(cfg, dict):
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    for section in ("sweep", "experiment", "timing"):
+        if not isinstance(cfg.get(section), dict):
+            raise ValueError(f"{section}: missing config section")
+    sweep, exp = cfg["sweep"], cfg["experiment"]
+    unknown = sorted(set(sweep) - set(SWEEP_KEYS))
+    if unknown:
+        raise ValueError(f"sweep.{unknown[0]}: unknown sweep key; expected one of {list(SWEEP_KEYS)}")
+    kind = _choice("experiment.kind", exp.get("kind"), EXPERIMENT_KINDS)
+    device = resolve_device(cfg.get("device", "auto"))
+    seed = _int("seed", cfg.get("seed", 0), minimum=0)
+    _choice("timing.cpu_clock", cfg["timing"].get("cpu_clock", "auto"), ("auto", "wall", "cpu"))
+
+    backend = _choice("sweep.backend", sweep.get("backend"), BACKENDS)
+    timing_mode = _choice("sweep.timing_mode", sweep.get("timing_mode"), TIMING_MODES)
+    l2 = _choice("sweep.l2", sweep.get("l2"), L2_MODES)
+    compile_flag = _compile_flag(sweep.get("torch_compile", False))
+    slot_layout = _choice("sweep.slot_layout", sweep.get("slot_layout", "identity"), SLOT_LAYOUTS)
+    if sweep.get("threads") is not None:
+        _int("sweep.threads", sweep["threads"])
+    batches = _int_list(sweep, "batch")
+    state_dtypes = _dtype_list(sweep, "state_dtype", STATE_DTYPES)
+    act_dtypes = _dtype_list(sweep, "act_dtype", ACT_DTYPES)
+    routes = [_choice(f"sweep.routes[{i}]", r, ROUTES) for i, r in enumerate(sweep.get("routes") or [])]
+    buffer_lens = _int_list(sweep, "buffer_len") if kind == "ar" else []
+    spec_Ts = _int_list(sweep, "spec_T") if kind == "spec" else []
+    history_lens = _int_list(sweep, "history_len") if kind == "spec" else []
+    accs = [parse_acceptance(a, f"sweep.acceptance[{i}]") for i, a in enumerate(sweep.get("acceptance") or [])]
+    if kind == "spec" and not accs:
+        raise ValueError("sweep.acceptance: a spec experiment needs at least one acceptance model")
+    if kind == "ar" and not routes:
+        raise ValueError("sweep.routes: expected a non-empty list of replay routes")
+
+    if device == "cpu":
+        if timing_mode == "graph":
+            raise ValueError("sweep.timing_mode=graph needs a CUDA device; use eager on CPU (sweep=cpu)")
+        if l2 == "cold":
+            raise ValueError("sweep.l2=cold needs a CUDA device (a stack of layers in HBM); use warm on CPU")
+        if "bfloat16" in act_dtypes:
+            raise ValueError("sweep.act_dtype: bfloat16 is not timed on CPU (the Triton interpreter computes bf16 "
+                             "on raw bits and CPU bf16 is not a target); use float32/float16")
+        if backend == "triton":
+            from replayssm.checks import interpreter_active
+
+            if not interpreter_active():
+                raise ValueError("sweep.backend=triton on CPU needs TRITON_INTERPRET=1 (correctness only, never "
+                                 "timed); use backend=torch to time on CPU")
+    if backend == "torch" and timing_mode == "graph":
+        raise ValueError("sweep.timing_mode=graph with backend=torch: the torch backends read cursors on the host "
+                         "(data-dependent flushes), so they cannot be graph-captured; use timing_mode=eager")
+    if compile_flag != "false" and backend != "torch":
+        raise ValueError(f"sweep.torch_compile={compile_flag} applies to backend=torch only (backend={backend})")
+    for i, T in enumerate(spec_Ts):
+        for j, B in enumerate(history_lens):
+            if B < T:
+                raise ValueError(f"sweep.history_len[{j}]: history B={B} < spec window T={T} (sweep.spec_T[{i}]); "
+                                 "the ring needs B >= T")
+
+    models = _models(cfg)
+    methods = _methods(cfg, kind)
+    reference = set(exp.get("reference_methods") or [])
+    common = dict(experiment=exp["name"], backend=backend, context_len=None, timing_mode=timing_mode, l2=l2,
+                  torch_compile=compile_flag, slot_layout=slot_layout, device=device, seed=seed)
+    points: list[Point] = []
+    for spec in models:
+        geo = tuple(sorted(asdict(spec.geometry).items()))
+        for method in methods:
+            if spec.family not in method.families:
+                continue
+            for batch in batches:
+                for sd in state_dtypes:
+                    for ad in act_dtypes:
+                        base = dict(common, family=spec.family, model=spec.name, tp=spec.tp, method=method.name,
+                                    batch=batch, state_dtype=sd, act_dtype=ad, geometry=geo,
+                                    backend=method.backend_for(backend))
+                        points += _method_points(method, base, spec.family, kind, method.name in reference,
+                                                 buffer_lens, routes, spec_Ts, history_lens, accs)
+    if not points:
+        raise ValueError("sweep: no point to run (no selected method applies to the selected models)")
+    return Plan(experiment=exp["name"], kind=kind, device=device, points=points,
+                models={m.key: m for m in models}, acceptances={a.label: a for a in accs},
+                timing=dict(cfg["timing"]), hardware=dict(cfg.get("hardware") or {}))
+
+
+def _method_points(method: Method, base: dict, family: str, kind: str, is_reference: bool, buffer_lens, routes,
+                   spec_Ts, history_lens, accs) -> list[Point]:
+    empty = dict(route=None, buffer_len=None, spec_T=None, history_len=None, acceptance=None)
+    if method.kind == "ar":
+        if not method.uses_buffer or is_reference:
+            return [Point(**base, **empty)]
+        method_routes = [r for r in routes if r in method.routes(family)]
+        return [Point(**base, **dict(empty, route=r, buffer_len=L)) for L in buffer_lens for r in method_routes]
+    out = []
+    for T in spec_Ts:
+        for acc in accs:
+            hist = history_lens if method.uses_history else [None]
+            out += [Point(**base, **dict(empty, spec_T=T, acceptance=acc.label, history_len=B)) for B in hist]
+    return out

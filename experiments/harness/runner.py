@@ -1,0 +1,385 @@
+"""The timing core as a plain function: config -> rows on disk. Hydra only drives it (experiments/*.py);
+tests and notebooks call `run_experiment(load_config(...))` without the Hydra runtime.
+
+Per point (DESIGN.md §3): skip if the method cannot run here; correctness gate against the float64 oracle
+(status=wrong, no time, when it fails); build a stack of layers, each with its own cache pool (GPU, cold
+L2: enough layers to exceed l2_factor x L2); time whole cycles (AR replay: L steps from write_pos 0, plus
+the lone flush step; spec: `spec_steps` verify+commit steps of the acceptance schedule, >= 3 flushes);
+derive bandwidth from the byte model, footprint and tokens/s. Any exception becomes a row (oom / error)
+and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from experiments.harness import memory, timing
+from experiments.harness.check import gate
+from experiments.harness.env import REPO_ROOT, collect_env, new_run_id, resolve_hardware
+from experiments.harness.methods import REGISTRY, Method, MethodUnavailable
+from experiments.harness.points import CONF_DIR, Plan, Point, expand
+from experiments.harness.store import COLUMNS, RunStore
+from experiments.harness.workload import Workload
+from replayssm.checks import interpreter_active
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    run_id: str
+    rows: list[dict]                 # the rows this invocation wrote
+    resumed_skipped: int = 0         # points already in the run directory (resume)
+    env: dict = field(default_factory=dict)
+
+
+def load_config(config_name: str = "kernel_decode", overrides=(), return_hydra_config: bool = False):
+    """Compose conf/<config_name>.yaml with Hydra's compose API (no Hydra runtime, no output dirs)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR), job_name="replayssm_bench"):
+        return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+
+
+def _as_dict(cfg) -> dict:
+    if isinstance(cfg, dict):
+        return {k: v for k, v in cfg.items() if k != "hydra"}
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(cfg, resolve=True)
+    data.pop("hydra", None)
+    return data
+
+
+@dataclass
+class Context:
+    plan: Plan
+    run_id: str
+    hardware: dict
+    copy_GBps: float
+
+
+def run_experiment(cfg, *, progress: bool | None = None) -> RunResult:
+    """Validate, then check and time every point of `cfg`, appending rows to the run directory."""
+    data = _as_dict(cfg)
+    plan = expand(data)                                   # every ValueError happens here, before any work
+    threads_before = torch.get_num_threads()
+    if data["sweep"].get("threads"):
+        torch.set_num_threads(int(data["sweep"]["threads"]))
+    try:
+        return _run(data, plan, progress)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
+    from omegaconf import OmegaConf
+
+    settings = plan.timing
+    hardware = resolve_hardware(data.get("hardware") or {}, plan.device, CONF_DIR)
+    if data.get("resume"):
+        store = RunStore.resume(Path(data["resume"]))
+    else:
+        root = Path(data["out_dir"]) if data.get("out_dir") else REPO_ROOT / "results"
+        store = RunStore.create(root, hardware["name"], data.get("run_id") or new_run_id(),
+                                explicit=bool(data.get("run_id")))
+    copy_bytes = int(settings.get("copy_bytes", 1 << 30))
+    copy_GBps = timing.measure_copy_GBps(plan.device, copy_bytes if plan.device == "cuda" else copy_bytes // 16)
+    env = collect_env(device=plan.device, hardware=hardware, timing=settings, sweep=data["sweep"])
+    env.update(run_id=store.run_id, copy_GBps=copy_GBps, copy_bytes=copy_bytes, points=len(plan.points))
+    if plan.device == "cpu":
+        env["cpu_clock"] = timing.cpu_clock(settings.get("cpu_clock", "auto")).__name__
+    name = store.env_name()
+    store.write_json(name, env)
+    store.write_text(name.replace("env", "config").replace(".json", ".yaml"), OmegaConf.to_yaml(data))
+
+    done = store.done_hashes()
+    ctx = Context(plan=plan, run_id=store.run_id, hardware=hardware, copy_GBps=copy_GBps)
+    rows, skipped = [], 0
+    show = data.get("progress", True) if progress is None else progress
+    from tqdm import tqdm
+
+    for p in tqdm(plan.points, desc=plan.experiment, unit="pt", disable=not show):
+        if p.config_hash() in done:
+            skipped += 1
+            continue
+        row = run_point(p, ctx)
+        store.append(row)
+        rows.append(row)
+    if plan.device == "cuda":                       # device-wide usage at the end (None when NVML is absent)
+        env["nvml_used_bytes_end"] = memory.nvml_used_bytes()
+        store.write_json(name, env)
+    return RunResult(run_dir=store.run_dir, run_id=store.run_id, rows=rows, resumed_skipped=skipped, env=env)
+
+
+# ------------------------------------------------------------------------------------------------ points
+
+def blank_row(p: Point, run_id: str) -> dict:
+    row = {c: None for c in COLUMNS}
+    for c in ("experiment", "family", "model", "tp", "method", "route", "backend", "batch", "buffer_len", "spec_T",
+              "history_len", "acceptance", "state_dtype", "act_dtype", "context_len", "timing_mode", "l2"):
+        row[c] = getattr(p, c)
+    row.update(compiled=False, threads=torch.get_num_threads(), config_hash=p.config_hash(), run_id=run_id,
+               message="")
+    return row
+
+
+def run_point(p: Point, ctx: Context) -> dict:
+    """One row for one point; never raises (a failure is the row's status)."""
+    row = blank_row(p, ctx.run_id)
+    method = REGISTRY[p.method]
+    notes: list[str] = []
+    try:
+        reason = method.unavailable(p.family, p.device, p.backend)   # a module that fails to import: error
+        if reason:
+            row.update(status="skipped", message=reason)
+            return row
+        memory.reset_peak(p.device)
+        status = _measure(p, method, ctx, row, notes)
+    except MethodUnavailable as exc:
+        status, notes = "skipped", [str(exc)]
+    except (torch.OutOfMemoryError, MemoryError) as exc:
+        status = "oom"
+        notes.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    except Exception as exc:  # noqa: BLE001 - a failing point is recorded, the sweep goes on
+        status = "error"
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        notes.append(f"{type(exc).__name__}: {str(exc)[:300]} (at {Path(where.filename).name}:{where.lineno})")
+    finally:
+        row["peak_mem_bytes"] = memory.peak_bytes(p.device)
+        if p.device == "cuda":
+            torch.cuda.empty_cache()
+    row.update(status=status, message="; ".join(n for n in notes if n))
+    return row
+
+
+def _measure(p: Point, method: Method, ctx: Context, row: dict, notes: list[str]) -> str:
+    plan, settings = ctx.plan, ctx.plan.timing
+    spec = plan.models[p.model_key]
+    gen = torch.Generator().manual_seed(p.seed * 1_000_003 + int(p.config_hash()[:8], 16))
+    wl = Workload(spec, p, p.device, gen)
+    acc = plan.acceptances.get(p.acceptance) if p.acceptance else None
+    fns = method.api(p.family)
+
+    result = gate(method, fns, wl, p, max_batch=int(settings["check_max_batch"]),
+                  ar_steps=int(settings["check_ar_steps"]), acceptance=acc)
+    row["rel_err"] = result.rel_err
+    notes.append(result.message())
+    if not result.ok:
+        return "wrong"
+    if p.backend == "triton" and p.device == "cpu" and interpreter_active():
+        notes.append("Triton interpreter: correctness only, never timed")
+        return "ok"
+
+    stack = Stack(method, wl, p, acc, settings, ctx.hardware)
+    notes.append(stack.note)
+    best, flush = _time_variants(stack, method, wl, p, settings, notes, row)
+    row.update(median_us=best.median_us, p20_us=best.p20_us, p80_us=best.p80_us,
+               flush_us=flush.median_us if flush else None)
+    mean_acc = float(stack.counts.float().mean()) if stack.counts is not None else None
+    row["mean_accepted"] = mean_acc
+    row["footprint_bytes"] = memory.footprint_per_sequence(method.footprint(stack.caches[0]), stack.num_slots)
+    row["tokens_per_s"] = p.batch * (mean_acc or 1.0) / (best.median_us * 1e-6)
+    try:
+        traffic = method.traffic(p, wl, stack.counts.cpu() if stack.counts is not None else None)
+    except Exception as exc:  # noqa: BLE001 - the byte model is derived data: its failure is a note
+        traffic = None
+        notes.append(f"bytes_model failed: {type(exc).__name__}: {str(exc)[:120]}")
+    if traffic is None:
+        row["bytes_model"] = math.nan
+        if not notes[-1].startswith("bytes_model failed"):
+            notes.append("bytes_model: not modelled (replayssm.traffic missing or no entry)")
+    else:
+        row["bytes_model"] = traffic.total * p.batch
+        gbps = row["bytes_model"] / (best.median_us * 1e3)
+        row["achieved_GBps"] = gbps
+        row["pct_peak_measured"] = 100 * gbps / ctx.copy_GBps if ctx.copy_GBps else None
+        peak = ctx.hardware.get("peak_hbm_TBps")
+        row["pct_peak_datasheet"] = 100 * gbps / (peak * 1e3) if peak else None
+    return "ok"
+
+
+class Stack:
+    """`layers` caches (each its own pool of `batch` slots) with shared inputs; the cycle to time."""
+
+    def __init__(self, method: Method, wl: Workload, p: Point, acc, settings: dict, hardware: dict):
+        self.method, self.wl, self.p = method, wl, p
+        self.num_slots = p.batch
+        first = self._layer()
+        budget = memory.free_bytes(p.device)
+        budget = int(budget * float(settings["hbm_budget_frac"])) if budget is not None else None
+        self.layers, note = memory.stack_layers(method.footprint(first), l2=p.l2, l2_bytes=hardware.get("l2_bytes"),
+                                                l2_factor=float(settings["l2_factor"]),
+                                                max_layers=int(settings["max_layers"]), budget_bytes=budget)
+        self.caches = [first] + [self._layer() for _ in range(self.layers - 1)]
+        self.note = f"layers={self.layers}" + (f" ({note})" if note else "")
+        self.slots = wl.slots(p.batch, self.num_slots, p.slot_layout)
+        self.A = wl.params.get("A")
+        self.acc = acc
+        self.counts = None
+        if method.kind == "ar":
+            self.kw = wl.call_kwargs(wl.inputs(p.batch))
+            self.out = wl.out(p.batch)
+            self.steps = p.buffer_len if method.uses_buffer else 1
+        else:
+            self.kw = wl.call_kwargs(wl.inputs(p.batch, window=p.spec_T))
+            self.out = wl.out(p.batch, window=p.spec_T)
+            self.steps = self._spec_steps(int(settings["spec_steps"]))
+            self.counts = acc.sample(p.spec_T, p.batch, self.steps, wl.generator).to(p.device)
+
+    def _layer(self):
+        cache = self.method.allocate(self.p, self.wl, self.num_slots, self.p.device)
+        std = self.wl.geometry.K ** -0.5 if self.wl.family == "gdn" else 1.0
+        state = torch.empty(self.num_slots, *self.wl.state_shape, dtype=self.wl.state_dtype, device=self.p.device)
+        self.method.set_state(cache, state.normal_(0.0, std))
+        return cache
+
+    def _spec_steps(self, requested: int) -> int:
+        """At least `requested`, and enough to pass 3 flushes of the ring at one accepted token per step."""
+        if not self.method.uses_history:
+            return requested
+        between = self.p.history_len - self.p.spec_T + 2
+        return max(requested, 3 * between)
+
+    def cycle(self, fns: dict):
+        m, p, caches, kw, slots, out = self.method, self.p, self.caches, self.kw, self.slots, self.out
+        if m.kind == "ar":
+            def run():
+                for _ in range(self.steps):
+                    for c in caches:
+                        m.step(fns, c, p, kw, slots, out)
+        else:
+            counts, A = self.counts, self.A
+
+            def run():
+                for i in range(self.steps):
+                    for c in caches:
+                        m.verify(fns, c, p, kw, slots, out)
+                        m.commit(fns, c, p, counts[i], slots, A)
+        return run
+
+    def one_step(self, fns: dict):
+        m, p, kw, slots, out = self.method, self.p, self.kw, self.slots, self.out
+
+        def run():
+            for c in self.caches:
+                m.step(fns, c, p, kw, slots, out)
+        return run
+
+
+def _time_variants(stack: Stack, method: Method, wl: Workload, p: Point, settings: dict, notes: list[str], row: dict):
+    """Time eager and/or compiled (sweep.torch_compile), keep the faster; then the lone flush step (AR replay).
+
+    A compiled variant must pass the gate too; with `auto` a variant that fails to compile or to pass is
+    dropped with a note, with `true` the failure is the point's error."""
+    fns = method.api(p.family)
+    variants = {"false": [False], "true": [True], "auto": [False, True]}[p.torch_compile]
+    timed: dict[bool, timing.Timing] = {}
+    apis: dict[bool, dict] = {}
+    for compiled in variants:
+        use = fns
+        if compiled:
+            try:
+                use = timing.maybe_compile(fns, settings.get("compile_backend", "inductor"))
+                check = gate(method, use, wl, p, max_batch=int(settings["check_max_batch"]),
+                             ar_steps=int(settings["check_ar_steps"]), acceptance=stack.acc)
+                if not check.ok:
+                    raise RuntimeError(f"compiled variant failed the gate: {check.message()}")
+            except Exception as exc:  # noqa: BLE001
+                if p.torch_compile == "true":
+                    raise
+                notes.append(f"torch.compile dropped: {type(exc).__name__}: {str(exc)[:120]}")
+                continue
+        apis[compiled] = use
+        timed[compiled] = _time_cycle(stack.cycle(use), stack.steps * stack.layers, p, settings)
+    compiled = min(timed, key=lambda k: timed[k].median_us)
+    row["compiled"] = compiled
+    if len(timed) > 1:
+        notes.append(f"eager {timed[False].median_us:.4g} us vs compiled {timed[True].median_us:.4g} us")
+    flush = None
+    if method.flush_cursor(stack.caches[0]) is not None:
+        last = p.buffer_len - 1
+
+        def prepare():
+            for c in stack.caches:
+                method.flush_cursor(c).fill_(last)
+        # the flush resets write_pos to 0, so the caches are back at the start of a cycle afterwards
+        flush = _time_prepared(prepare, stack.one_step(apis[compiled]), stack.layers, p, settings)
+    return timed[compiled], flush
+
+
+def _time_cycle(cycle, work: int, p: Point, settings: dict) -> timing.Timing:
+    if p.device == "cuda":
+        return timing.time_gpu(cycle, work, timing_mode=p.timing_mode, l2=p.l2,
+                               warmup_ms=float(settings["warmup_ms"]), rep_ms=float(settings["rep_ms"]))
+    return timing.time_cpu(cycle, work, warmup=int(settings["cpu_warmup"]), repeats=int(settings["cpu_repeats"]),
+                           min_sample_us=float(settings["cpu_min_sample_us"]),
+                           clock=timing.cpu_clock(settings.get("cpu_clock", "auto")))
+
+
+def _time_prepared(prepare, step, work: int, p: Point, settings: dict) -> timing.Timing:
+    if p.device == "cuda":
+        return timing.time_gpu_prepared(prepare, step, work, timing_mode=p.timing_mode, l2=p.l2,
+                                        warmup_ms=float(settings["warmup_ms"]), rep_ms=float(settings["rep_ms"]))
+    return timing.time_cpu_prepared(prepare, step, work, warmup=int(settings["cpu_warmup"]),
+                                    repeats=int(settings["cpu_repeats"]),
+                                    clock=timing.cpu_clock(settings.get("cpu_clock", "auto")))
+
+
+# ----------------------------------------------------------------------------------------------- summary
+
+def summarize(rows: list[dict], limit: int = 200) -> str:
+    """A plain-text table of rows: the config keys that vary, the median time and the status."""
+    if not rows:
+        return "(no rows)"
+    head = ["model", "tp", "batch", "L/T", "acc", "method", "route", "median_us", "flush_us", "GB/s", "status"]
+    lines = []
+    for r in rows[:limit]:
+        lt = r["buffer_len"] if r["buffer_len"] is not None else r["spec_T"]
+        lines.append([r["model"], r["tp"], r["batch"], "" if lt is None else lt, r["acceptance"] or "",
+                      r["method"], r["route"] or "", _fmt(r["median_us"]), _fmt(r["flush_us"]),
+                      _fmt(r["achieved_GBps"]), r["status"]])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    text = [fmt.format(*head)] + [fmt.format(*map(str, line)) for line in lines]
+    if len(rows) > limit:
+        text.append(f"... {len(rows) - limit} more rows")
+    text.append("status: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    return "\n".join(text)
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    return f"{v:.4g}"
+
+
+# ------------------------------------------------------------------------------------------ Hydra driver
+
+def hydra_entry(cfg) -> str:
+    """What the Hydra entry points run: an explicit `model=...` on the command line narrows a sweep that
+    lists its own models to that model; then run, print the summary, return the run directory."""
+    import time
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    task = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    if cfg.sweep.get("models") is not None and any(o.startswith("model=") for o in task) \
+            and not any(o.startswith("sweep.models=") for o in task):
+        with open_dict(cfg):
+            cfg.sweep.models = None
+    t0 = time.perf_counter()
+    result = run_experiment(cfg)
+    elapsed = time.perf_counter() - t0
+    print(summarize(result.rows))
+    extra = f" ({result.resumed_skipped} points already done)" if result.resumed_skipped else ""
+    print(f"{cfg.experiment.name}: {len(result.rows)} rows in {elapsed:.1f} s{extra} -> {result.run_dir}")
+    return str(result.run_dir)
