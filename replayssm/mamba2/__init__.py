@@ -1,6 +1,9 @@
-"""ReplaySSM for Mamba-2. Public API (DESIGN.md §2): ReplayCache, replay_step, materialize,
-SpecRing, spec_verify, spec_commit, spec_reset."""
+"""ReplaySSM for Mamba-2. Public API (DESIGN.md §2): ReplayCache, replay_step, materialize (AR decode);
+SpecRing, spec_verify, spec_commit, spec_reset, spec_materialize (speculative decoding)."""
 
 from replayssm.mamba2.cache import ReplayCache, SpecRing
+from replayssm.mamba2.decode import materialize, replay_step
+from replayssm.mamba2.spec import spec_commit, spec_materialize, spec_reset, spec_verify
 
-__all__ = ["ReplayCache", "SpecRing"]
+__all__ = ["ReplayCache", "SpecRing", "materialize", "replay_step", "spec_commit", "spec_materialize", "spec_reset",
+           "spec_verify"]

@@ -1,0 +1,195 @@
+"""ReplaySSM speculative decoding for Mamba-2: verify a window from one checkpoint, commit, reset, materialize.
+
+The SpecRing (replayssm.mamba2.cache) holds one checkpoint per slot and a circular ring of the inputs
+(x, B, processed dt) since it. A step is `spec_verify` (scatter the window's inputs after the committed
+history, compute all T outputs from the checkpoint with a causal mask; a row whose slot has is_flush set
+first folds its committed history into the checkpoint) followed by `spec_commit` (advance the cursors by
+the accepted count; rejected drafts are never copied or cleared, the next window overwrites them).
+The math and the cursor rules are in spec_ref.py's docstring and replayssm-method.md §2.5, §3.2, §3.3.
+
+Three backends compute the same function and leave the same cache contents: "triton" (spec_kernels.py),
+"torch" (spec_torch.py, vectorised, CPU timing) and "ref" (spec_ref.py, float64 loops, the oracle).
+Every entry point validates its inputs before touching the cache and raises ValueError on bad input.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm.checks import (
+    check_backend,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_num_accepted,
+    check_same_device,
+    check_shape,
+    check_slots,
+)
+from replayssm.mamba2 import spec_ref, spec_torch
+from replayssm.mamba2.cache import SpecRing
+
+PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_A_ATTR = "_replay_A"  # where spec_verify leaves the layer's A on the ring object for spec_materialize
+
+
+def _check_ring(ring) -> SpecRing:
+    if not isinstance(ring, SpecRing):
+        raise ValueError(f"expected a replayssm.mamba2.SpecRing, got {type(ring).__name__}")
+    return ring
+
+
+def _check_kernel_geometry(ring: SpecRing, backend: str) -> None:
+    # spec_kernels (and so triton) is imported only when the Triton backend is asked for: the torch and
+    # ref backends work where triton is absent or TRITON_INTERPRET was set too late.
+    if backend == "triton":
+        from replayssm.mamba2.spec_kernels import MAX_DSTATE
+
+        if ring.geometry.dstate > MAX_DSTATE:
+            raise ValueError(f"dstate={ring.geometry.dstate} > {MAX_DSTATE}: the Triton spec kernels are built and "
+                             "tested up to 256; use backend='torch'")
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def spec_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                dt_bias: torch.Tensor | None = None, dt_softplus: bool = True, slots: torch.Tensor | None = None,
+                out: torch.Tensor | None = None, backend: str = "triton") -> torch.Tensor:
+    """Outputs of a speculative window for every row, all from the slot's checkpoint.
+
+    x, z [batch, T, nheads, headdim] (act dtype of the ring); dt [batch, T, nheads] raw (bias and softplus
+    applied here, the processed value is what the ring stores); A, D, dt_bias [nheads];
+    B, C [batch, T, ngroups, dstate]; T must equal ring.window. slots int32 [batch] (default arange(batch));
+    a NULL_SLOT row is skipped: its output rows are left as they are and no cache entry is touched.
+    Writes the window into the ring (and, on rows whose slot has is_flush set, the folded checkpoint).
+    Returns y [batch, T, nheads, headdim] in the act dtype (written into `out` when given; without `out`,
+    padding rows hold whatever the fresh allocation held).
+    """
+    ring = _check_ring(ring)
+    check_backend(backend, x, dt, A, B, C, D, z, dt_bias, out, ring.state)
+    _check_kernel_geometry(ring, backend)
+    geo, T = ring.geometry, ring.window
+    if x.dim() != 4:
+        raise ValueError(f"x must be [batch, T, nheads, headdim], got shape {tuple(x.shape)}")
+    if x.shape[1] != T:
+        raise ValueError(f"window length {x.shape[1]} != ring.window T={T}")
+    batch = x.shape[0]
+    check_shape("x", x, (batch, T, geo.nheads, geo.headdim))
+    check_shape("z", z, (batch, T, geo.nheads, geo.headdim))
+    check_shape("dt", dt, (batch, T, geo.nheads))
+    check_shape("B", B, (batch, T, geo.ngroups, geo.dstate))
+    check_shape("C", C, (batch, T, geo.ngroups, geo.dstate))
+    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+        check_shape(name, t, (geo.nheads,))
+    check_shape("out", out, (batch, T, geo.nheads, geo.headdim))
+    for name, t in (("x", x), ("z", z), ("B", B), ("C", C), ("out", out)):
+        if t is not None and t.dtype != ring.act_dtype:
+            raise ValueError(f"{name} has dtype {t.dtype}; the ring caches activations in {ring.act_dtype}")
+    for name, t in (("dt", dt), ("A", A), ("D", D), ("dt_bias", dt_bias)):
+        if t is not None:
+            check_dtype(name, t, PARAM_DTYPES)
+    for name, t in (("x", x), ("z", z), ("dt", dt), ("B", B), ("C", C), ("out", out), ("A", A), ("D", D),
+                    ("dt_bias", dt_bias)):
+        check_last_dim_contiguous(name, t)
+    device = check_same_device(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, out=out, state=ring.state)
+    slots_in = slots
+    slots = check_slots(slots, batch, ring.num_slots, device, ring.null_slot)
+    if out is None:
+        out = torch.empty(batch, T, geo.nheads, geo.headdim, dtype=ring.act_dtype, device=device)
+    setattr(ring, _A_ATTR, A)  # a reference, for spec_materialize(ring) without A
+    if batch == 0:
+        return out
+    if backend == "ref":
+        return spec_ref.verify_ref(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out)
+    if backend == "torch":
+        # slots=None lets the torch backend read rows 0..batch-1 as views instead of gathering them
+        torch_slots = None if slots_in is None else slots
+        return spec_torch.verify_torch(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, torch_slots, out)
+    from replayssm.mamba2.spec_kernels import launch_verify
+
+    return launch_verify(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out)
+
+
+def spec_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
+                backend: str = "triton") -> None:
+    """Advance each row's slot by its accepted count (bonus token included, 1..T), on the device.
+
+    num_accepted int [batch]; slots int32 [batch] (default arange(batch)); NULL_SLOT rows are skipped (their
+    count is not checked). A slot whose last verify flushed moves its origin past the folded history and
+    keeps only the accepted window tokens; then is_flush = write_pos + 2T > B + T for the next step.
+    """
+    ring = _check_ring(ring)
+    check_backend(backend, num_accepted, ring.write_pos)
+    if num_accepted.dim() != 1:
+        raise ValueError(f"num_accepted must be [batch], got shape {tuple(num_accepted.shape)}")
+    batch = num_accepted.shape[0]
+    device = check_same_device(num_accepted=num_accepted, write_pos=ring.write_pos)
+    slots = check_slots(slots, batch, ring.num_slots, device, ring.null_slot)
+    if _capturing():
+        num_accepted = check_num_accepted(num_accepted, batch, ring.window)
+    else:
+        live = slots != ring.null_slot
+        check_num_accepted(num_accepted[live], int(live.sum()), ring.window)
+        num_accepted = num_accepted.to(torch.int32)
+    if backend == "ref":
+        spec_ref.commit_ref(ring, num_accepted, slots)
+    elif backend == "torch":
+        spec_torch.commit_torch(ring, num_accepted, slots)
+    else:
+        from replayssm.mamba2.spec_kernels import launch_commit
+
+        launch_commit(ring, num_accepted, slots)
+
+
+def spec_reset(ring: SpecRing, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
+    """A new request enters `slots` (int32 [n] slot ids, default every slot): write_pos = origin = 0,
+    is_flush = 0. The caller has already put the request's prefill state into ring.state[slot]."""
+    ring = _check_ring(ring)
+    check_backend(backend, slots, ring.write_pos)
+    if slots is not None and slots.dim() != 1:
+        raise ValueError(f"slots must be [n], got shape {tuple(slots.shape)}")
+    n = ring.num_slots if slots is None else slots.shape[0]
+    slots = check_slots(slots, n, ring.num_slots, ring.device, ring.null_slot)
+    if backend == "ref":
+        spec_ref.reset_ref(ring, slots)
+    elif backend == "torch":
+        spec_torch.reset_torch(ring, slots)
+    else:
+        from replayssm.mamba2.spec_kernels import launch_reset
+
+        launch_reset(ring, slots)
+
+
+def spec_materialize(ring: SpecRing, slots: torch.Tensor | None = None, backend: str = "triton", *,
+                     A: torch.Tensor | None = None) -> torch.Tensor:
+    """The committed state of each row's slot: checkpoint + committed history folded, no cache write.
+
+    slots int32 [batch] (default every slot). The decays exp(A dt) need the layer's A [nheads], which the
+    ring does not hold: pass it, or let it default to the A of the last spec_verify on this ring object
+    (as replayssm.mamba2.decode.materialize does). Returns fp32 [batch, nheads, headdim, dstate];
+    NULL_SLOT rows are NaN.
+    """
+    ring = _check_ring(ring)
+    if A is None:
+        A = getattr(ring, _A_ATTR, None)
+        if A is None:
+            raise ValueError("spec_materialize needs A [nheads]: pass A=..., or run spec_verify on this ring first")
+    check_backend(backend, A, ring.state)
+    _check_kernel_geometry(ring, backend)
+    check_shape("A", A, (ring.geometry.nheads,))
+    check_dtype("A", A, PARAM_DTYPES)
+    check_same_device(A=A, state=ring.state)
+    if slots is not None and slots.dim() != 1:
+        raise ValueError(f"slots must be [batch], got shape {tuple(slots.shape)}")
+    n = ring.num_slots if slots is None else slots.shape[0]
+    slots = check_slots(slots, n, ring.num_slots, ring.device, ring.null_slot)
+    if backend == "ref":
+        return spec_ref.materialize_ref(ring, A, slots)
+    if backend == "torch":
+        return spec_torch.materialize_torch(ring, A, slots)
+    from replayssm.mamba2.spec_kernels import launch_materialize
+
+    return launch_materialize(ring, A, slots)
+

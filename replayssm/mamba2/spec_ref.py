@@ -1,0 +1,140 @@
+"""Float64 protocol oracle for Mamba-2 ReplaySSM speculative decoding (backend="ref").
+
+Written for clarity, with loops: it mirrors what the kernels keep in the SpecRing (rounding to the cache
+dtypes only where a value is stored: ring x/B in act dtype, processed dt in fp32, the checkpoint in
+state dtype, bc in fp32) so the Triton and torch backends can be compared to it cache entry by cache entry.
+Inputs arrive validated by replayssm.mamba2.spec (slots int32 [batch], num_accepted int32 [batch]).
+
+Per slot, h = write_pos, o = origin, T = window, R = ring_len (a power of two), logical length L = B + T:
+    logical position k lives at ring row (o + k) & (R - 1); history k < h, window k = h + t, t < T
+    cum_k = dt_0 + ... + dt_k (processed dt, logical order)
+    non-flush row: y_t = exp(A cum_p) (S0 C_t) + sum_{k<=p} dt_k exp(A (cum_p - cum_k)) (B_k . C_t) x_k, p = h + t
+    flush row:     S1 = exp(A cum_{h-1}) S0 + sum_{k<h} dt_k exp(A (cum_{h-1} - cum_k)) x_k B_k^T  (stored if h > 0)
+                   y_t = exp(A (cum_p - cum_{h-1})) (S1 C_t) + sum_{h<=k<=p} (same weights) x_k
+    then + D x_t and * silu(z_t). Every exponent is clamped with min(., 0), as in the kernels.
+    commit: if is_flush: origin = (origin + h) & (R - 1), write_pos = a; else write_pos += a;
+            is_flush = write_pos + 2T > L.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from replayssm.mamba2.cache import SpecRing
+from replayssm.mamba2.ref import gate_output, process_dt
+
+
+def _decay(A: float, span: torch.Tensor | float) -> torch.Tensor:
+    """exp(min(A * span, 0)) in float64 (A < 0 and span >= 0 make the clamp a no-op with softplus dt)."""
+    return torch.exp(torch.clamp(torch.as_tensor(A * span, dtype=torch.float64), max=0.0))
+
+
+def _logical_rows(ring: SpecRing, slot: int, count: int) -> list[int]:
+    """Ring rows of logical positions 0..count-1 of `slot`."""
+    origin, mask = int(ring.origin[slot]), ring.ring_len - 1
+    return [(origin + k) & mask for k in range(count)]
+
+
+def _fold_history(ring: SpecRing, slot: int, head: int, A: float) -> torch.Tensor:
+    """The committed state of one head: checkpoint + the h history entries folded, float64 [headdim, dstate]."""
+    h = int(ring.write_pos[slot])
+    g = head // ring.geometry.heads_per_group
+    state = ring.state[slot, head].double()
+    if h == 0:
+        return state
+    rows = _logical_rows(ring, slot, h)
+    dt = ring.dt[slot, head, rows].double()                     # [h]
+    cum = torch.cumsum(dt, 0)
+    total = cum[-1].item()
+    state = _decay(A, total) * state
+    for k in range(h):
+        weight = dt[k] * _decay(A, total - cum[k].item())
+        state = state + weight * torch.outer(ring.x[slot, head, rows[k]].double(), ring.B[slot, g, rows[k]].double())
+    return state
+
+
+def verify_ref(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: bool, slots: torch.Tensor,
+               out: torch.Tensor) -> torch.Tensor:
+    """x, z [batch, T, nheads, headdim]; dt [batch, T, nheads] raw; B, C [batch, T, ngroups, dstate]."""
+    geo, T, mask = ring.geometry, ring.window, ring.ring_len - 1
+    hpg = geo.heads_per_group
+    for b in range(x.shape[0]):
+        slot = int(slots[b])
+        if slot == ring.null_slot:
+            continue
+        h, origin, flush = int(ring.write_pos[slot]), int(ring.origin[slot]), bool(ring.is_flush[slot])
+        dtp = process_dt(dt[b], dt_bias, dt_softplus)            # [T, nheads] float64
+        # Scatter the window after the committed history (rejected drafts of the last step get overwritten).
+        for t in range(T):
+            row = (origin + h + t) & mask
+            ring.x[slot, :, row] = x[b, t]
+            ring.B[slot, :, row] = B[b, t]
+            ring.dt[slot, :, row] = dtp[t].float()
+        rows = _logical_rows(ring, slot, h + T)
+        C64 = C[b].double()                                      # [T, ngroups, dstate]
+        B_live = ring.B[slot][:, rows].double()                  # [ngroups, h+T, dstate]
+        bc = torch.einsum("gkn,tgn->gkt", B_live, C64)           # B_k . C_t, shared by a group's heads
+        ring.bc[slot, :, : h + T] = bc.float()
+        for head in range(geo.nheads):
+            g, a_h = head // hpg, float(A[head])
+            dt_live = ring.dt[slot, head, rows].double()         # [h+T], as stored (fp32)
+            cum = torch.cumsum(dt_live, 0)
+            x_live = ring.x[slot, head, rows].double()           # [h+T, headdim]
+            state, first, base = ring.state[slot, head].double(), 0, 0.0
+            if flush:
+                state = _fold_history(ring, slot, head, a_h)
+                if h > 0:
+                    ring.state[slot, head] = state.to(ring.state_dtype)
+                # The window restarts from S1: only window tokens in the sum, decays relative to cum_{h-1}.
+                first, base = h, (cum[h - 1].item() if h > 0 else 0.0)
+            for t in range(T):
+                p = h + t
+                y = _decay(a_h, cum[p].item() - base) * (state @ C64[t, g])
+                for k in range(first, p + 1):
+                    y = y + dt_live[k] * _decay(a_h, cum[p].item() - cum[k].item()) * bc[g, k, t] * x_live[k]
+                y = gate_output(y[None, None], x[b, t, head][None, None],
+                                None if D is None else D[head : head + 1],
+                                None if z is None else z[b, t, head][None, None])[0, 0]
+                out[b, t, head] = y.to(out.dtype)
+    return out
+
+
+def commit_ref(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
+    T, L, mask = ring.window, ring.max_len, ring.ring_len - 1
+    for b in range(slots.shape[0]):
+        slot = int(slots[b])
+        if slot == ring.null_slot:
+            continue
+        a, h = int(num_accepted[b]), int(ring.write_pos[slot])
+        if bool(ring.is_flush[slot]):
+            ring.origin[slot] = (int(ring.origin[slot]) + h) & mask
+            h = a
+        else:
+            h = h + a
+        ring.write_pos[slot] = h
+        ring.is_flush[slot] = int(h + 2 * T > L)
+
+
+def reset_ref(ring: SpecRing, slots: torch.Tensor) -> None:
+    for slot in slots.tolist():
+        if slot == ring.null_slot:
+            continue
+        ring.write_pos[slot] = 0
+        ring.origin[slot] = 0
+        ring.is_flush[slot] = 0
+
+
+def materialize_ref(ring: SpecRing, A: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The committed state per row, float32 [batch, nheads, headdim, dstate]; NULL rows are NaN."""
+    geo = ring.geometry
+    out = torch.full((slots.shape[0], geo.nheads, geo.headdim, geo.dstate), math.nan, dtype=torch.float32,
+                     device=ring.device)
+    for b in range(slots.shape[0]):
+        slot = int(slots[b])
+        if slot == ring.null_slot:
+            continue
+        for head in range(geo.nheads):
+            out[b, head] = _fold_history(ring, slot, head, float(A[head])).float()
+    return out

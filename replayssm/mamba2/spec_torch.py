@@ -1,0 +1,201 @@
+"""Vectorised PyTorch backend for Mamba-2 ReplaySSM speculative decoding (backend="torch": CPU timing).
+
+Same function and cache contents as spec_ref.py (see its docstring for the protocol), in fp32, with every
+row of the batch handled at once. Non-flush rows read their checkpoint once and write no state. Flush rows
+also fold their committed history into it, in place (state *= exp(A cum_{h-1}), then one batched
+GEMM-accumulate), and write it once; their outputs come from S1 through the identity
+S1 C_t = exp(A cum_{h-1}) (S0 C_t) + sum_{k<h} w_k x_k (B_k . C_t), so S1 is not read back.
+The bc scratch is not used here (it is the GPU kernels' hand-off between two launches).
+Inputs arrive validated by replayssm.mamba2.spec; `slots is None` means rows 0..batch-1 are slots
+0..batch-1, which lets the checkpoint be read (and, fp32, folded) as a view: no gather copy.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from replayssm.mamba2.cache import SpecRing
+from replayssm.mamba2.ref import SOFTPLUS_THRESHOLD
+
+
+def processed_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool) -> torch.Tensor:
+    """dt [..., nheads] raw -> fp32 processed dt (bias, softplus with threshold 20), as the ring stores it."""
+    out = dt.float()
+    if dt_bias is not None:
+        out = out + dt_bias.float()
+    if dt_softplus:
+        out = F.softplus(out, threshold=SOFTPLUS_THRESHOLD)
+    return out
+
+
+def _clamped_exp(t: torch.Tensor) -> torch.Tensor:
+    return torch.exp(t.clamp_(max=0.0))
+
+
+def _live_rows(ring: SpecRing, batch: int, slots: torch.Tensor | None):
+    """(row indices or None for all rows, slot ids long [n]) of the rows that are not padding."""
+    if slots is None:
+        return None, torch.arange(batch, device=ring.device)
+    live = slots != ring.null_slot
+    if bool(live.all()):
+        return None, slots.long()
+    rows = live.nonzero().squeeze(1)
+    return rows, slots[rows].long()
+
+
+class _Live:
+    """The ring entries of n slots in the ring's physical row order (no reordering copy), each row tagged
+    with its logical position j = (row - origin) & (R - 1), and the prefix sums of dt in logical order.
+
+    x [n, nheads, R, headdim] fp32 and B [n, ngroups, R, dstate] fp32: views of the cache when the rows are
+    slots 0..n-1 (and the act dtype is fp32), else one contiguous copy per slot;
+    j [n, R]; dt, cum [n, R, nheads] (rows with j >= count zeroed); cum_log [n, R, nheads] = cum in logical
+    order; total [n, nheads] = cum_{h-1} (0 where h = 0); decay [n, nheads] = exp(A cum_{h-1});
+    hist_w [n, R, nheads] = dt_j exp(A (cum_{h-1} - cum_j)) for j < h (the fold weights), else 0.
+    """
+
+    def __init__(self, ring: SpecRing, sl: torch.Tensor, h: torch.Tensor, count: torch.Tensor, A: torch.Tensor,
+                 rows_are_slots: bool):
+        n, R, H = sl.shape[0], ring.ring_len, ring.geometry.nheads
+        pick = (lambda t: t[:n]) if rows_are_slots else (lambda t: t[sl])
+        self.x, self.B = pick(ring.x).float(), pick(ring.B).float()
+        rr = torch.arange(R, device=ring.device)
+        origin = ring.origin[sl].long()[:, None]
+        self.j = (rr[None, :] - origin) & (R - 1)                                # [n, R]
+        self.dt = pick(ring.dt).transpose(1, 2) * (self.j < count[:, None]).unsqueeze(-1)
+        by_pos = ((origin + rr[None, :]) & (R - 1))[..., None].expand(n, R, H)   # physical row of position k
+        self.cum_log = torch.cumsum(self.dt.gather(1, by_pos), 1)
+        self.cum = self.cum_log.gather(1, self.j[..., None].expand(n, R, H))
+        total = self.cum_log.gather(1, (h - 1).clamp(min=0)[:, None, None].expand(n, 1, H)).squeeze(1)
+        self.total = torch.where(h[:, None] > 0, total, torch.zeros_like(total))
+        self.hist_w = (self.dt * _clamped_exp(A * (self.total[:, None, :] - self.cum))
+                       * (self.j < h[:, None]).unsqueeze(-1))
+        self.decay = _clamped_exp(A * self.total)
+
+
+def _fold_into(state: torch.Tensor, live: _Live, rows: torch.Tensor | slice, hpg: int) -> None:
+    """state[i] <- exp(A cum_{h-1}) state[i] + sum_{k<h} w_k x_k B_k^T, in place, for the live rows `rows`.
+
+    state [m, nheads, headdim, dstate] fp32 contiguous (the cache itself or a copy), m = len(rows).
+    """
+    x, w, B = live.x[rows], live.hist_w[rows], live.B[rows]                  # [m,H,R,P], [m,R,H], [m,G,R,N]
+    m, H, R, P = x.shape
+    G, N = B.shape[1], B.shape[-1]
+    # x_k w_k laid out [m, H, P, R] (the GEMM's left operand) by the multiply itself: no transpose copy.
+    xw_t = torch.empty(m, H, P, R, dtype=torch.float32, device=state.device)
+    torch.mul(x.transpose(-1, -2), w.transpose(1, 2)[:, :, None, :], out=xw_t)
+    state.mul_(live.decay[rows][..., None, None])
+    state.view(m * G, hpg * P, N).baddbmm_(xw_t.reshape(m * G, hpg * P, R), B.reshape(m * G, R, N))
+
+
+def _readout(state: torch.Tensor, C: torch.Tensor, hpg: int) -> torch.Tensor:
+    """S C_t for every window token: state [n, nheads, headdim, dstate] fp32, C [n, T, ngroups, dstate] fp32
+    -> [n, T, nheads, headdim]."""
+    n, H, P, N = state.shape
+    return torch.einsum("bgjpn,btgn->btgjp", state.view(n, -1, hpg, P, N), C).reshape(n, C.shape[1], H, P)
+
+
+def verify_torch(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: bool, slots: torch.Tensor | None,
+                 out: torch.Tensor) -> torch.Tensor:
+    """x, z [batch, T, nheads, headdim]; dt [batch, T, nheads] raw; B, C [batch, T, ngroups, dstate]."""
+    geo, T, R = ring.geometry, ring.window, ring.ring_len
+    hpg, H, P = geo.heads_per_group, geo.nheads, geo.headdim
+    rows, sl = _live_rows(ring, x.shape[0], slots)
+    if sl.numel() == 0:
+        return out
+    if rows is not None:
+        x, dt, B, C = x[rows], dt[rows], B[rows], C[rows]
+        z = None if z is None else z[rows]
+    n, rows_are_slots = sl.shape[0], slots is None
+    h = ring.write_pos[sl].long()
+    flush = ring.is_flush[sl] != 0
+    A = A.float()
+
+    # Scatter the window after the committed history: ring rows (origin + h + t) & (R - 1).
+    wrows = (ring.origin[sl].long()[:, None] + h[:, None] + torch.arange(T, device=ring.device)) & (R - 1)
+    ring.x[sl[:, None], :, wrows] = x                      # advanced indices split by a slice: [n, T] first
+    ring.B[sl[:, None], :, wrows] = B
+    ring.dt[sl[:, None], :, wrows] = processed_dt(dt, dt_bias, dt_softplus)
+
+    live = _Live(ring, sl, h, h + T, A, rows_are_slots)
+    pos = h[:, None] + torch.arange(T, device=ring.device)                   # [n, T] logical window positions
+    cum_p = live.cum_log.gather(1, pos[..., None].expand(n, T, H))            # [n, T, nheads]
+    # Flush rows restart at S1: sums start at j = h and decays are relative to cum_{h-1}.
+    first = torch.where(flush, h, torch.zeros_like(h))
+    base = torch.where(flush[:, None], live.total, torch.zeros_like(live.total))         # [n, nheads]
+
+    # Causal weights W[r, t] = dt_j exp(A (cum_p - cum_j)) (B_j . C_t) for first <= j <= p_t, j = pos(row r).
+    C32 = C.float()
+    bc = torch.einsum("bgrn,btgn->bgrt", live.B, C32)                         # [n, G, R, T]
+    j = live.j[:, :, None]
+    causal = (j >= first[:, None, None]) & (j <= pos[:, None, :])            # [n, R, T]
+    span = cum_p.transpose(1, 2)[:, :, None, :] - live.cum.transpose(1, 2)[:, :, :, None]   # [n, H, R, T]
+    W = _clamped_exp(A[None, :, None, None] * span).mul_(live.dt.transpose(1, 2)[..., None])
+    W = W.view(n, -1, hpg, R, T).mul_((bc * causal[:, None]).unsqueeze(2))   # [n, G, hpg, R, T]
+    y = torch.einsum("bgjrp,bgjrt->btgjp", live.x.view(n, -1, hpg, R, P), W).reshape(n, T, H, P)
+
+    # Checkpoint readout S0 C_t: one read of each checkpoint (a view when rows are slots).
+    state = ring.state[:n] if rows_are_slots else ring.state[sl]
+    S = state.float()
+    readout = _readout(S, C32, hpg)
+    if bool(flush.any()):
+        fr = flush.nonzero().squeeze(1)
+        all_rows = fr.numel() == n
+        sel = slice(None) if all_rows else fr                               # no gather copies when all flush
+        G = geo.ngroups
+        # S1 C_t = exp(A cum_{h-1}) S0 C_t + sum_{k<h} w_k x_k (B_k . C_t): the readout of the folded state.
+        bc_w = bc[sel].view(-1, G, 1, R, T) * live.hist_w[sel].transpose(1, 2).reshape(-1, G, hpg, R, 1)
+        hist = torch.einsum("bgjrp,bgjrt->btgjp", live.x[sel].view(-1, G, hpg, R, P), bc_w).reshape(-1, T, H, P)
+        readout[sel] = readout[sel] * live.decay[sel][:, None, :, None] + hist
+        # Fold in place: on the cache itself when S is an fp32 view of exactly the flush rows (h == 0 rows
+        # are then multiplied by 1 and added 0), else on a copy that is stored back.
+        target = S if all_rows else S[fr]
+        _fold_into(target, live, sel, hpg)
+        if not (all_rows and rows_are_slots and ring.state_dtype == torch.float32):
+            keep = h[fr] > 0
+            ring.state[sl[fr[keep]]] = target[keep].to(ring.state_dtype)
+    y.add_(_clamped_exp(A * (cum_p - base[:, None, :])).unsqueeze(-1) * readout)
+    if D is not None:
+        y.add_(D.float()[:, None] * x.float())
+    if z is not None:
+        zf = z.float()
+        y.mul_(zf * torch.sigmoid(zf))
+    if rows is None:
+        out.copy_(y)
+    else:
+        out[rows] = y.to(out.dtype)
+    return out
+
+
+def commit_torch(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
+    live = slots != ring.null_slot
+    sl, a = slots[live].long(), num_accepted[live].to(torch.int32)
+    h, flush = ring.write_pos[sl], ring.is_flush[sl] != 0
+    ring.origin[sl] = torch.where(flush, (ring.origin[sl] + h) & (ring.ring_len - 1), ring.origin[sl])
+    h = torch.where(flush, a, h + a)
+    ring.write_pos[sl] = h
+    ring.is_flush[sl] = (h + 2 * ring.window > ring.max_len).to(torch.int32)
+
+
+def reset_torch(ring: SpecRing, slots: torch.Tensor) -> None:
+    sl = slots[slots != ring.null_slot].long()
+    ring.write_pos[sl] = 0
+    ring.origin[sl] = 0
+    ring.is_flush[sl] = 0
+
+
+def materialize_torch(ring: SpecRing, A: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The committed state per row, fp32 [batch, nheads, headdim, dstate]; NULL rows are NaN."""
+    geo = ring.geometry
+    out = torch.full((slots.shape[0], geo.nheads, geo.headdim, geo.dstate), float("nan"), device=ring.device)
+    rows = (slots != ring.null_slot).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return out
+    sl = slots[rows].long()
+    h = ring.write_pos[sl].long()
+    live = _Live(ring, sl, h, h, A.float(), rows_are_slots=False)
+    state = ring.state[sl].float()                                           # a copy: fold it in place
+    _fold_into(state, live, slice(None), geo.heads_per_group)
+    out[rows] = state
+    return out
