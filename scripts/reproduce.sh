@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# `make reproduce`: sweep -> aggregate -> tables -> plots -> claims report, on whatever this box has.
+#
+#   GPU (torch.cuda.is_available()): the paper sweep of both kernel experiments (sweep=paper, hardware
+#       auto-detected, the five production models; Ultra at TP2 as in the paper), into ONE run directory.
+#   CPU: the embedded default: the CPU micro-benchmarks (make bench-cpu) and the CPU sweeps of both
+#       experiments (sweep=cpu, torch backend), then the same scripts. CPU numbers are labelled as such.
+#
+# Both experiments write into one run (kernel_spec resumes the kernel_decode run directory), so every ratio,
+# including "spec over standard decode", comes from rows of one run. The run lands in
+# results/<hardware>/<run-id>/ with rows.csv, env.json, summary.csv, TABLES.md, plots/ and REPORT.md.
+#
+# Environment: PY (python to use; default .venv/bin/python), RESULTS (default results), RUN_ID (default
+# reproduce-<UTC time>-<git sha>), PAPER_MODELS (GPU model list, Hydra syntax), SWEEP (override the sweep
+# name), EXTRA (extra Hydra overrides for both experiments, e.g. "sweep.batch=[1,64]").
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+PY="${PY:-.venv/bin/python}"
+RESULTS="${RESULTS:-results}"
+SHA="$(git rev-parse --short HEAD 2>/dev/null || echo nogit)"
+RUN_ID="${RUN_ID:-reproduce-$(date -u +%Y%m%dT%H%M%SZ)-${SHA}}"
+PAPER_MODELS="${PAPER_MODELS:-[nemotron3_nano_4b,nemotron3_super_120b,nemotron3_ultra_550b@tp2,qwen35_4b,qwen35_122b_a10b]}"
+read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
+MISSING=()
+
+stage() { printf '\n==== %s\n' "$*" >&2; }
+
+# A stage whose module is not in the tree yet is reported and skipped; a stage that exists and fails stops
+# the script (set -e).
+have_module() {
+    "$PY" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('$1') else 1)" 2>/dev/null
+}
+skip_missing() {
+    printf '!!!! stage "%s" skipped: %s is not there (not written yet?)\n' "$1" "$2" >&2
+    MISSING+=("$1")
+}
+
+if ! "$PY" -c 'import torch' 2>/dev/null; then
+    echo "reproduce: $PY cannot import torch; run 'make venv' first or set PY=<python with torch>" >&2
+    exit 2
+fi
+GPU="$("$PY" -c 'import torch; print(torch.cuda.is_available())')"
+if [[ "$GPU" == "True" ]]; then
+    SWEEP="${SWEEP:-paper}"
+    MODEL_ARGS=("sweep.models=${PAPER_MODELS}")
+    # Real kernels on the GPU: never the interpreter.
+    export TRITON_INTERPRET=0
+    stage "GPU: $("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))'); sweep=${SWEEP}; run ${RUN_ID}"
+else
+    SWEEP="${SWEEP:-cpu}"
+    MODEL_ARGS=()           # sweep=cpu lists its own models (tiny ones and TP8 splits of the large ones)
+    stage "CPU: no CUDA device; the embedded CPU default (torch backend, sweep=${SWEEP}); run ${RUN_ID}"
+fi
+
+# ---------------------------------------------------------------------------------------------- sweeps
+RUN_DIR=""
+find_run_dir() {
+    local found
+    found="$(ls -d "${RESULTS}"/*/"${RUN_ID}" 2>/dev/null | head -n 1 || true)"
+    [[ -n "$found" ]] && RUN_DIR="$found"
+    return 0
+}
+
+for experiment in kernel_decode kernel_spec; do
+    if ! have_module "experiments.${experiment}"; then
+        skip_missing "sweep ${experiment}" "module experiments.${experiment}"
+        continue
+    fi
+    if [[ -z "$RUN_DIR" ]]; then
+        where=("out_dir=${RESULTS}" "run_id=${RUN_ID}")
+    else
+        where=("resume=${RUN_DIR}")                # the second experiment joins the same run
+    fi
+    stage "sweep: python -m experiments.${experiment} sweep=${SWEEP} ${where[*]}"
+    # ${a[@]+"${a[@]}"}: an empty array expands to nothing under set -u on every bash
+    "$PY" -m "experiments.${experiment}" "sweep=${SWEEP}" ${MODEL_ARGS[@]+"${MODEL_ARGS[@]}"} "${where[@]}" \
+        progress=false "hydra.run.dir=outputs/reproduce/${RUN_ID}/${experiment}" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+    find_run_dir
+done
+
+if [[ -z "$RUN_DIR" ]]; then
+    echo "reproduce: no run directory ${RESULTS}/*/${RUN_ID} was produced (stages missing: ${MISSING[*]:-none})" >&2
+    exit 1
+fi
+
+# ------------------------------------------------------------------ CPU micro-benchmarks (make bench-cpu)
+if [[ "$GPU" != "True" ]]; then
+    if [[ -d benchmarks ]] && ls benchmarks/test_*.py >/dev/null 2>&1; then
+        stage "CPU micro-benchmarks (make bench-cpu): log and JSON into ${RUN_DIR}"
+        TRITON_INTERPRET=1 "$PY" -m pytest benchmarks -q -p no:randomly --benchmark-enable \
+            --benchmark-columns=median,iqr,rounds --benchmark-sort=name \
+            --benchmark-json="${RUN_DIR}/bench_cpu.json" -s 2>&1 | tee "${RUN_DIR}/bench_cpu.txt"
+    else
+        skip_missing "CPU micro-benchmarks" "benchmarks/test_*.py"
+    fi
+fi
+
+# ----------------------------------------------------------------------------- results -> report
+stage "aggregate: ${RUN_DIR}/summary.csv"
+"$PY" scripts/aggregate.py "$RUN_DIR"
+stage "tables: ${RUN_DIR}/TABLES.md"
+"$PY" scripts/tables.py "$RUN_DIR"
+stage "plots: ${RUN_DIR}/plots/"
+"$PY" scripts/plots.py "$RUN_DIR"
+stage "claims: ${RUN_DIR}/REPORT.md"
+"$PY" scripts/claims.py "$RUN_DIR"
+
+echo
+echo "run directory: ${RUN_DIR}"
+echo "report:        ${RUN_DIR}/REPORT.md"
+if (( ${#MISSING[@]} )); then
+    echo "skipped stages (not in the tree yet): ${MISSING[*]}" >&2
+fi

@@ -1,0 +1,221 @@
+"""Markdown tables of one run: medians, speedups, achieved bandwidth, spec throughput and acceptance.
+
+Reads only the run's files (rows.csv, env.json; summary.csv is recomputed from rows so it is never stale).
+Every table is headed by the run's hardware, versions and commit, so a table pasted elsewhere still says
+where it was measured.
+
+CLI: python scripts/tables.py RUN_DIR [--out FILE]   (prints to stdout; writes RUN_DIR/TABLES.md by default)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+from aggregate import SPEC_METHODS, Run, describe_env, load_run, summarize
+
+
+def _cell(value, fmt: str | None = None) -> str:
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return ""
+    if isinstance(value, float):
+        if fmt:
+            return format(value, fmt)
+        if math.isfinite(value) and value.is_integer() and abs(value) < 1e15:
+            return str(int(value))
+        return f"{value:.4g}"
+    return str(value).replace("|", "\\|")
+
+
+def markdown_table(df: pd.DataFrame, formats: dict[str, str] | None = None) -> str:
+    """A GitHub-markdown table; numeric columns right-aligned. `formats` maps column -> format spec."""
+    formats = formats or {}
+    if df.empty:
+        return "_(no rows)_\n"
+    cols = list(df.columns)
+    body = [[_cell(v, formats.get(c)) for c, v in zip(cols, row)] for row in df.itertuples(index=False)]
+    numeric = [pd.api.types.is_numeric_dtype(df[c]) for c in cols]
+    widths = [max(len(str(c)), *(len(r[i]) for r in body)) for i, c in enumerate(cols)]
+
+    def line(cells):
+        return "| " + " | ".join(s.rjust(w) if n else s.ljust(w) for s, w, n in zip(cells, widths, numeric)) + " |"
+
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if n else ("-" * (w + 2)) for w, n in zip(widths, numeric)) + "|"
+    return "\n".join([line([str(c) for c in cols]), rule, *(line(r) for r in body)]) + "\n"
+
+
+def env_line(run: Run) -> str:
+    """One line naming hardware, versions and commit: the header of every table."""
+    env = describe_env(run.env, run.path)
+    parts = [f"**{env['hardware']}** ({env['kind']})"]
+    for name in ("torch", "triton", "cuda", "driver", "python"):
+        if env[name]:
+            parts.append(f"{name} {env[name]}")
+    if env["commit"]:
+        dirty = " (dirty)" if env["dirty"] in (True, "true", "True", 1) else ""
+        parts.append(f"commit {str(env['commit'])[:12]}{dirty}")
+    parts.append(f"run `{run.run_id}`")
+    if env["kind"] == "cpu":
+        parts.append("CPU torch-backend numbers: not comparable to GPU claims")
+    return " · ".join(parts)
+
+
+def _section(title: str, run: Run, table: str, note: str = "") -> str:
+    note = f"{note}\n\n" if note else ""
+    return f"### {title}\n\n_{env_line(run)}_\n\n{note}{table}\n"
+
+
+def _dtypes(df: pd.DataFrame) -> pd.Series:
+    return df["state_dtype"].astype(str) + "/" + df["act_dtype"].astype(str)
+
+
+def medians_table(run: Run, spec: bool) -> str:
+    """Per-row medians with the p20..p80 band, flush step, achieved GB/s and % of peak, for the AR
+    experiments (spec=False) or the spec ones (spec=True, with their standard-decode reference rows)."""
+    rows = run.rows[run.rows["experiment"].astype(str).str.contains("spec") == spec]
+    if rows.empty:
+        return "_(no rows)_\n"
+    rows = rows.assign(dtypes=_dtypes(rows)).sort_values(["model", "tp", "batch", "spec_T", "buffer_len", "method"],
+                                                         na_position="first")
+    cols = ["experiment", "model", "tp", "batch", "buffer_len", "spec_T", "acceptance", "route", "dtypes",
+            "backend", "method", "status", "median_us", "p20_us", "p80_us", "flush_us", "mean_accepted",
+            "achieved_GBps", "pct_peak_measured", "pct_peak_datasheet"]
+    table = rows[cols].dropna(axis=1, how="all")
+    return markdown_table(table, {"median_us": ".1f", "p20_us": ".1f", "p80_us": ".1f", "flush_us": ".1f",
+                                  "mean_accepted": ".2f", "achieved_GBps": ".3g", "pct_peak_measured": ".3g",
+                                  "pct_peak_datasheet": ".3g"})
+
+
+def _fill_text(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
+    """Pivots drop rows whose index keys are NA: a key column with any NA (or text) becomes text, "" for NA;
+    complete numeric keys stay numbers so they sort as numbers."""
+    fills = {}
+    for k in cols:
+        if not pd.api.types.is_numeric_dtype(df[k]) or df[k].isna().any():
+            fills[k] = df[k].map(_cell).astype(str)
+    return df.assign(**fills)
+
+
+def _ratio_cell(row) -> str:
+    band = f" [{row['lo']:.2f}-{row['hi']:.2f}]" if pd.notna(row["lo"]) and pd.notna(row["hi"]) else ""
+    return f"{row['value']:.2f}x{band}"
+
+
+def ar_speedup_table(ratios: pd.DataFrame) -> str:
+    """Speedup baseline_ar / replay_ar: one row per (model, batch, ...), one column per buffer_len and route."""
+    ar = ratios[ratios["metric"] == "ar_speedup"]
+    if ar.empty:
+        return "_(no AR speedups in this run)_\n"
+    ar = ar.assign(dtypes=_dtypes(ar), cell=ar.apply(_ratio_cell, axis=1), L=ar["buffer_len"].map(_cell))
+    index = ["experiment", "model", "tp", "route", "dtypes", "backend", "timing_mode", "batch"]
+    ar = _fill_text(ar, index)
+    wide = ar.pivot_table(index=index, columns="L", values="cell", aggfunc="first").reset_index()
+    settings = sorted(ar["L"].unique(), key=lambda v: float(v) if v.replace(".", "", 1).isdigit() else math.inf)
+    wide = wide[index + settings].rename(columns={v: f"L={v}" for v in settings}).sort_values(["model", "batch"])
+    wide.columns.name = None
+    return markdown_table(wide)
+
+
+def spec_table(run: Run, ratios: pd.DataFrame) -> str:
+    """Spec throughput per method with mean accepted length and the ratios, one row per point."""
+    spec = run.rows[(run.rows["method"].isin(SPEC_METHODS)) & (run.rows["status"] == "ok")]
+    if spec.empty:
+        return "_(no spec rows in this run)_\n"
+    index = ["model", "tp", "batch", "spec_T", "acceptance", "backend"]
+    spec = _fill_text(spec, index)
+    tps = spec.pivot_table(index=index, columns="method", values="tokens_per_s", aggfunc="max").add_prefix("tok/s ")
+    acc = spec.groupby(index)["mean_accepted"].mean().rename("mean accepted")
+    wide = pd.concat([acc, tps], axis=1).reset_index()
+    for metric in ("spec_vs_native", "spec_vs_commit", "spec_vs_ar"):
+        r = ratios[ratios["metric"] == metric]
+        if r.empty:
+            continue
+        r = _fill_text(r, index)
+        cells = r.assign(**{metric: r.apply(_ratio_cell, axis=1)}).groupby(index)[metric].first()
+        wide = wide.merge(cells.reset_index(), on=index, how="left")
+    fmt = {c: ".0f" for c in wide.columns if c.startswith("tok/s")}
+    return markdown_table(wide.sort_values(["model", "spec_T", "batch"]), {**fmt, "mean accepted": ".2f"})
+
+
+def bench_cpu_table(run: Run) -> str | None:
+    """The CPU micro-benchmarks (make bench-cpu) that `make reproduce` stores as bench_cpu.json in the run
+    directory: per-step medians (a ReplaySSM flush cycle divided by its L steps) and baseline / ReplaySSM
+    per family. None when the run has no such file."""
+    path = run.path / "bench_cpu.json"
+    if not path.is_file():
+        return None
+    records = []
+    for b in json.loads(path.read_text()).get("benchmarks", []):
+        info, stats = b.get("extra_info", {}), b.get("stats", {})
+        steps = info.get("buffer_len", 1) if "cycle" in str(info.get("per", "")) else 1
+        records.append({"benchmark": b.get("name"), "family": b.get("param"), "model": info.get("model"),
+                        "batch": info.get("batch"), "L": info.get("buffer_len"),
+                        "ms per step": stats.get("median", math.nan) * 1e3 / steps,
+                        "IQR ms per step": stats.get("iqr", math.nan) * 1e3 / steps,
+                        "rounds": stats.get("rounds"), "flush ms": info.get("flush_ms"), "form": info.get("form")})
+    table = pd.DataFrame(records)
+    if table.empty:
+        return None
+    per_step = table.set_index("benchmark")["ms per step"]
+    table["baseline / replay"] = [
+        per_step.get(f"test_baseline_ar[{family}]", math.nan) / per_step[name]
+        if str(name).startswith("test_replay_ar") else math.nan
+        for name, family in zip(table["benchmark"], table["family"])]
+    return markdown_table(table, {"ms per step": ".2f", "IQR ms per step": ".2f", "flush ms": ".2f",
+                                  "baseline / replay": ".2f"})
+
+
+def counts_table(counts: pd.DataFrame) -> str:
+    return markdown_table(counts.sort_values(["experiment", "method", "status"]))
+
+
+def render(run: Run) -> str:
+    """The whole markdown document for one run."""
+    summary = summarize(run.rows)
+    env = describe_env(run.env, run.path)
+    head = [f"# ReplaySSM Bench tables: run `{run.run_id}`", "", env_line(run), ""]
+    if env["kind"] == "cpu":
+        head += ["> CPU run: `torch`-backend timings on a CPU. They show the method's behaviour on this machine, "
+                 "not GPU kernel performance; compare them with nothing but each other.", ""]
+    parts = [
+        _section("Row status (non-ok rows are excluded from every ratio)", run, counts_table(summary.counts)),
+        _section("AR decode: medians, achieved bandwidth, % of peak", run, medians_table(run, spec=False),
+                 "median_us per decode step (ReplaySSM: mean over whole flush cycles); p20/p80 band; "
+                 "flush_us: the flush step alone; GB/s decimal."),
+        _section("AR decode speedup: baseline_ar / replay_ar [p20/p80 band]", run, ar_speedup_table(summary.ratios)),
+        _section("Speculative decoding: medians, achieved bandwidth, % of peak", run, medians_table(run, spec=True)),
+        _section("Speculative decoding: tokens/s, mean accepted length and ratios", run,
+                 spec_table(run, summary.ratios),
+                 "spec_vs_native = replay_spec / baseline_spec; spec_vs_commit = replay_spec / commit_replay_spec; "
+                 "spec_vs_ar = replay_spec / standard AR decode (batch / step time)."),
+    ]
+    bench = bench_cpu_table(run)
+    if bench is not None:
+        parts.append(_section("CPU micro-benchmarks (make bench-cpu: production geometry, torch backend)", run, bench,
+                              "pytest-benchmark medians from bench_cpu.json of this run; each method in its fastest "
+                              "form (eager or torch.compile, named in `form`)."))
+    return "\n".join(head) + "\n" + "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--out", type=Path, default=None, help="markdown file (default RUN_DIR/TABLES.md)")
+    parser.add_argument("--quiet", action="store_true", help="do not print the tables")
+    args = parser.parse_args(argv)
+    run = load_run(args.run_dir)
+    text = render(run)
+    out = args.out or args.run_dir / "TABLES.md"
+    out.write_text(text)
+    if not args.quiet:
+        print(text)
+    print(f"tables written to {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

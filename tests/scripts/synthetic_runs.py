@@ -1,0 +1,93 @@
+"""SYNTHETIC run directories for the scripts' tests: made-up rows in tmp_path, never results.
+
+Times follow simple formulas so every ratio the scripts compute is known exactly:
+    AR: baseline_ar median = 10 + batch us; replay_ar median = baseline / AR_SPEEDUP[buffer_len]
+    spec: step time = base_step * T for baseline_spec, base_step * (1 + T / 4) for replay_spec,
+          base_step * (1 + T / 2) for commit_replay_spec; tokens/s = batch * mean_accepted / step time
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+AR_SPEEDUP = {4: 1.25, 8: 1.5, 16: 1.4}
+MODELS = {"nemotron3_super_120b": "mamba2", "qwen35_122b_a10b": "gdn"}
+BATCHES = (1, 8, 32)
+SPEC_T = (2, 4)
+ACCEPTANCE = {0.5: None, 1.0: None}
+
+
+def _base(**kw) -> dict:
+    row = {
+        "family": "", "model": "", "tp": 1, "route": None, "backend": "torch", "buffer_len": None, "spec_T": None,
+        "history_len": None, "acceptance": None, "mean_accepted": None, "state_dtype": "float32",
+        "act_dtype": "float32", "context_len": None, "timing_mode": "cpu_wall", "l2": "na", "compiled": False,
+        "threads": 2, "flush_us": None, "bytes_model": 1e6, "peak_mem_bytes": None, "footprint_bytes": None,
+        "tokens_per_s": None, "rel_err": 1e-7, "status": "ok", "message": "", "run_id": "synthetic-run",
+    }
+    row.update(kw)
+    med = row["median_us"]
+    row.setdefault("p20_us", med * 0.95)
+    row.setdefault("p80_us", med * 1.05)
+    row["achieved_GBps"] = row["bytes_model"] / (med * 1e-6) / 1e9
+    row["pct_peak_measured"] = 100 * row["achieved_GBps"] / 50.0
+    row["pct_peak_datasheet"] = 100 * row["achieved_GBps"] / 60.0
+    row["config_hash"] = f"h{abs(hash(tuple(sorted((k, str(v)) for k, v in row.items())))) % 10**10}"
+    return row
+
+
+def ar_rows(run_id: str = "synthetic-run") -> list[dict]:
+    rows = []
+    for model, family in MODELS.items():
+        route = "output_only" if family == "mamba2" else None
+        for batch in BATCHES:
+            base_us = 10.0 + batch
+            rows.append(_base(experiment="kernel_decode", family=family, model=model, method="baseline_ar",
+                              batch=batch, median_us=base_us, run_id=run_id))
+            for buffer_len, speedup in AR_SPEEDUP.items():
+                rows.append(_base(experiment="kernel_decode", family=family, model=model, method="replay_ar",
+                                  batch=batch, buffer_len=buffer_len, route=route, median_us=base_us / speedup,
+                                  flush_us=3 * base_us, bytes_model=0.55e6, run_id=run_id))
+    return rows
+
+
+def spec_step_us(method: str, batch: int, T: int) -> float:
+    base_step = 10.0 + batch
+    return {"baseline_spec": base_step * T, "replay_spec": base_step * (1 + T / 4),
+            "commit_replay_spec": base_step * (1 + T / 2)}[method]
+
+
+def spec_rows(run_id: str = "synthetic-run") -> list[dict]:
+    rows = []
+    for model, family in MODELS.items():
+        for batch in BATCHES:
+            for T in SPEC_T:
+                for acceptance in ACCEPTANCE:
+                    mean_accepted = 1 + acceptance * (T - 1)
+                    for method in ("baseline_spec", "commit_replay_spec", "replay_spec"):
+                        step = spec_step_us(method, batch, T)
+                        footprint = (1 + T) * 4e6 if method == "baseline_spec" else 4.2e6
+                        rows.append(_base(
+                            experiment="kernel_spec", family=family, model=model, method=method, batch=batch,
+                            spec_T=T, acceptance=acceptance, mean_accepted=mean_accepted, median_us=step,
+                            history_len=16 if method != "baseline_spec" else None, footprint_bytes=footprint,
+                            tokens_per_s=batch * mean_accepted / (step * 1e-6), run_id=run_id))
+    return rows
+
+
+def write_run(root: Path, rows: list[dict], hardware: str = "cpu-synthetic", run_id: str = "synthetic-run",
+              env: dict | None = None) -> Path:
+    """results-like layout root/<hardware>/<run_id>/{rows.csv, env.json, config.yaml}."""
+    run_dir = root / hardware / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(run_dir / "rows.csv", index=False)
+    env = env if env is not None else {
+        "device_type": "cpu", "cpu_name": "Synthetic CPU (test fixture)", "torch": "2.13.0+cpu",
+        "triton": "3.7.1", "python": "3.11", "git_sha": "0123456789abcdef", "git_dirty": True,
+    }
+    (run_dir / "env.json").write_text(json.dumps(env))
+    (run_dir / "config.yaml").write_text("# synthetic test fixture\nsweep: synthetic\n")
+    return run_dir

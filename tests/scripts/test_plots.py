@@ -1,0 +1,115 @@
+"""scripts/plots.py and scripts/tables.py on a SYNTHETIC run (tmp_path): PNGs written, every table headed by
+the run's hardware, versions and commit; the two shell scripts parse (bash -n)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "scripts"), str(Path(__file__).resolve().parent)]
+
+import aggregate  # noqa: E402
+import plots  # noqa: E402
+import synthetic_runs as syn  # noqa: E402
+import tables  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def small_run(tmp_path) -> Path:
+    """One model, both experiments: enough for every kind of plot, few figures (matplotlib is slow)."""
+    rows = [r for r in syn.ar_rows() + syn.spec_rows() if r["model"] == "qwen35_122b_a10b"]
+    rows = [r for r in rows if r["acceptance"] in (None, 1.0)]
+    return syn.write_run(tmp_path, rows, hardware="h200", env={
+        "device": "cuda", "gpu_name": "NVIDIA H200 (synthetic)", "hardware": {"name": "h200"},
+        "torch": "2.11.0", "triton": "3.6.0", "cuda": "12.8", "driver_version": "570.00",
+        "git_sha": "cafef00dcafef00d", "git_dirty": False})
+
+
+def test_plots_are_pngs_named_by_kind(small_run):
+    paths = plots.plot_run(small_run)
+    names = sorted(p.name for p in paths)
+    assert all(p.parent == small_run / "plots" for p in paths)
+    assert sum(n.startswith("ar_speedup_") for n in names) == 1
+    assert sum(n.startswith("spec_tokens_") for n in names) == 1
+    assert sum(n.startswith("bandwidth_") for n in names) == 2            # kernel_decode and kernel_spec
+    for p in paths:
+        data = p.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000, p
+
+
+def test_no_plot_for_a_run_without_ok_rows(tmp_path):
+    rows = [dict(r, status="error") for r in syn.ar_rows()]
+    assert plots.plot_run(syn.write_run(tmp_path, rows)) == []
+
+
+def test_every_table_is_headed_by_hardware_versions_and_commit(small_run):
+    run = aggregate.load_run(small_run)
+    text = tables.render(run)
+    header = tables.env_line(run)
+    for needed in ("NVIDIA H200 (synthetic)", "torch 2.11.0", "triton 3.6.0", "cuda 12.8", "driver 570.00",
+                   "commit cafef00dcafe", "run `synthetic-run`"):
+        assert needed in header
+    sections = text.split("\n### ")[1:]
+    assert len(sections) == 5
+    for section in sections:
+        assert section.splitlines()[2] == f"_{header}_"
+    assert "CPU" not in header
+    # the AR speedup table: one column per buffer length, in numeric order, with the p20/p80 band
+    speedup = sections[2]
+    assert "| L=4 " in speedup and speedup.index("L=4 ") < speedup.index("L=8 ") < speedup.index("L=16")
+    assert "1.50x [" in speedup
+    # the spec table carries the mean accepted length and the ratios
+    assert "mean accepted" in sections[4] and "spec_vs_native" in sections[4]
+
+
+def test_cpu_run_tables_say_so(tmp_path):
+    run = aggregate.load_run(syn.write_run(tmp_path, syn.ar_rows()))
+    text = tables.render(run)
+    assert "CPU run" in text and "Synthetic CPU (test fixture)" in text and "(dirty)" in text
+
+
+def test_cpu_micro_benchmarks_table_reads_bench_cpu_json(tmp_path):
+    run_dir = syn.write_run(tmp_path, syn.ar_rows())
+    bench = {"benchmarks": [
+        {"name": "test_baseline_ar[gdn]", "param": "gdn", "stats": {"median": 0.020, "iqr": 0.001, "rounds": 5},
+         "extra_info": {"model": "qwen35_122b_a10b", "batch": 32, "per": "step", "form": "eager"}},
+        {"name": "test_replay_ar[gdn]", "param": "gdn", "stats": {"median": 0.160, "iqr": 0.008, "rounds": 5},
+         "extra_info": {"model": "qwen35_122b_a10b", "batch": 32, "buffer_len": 16, "flush_ms": 30.0,
+                        "per": "flush cycle of 16 steps", "form": "torch.compile"}}]}
+    (run_dir / "bench_cpu.json").write_text(json.dumps(bench))
+    text = tables.render(aggregate.load_run(run_dir))
+    section = text.split("### CPU micro-benchmarks")[1]
+    replay_line = next(line for line in section.splitlines() if line.startswith("| test_replay_ar[gdn]"))
+    assert "10.00" in replay_line and "2.00 |" in replay_line     # 160 ms / 16 steps; 20 ms / 10 ms per step
+
+
+def test_markdown_table_formats_and_aligns():
+    df = pd.DataFrame({"model": ["a|b", "c"], "batch": [1, 256], "median_us": [1.234567, float("nan")]})
+    out = tables.markdown_table(df, {"median_us": ".2f"}).splitlines()
+    assert out[0].split("|")[1:4] == [" model ", " batch ", " median_us "]
+    assert out[1].startswith("|---") and out[1].endswith(":|")           # numeric column right-aligned
+    assert "a\\|b" in out[2] and "1.23" in out[2] and out[3].rstrip().endswith("|           |")
+    assert tables.markdown_table(df.iloc[:0]) == "_(no rows)_\n"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+@pytest.mark.parametrize("script", ["reproduce.sh", "gpu_check.sh"])
+def test_shell_scripts_parse(script):
+    path = ROOT / "scripts" / script
+    result = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert path.read_text().startswith("#!/usr/bin/env bash") and "set -" in path.read_text()
+
+
+def test_gpu_check_requires_an_out_dir():
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True)
+    assert result.returncode == 2 and "usage" in result.stderr
