@@ -12,26 +12,36 @@ gets the same care as ReplaySSM. The ratio table printed at the end compares row
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 import torch
 
 from benchmarks.conftest import RATIOS, RESULTS
 from replayssm.geometry import get_geometry
+from replayssm.testing import rel_err
 
 BATCH = 32
 BUFFER_LEN = 16
 ROUNDS = 5
+COMPILED_TOL = 1e-5  # fp32: a compiled form may reorder sums, never change the result beyond that
+
+
+@dataclass
+class Subject:
+    """A timed callable and every tensor it mutates (so a compiled form can be checked against eager)."""
+
+    fn: Callable[[], None]
+    mutated: list[torch.Tensor]
 
 
 @dataclass
 class Case:
     family: str
     model: str
-    baseline: Callable[[], Callable[[], None]]   # () -> one baseline step
-    replay: Callable[[], tuple[Callable[[], None], Callable[[], None]]]   # () -> (one flush cycle, flush step)
+    baseline: Callable[[], Subject]                 # () -> one baseline step
+    replay: Callable[[], tuple[Subject, Subject]]   # () -> (one flush cycle, the flush step alone)
     byte_ratio: Callable[[], float]
 
 
@@ -50,8 +60,8 @@ def _mamba2_baseline():
     geom, p, inp = _mamba2_inputs()
     state = random_state(geom, BATCH)
     out = torch.empty_like(inp["x"])
-    return lambda: selective_state_update(state, inp["x"], inp["dt"], p.A, inp["B"], inp["C"], p.D, inp["z"],
-                                          p.dt_bias, out=out, backend="torch")
+    return Subject(lambda: selective_state_update(state, inp["x"], inp["dt"], p.A, inp["B"], inp["C"], p.D, inp["z"],
+                                                  p.dt_bias, out=out, backend="torch"), [state, out])
 
 
 def _mamba2_replay():
@@ -68,7 +78,7 @@ def _mamba2_replay():
         replay_step(cache, inp["x"], inp["dt"], p.A, inp["B"], inp["C"], p.D, inp["z"], p.dt_bias, out=out,
                     backend="torch")
 
-    return _cycle_and_flush(cache, step)
+    return _cycle_and_flush(step, cache.write_pos, [cache.state, cache.x, cache.B, cache.dt, cache.write_pos, out])
 
 
 def _mamba2_byte_ratio() -> float:
@@ -94,7 +104,7 @@ def _gdn_baseline():
     geom, inp = _gdn_inputs()
     state = random_state(geom, BATCH)
     out = torch.empty_like(inp["v"])
-    return lambda: fused_recurrent_step(state, **inp, out=out, backend="torch")
+    return Subject(lambda: fused_recurrent_step(state, **inp, out=out, backend="torch"), [state, out])
 
 
 def _gdn_replay():
@@ -106,7 +116,8 @@ def _gdn_replay():
     cache = ReplayCache.allocate(geom, BATCH, BUFFER_LEN)
     cache.state.copy_(random_state(geom, BATCH))
     out = torch.empty_like(inp["v"])
-    return _cycle_and_flush(cache, lambda: replay_step(cache, **inp, out=out, backend="torch"))
+    return _cycle_and_flush(lambda: replay_step(cache, **inp, out=out, backend="torch"), cache.write_pos,
+                            [cache.state, cache.u, cache.k, cache.g, cache.write_pos, out])
 
 
 def _gdn_byte_ratio() -> float:
@@ -118,7 +129,7 @@ def _gdn_byte_ratio() -> float:
     return base.total / rep.total
 
 
-def _cycle_and_flush(cache, step):
+def _cycle_and_flush(step, write_pos: torch.Tensor, mutated: list[torch.Tensor]) -> tuple[Subject, Subject]:
     """(L steps from write_pos 0: one whole flush cycle, the flush step alone)."""
 
     def cycle():
@@ -126,11 +137,11 @@ def _cycle_and_flush(cache, step):
             step()
 
     def flush():
-        cache.write_pos.fill_(BUFFER_LEN - 1)
+        write_pos.fill_(BUFFER_LEN - 1)
         step()
 
-    cache.write_pos.zero_()
-    return cycle, flush
+    write_pos.zero_()
+    return Subject(cycle, mutated), Subject(flush, mutated)
 
 
 CASES = {
@@ -147,14 +158,35 @@ def _probe(fn: Callable[[], None], reps: int = 3) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-def _fastest_form(fn: Callable[[], None]) -> tuple[Callable[[], None], str]:
-    """Eager or torch.compile, whichever is faster here; a compile failure keeps eager and says why."""
+def _same_effect(subject: Subject, compiled: Callable[[], None]) -> float:
+    """Largest relative error between the tensors one eager call and one compiled call leave behind."""
+    start = [t.clone() for t in subject.mutated]
+    subject.fn()
+    eager = [t.clone() for t in subject.mutated]
+    for t, s in zip(subject.mutated, start):
+        t.copy_(s)
+    compiled()
+    err = max(rel_err(t, e) if t.is_floating_point() else float(not torch.equal(t, e))
+              for t, e in zip(subject.mutated, eager))
+    for t, s in zip(subject.mutated, start):
+        t.copy_(s)
+    return err
+
+
+def _fastest_form(subject: Subject) -> tuple[Callable[[], None], str]:
+    """Eager or torch.compile, whichever is faster here. The compiled form is only eligible if one call of it
+    leaves the same state, buffers, cursors and outputs as one eager call; otherwise (or if compiling fails)
+    the eager form is timed and the reason recorded."""
+    fn = subject.fn
     eager_s = _probe(fn)
     try:
         compiled = torch.compile(fn)
         compiled_s = _probe(compiled)
+        err = _same_effect(subject, compiled)
     except Exception as exc:  # noqa: BLE001 - any compiler failure means: time the eager form
         return fn, f"eager ({eager_s * 1e3:.1f} ms; torch.compile failed: {type(exc).__name__})"
+    if err > COMPILED_TOL:
+        return fn, f"eager ({eager_s * 1e3:.1f} ms; torch.compile disagreed with eager: rel err {err:.1e})"
     if compiled_s < eager_s:
         return compiled, f"torch.compile ({compiled_s * 1e3:.1f} ms vs eager {eager_s * 1e3:.1f} ms)"
     return fn, f"eager ({eager_s * 1e3:.1f} ms vs torch.compile {compiled_s * 1e3:.1f} ms)"
@@ -168,10 +200,10 @@ def _skip_if_missing(family: str, exc: ImportError):
 def test_baseline_ar(benchmark, family):
     case = CASES[family]
     try:
-        step = case.baseline()
+        subject = case.baseline()
     except ImportError as exc:
         _skip_if_missing(family, exc)
-    fn, form = _fastest_form(step)
+    fn, form = _fastest_form(subject)
     benchmark.extra_info.update(model=case.model, batch=BATCH, form=form, per="step")
     benchmark.pedantic(fn, rounds=ROUNDS, iterations=1, warmup_rounds=1)
     RESULTS[f"{family}/baseline"] = {"s": benchmark.stats.stats.median, "form": form}
