@@ -21,6 +21,7 @@ Per step and slot: verify reads 1 state, commit reads + writes 1 state (native: 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import triton
@@ -39,10 +40,11 @@ from replayssm.checks import (
 from replayssm.gdn.ref import gdn_step_ref, l2norm
 from replayssm.gdn.spec import check_window
 from replayssm.geometry import GDNGeometry
+from replayssm.slot_pool import SlotPool
 
 
 @dataclass
-class CommitReplayCache:
+class CommitReplayCache(SlotPool):
     """Frozen checkpoint + the last window's stash.
 
     state [num_slots, HV, V, K]  checkpoint = committed state (state_dtype, K-last)
@@ -51,6 +53,8 @@ class CommitReplayCache:
     g     [num_slots, HV, T]     the window's log decays (fp32)
     beta  [num_slots, HV, T]     the window's betas (fp32)
     """
+
+    ACT_FIELD: ClassVar[str] = "k"
 
     geometry: GDNGeometry
     state: torch.Tensor
@@ -81,29 +85,6 @@ class CommitReplayCache:
     @property
     def window(self) -> int:
         return self.k.shape[2]
-
-    @property
-    def num_slots(self) -> int:
-        return self.state.shape[0]
-
-    @property
-    def state_dtype(self) -> torch.dtype:
-        return self.state.dtype
-
-    @property
-    def act_dtype(self) -> torch.dtype:
-        return self.k.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.state, self.k, self.v, self.g, self.beta))
-
-    def clone(self) -> CommitReplayCache:
-        return CommitReplayCache(self.geometry, self.state.clone(), self.k.clone(), self.v.clone(), self.g.clone(),
-                                 self.beta.clone(), self.null_slot)
 
 
 def _stash_args(cache) -> tuple:

@@ -36,12 +36,13 @@ from replayssm.checks import (
 from replayssm.gdn.ref import gdn_step_ref
 from replayssm.gdn.spec import check_window
 from replayssm.geometry import GDNGeometry
+from replayssm.slot_pool import SlotPool
 
 MAX_K = 256  # a program keeps a whole [BV, K] state row block: the rank-1 update needs all of K
 
 
 @dataclass
-class SpecStates:
+class SpecStates(SlotPool):
     """T state snapshots per slot.
 
     state [num_slots, T, HV, V, K]  snapshot t = state after window token t of the last verify (state_dtype)
@@ -71,27 +72,9 @@ class SpecStates:
     def window(self) -> int:
         return self.state.shape[1]
 
-    @property
-    def num_slots(self) -> int:
-        return self.state.shape[0]
-
-    @property
-    def state_dtype(self) -> torch.dtype:
-        return self.state.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
     def committed(self) -> torch.Tensor:
         """The committed state of every slot [num_slots, HV, V, K] (a gather: snapshot last[slot])."""
         return self.state[torch.arange(self.num_slots, device=self.device), self.last.long()]
-
-    def nbytes(self) -> int:
-        return self.state.numel() * self.state.element_size() + self.last.numel() * self.last.element_size()
-
-    def clone(self) -> SpecStates:
-        return SpecStates(self.geometry, self.state.clone(), self.last.clone(), self.null_slot)
 
 
 def serial_launch_config(geometry: GDNGeometry, device) -> dict:

@@ -14,6 +14,7 @@ Per step and slot: verify reads 1 state, commit reads + writes 1 state (vs nativ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import triton
@@ -43,10 +44,11 @@ from replayssm.checks import (
 )
 from replayssm.geometry import Mamba2Geometry
 from replayssm.mamba2.ref import process_dt, ssm_step_ref, window_ref
+from replayssm.slot_pool import SlotPool
 
 
 @dataclass
-class CommitReplayCache:
+class CommitReplayCache(SlotPool):
     """Frozen checkpoint + the last window's stash.
 
     state [num_slots, nheads, headdim, dstate]  checkpoint = committed state (state_dtype)
@@ -54,6 +56,8 @@ class CommitReplayCache:
     B     [num_slots, ngroups, T, dstate]        the window's B (act_dtype)
     dt    [num_slots, nheads, T]                 the window's processed dt (fp32, after bias + softplus)
     """
+
+    ACT_FIELD: ClassVar[str] = "x"
 
     geometry: Mamba2Geometry
     window: int
@@ -84,34 +88,11 @@ class CommitReplayCache:
                    B=torch.zeros(n, g.ngroups, T, g.dstate, dtype=act_dtype, device=device),
                    dt=torch.zeros(n, g.nheads, T, dtype=torch.float32, device=device))
 
-    @property
-    def num_slots(self) -> int:
-        return self.state.shape[0]
-
-    @property
-    def state_dtype(self) -> torch.dtype:
-        return self.state.dtype
-
-    @property
-    def act_dtype(self) -> torch.dtype:
-        return self.x.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    def nbytes(self) -> int:
-        """Persistent bytes: checkpoint + window stash."""
-        return sum(t.numel() * t.element_size() for t in (self.state, self.x, self.B, self.dt))
-
-    def clone(self) -> CommitReplayCache:
-        return CommitReplayCache(self.geometry, self.window, self.state.clone(), self.x.clone(), self.B.clone(),
-                                 self.dt.clone(), self.null_slot)
-
 
 # ----------------------------------------------------------------------------------------------------------
 # Triton kernels
 # ----------------------------------------------------------------------------------------------------------
+
 
 @triton.jit
 def commit_replay_verify_kernel(
@@ -204,6 +185,7 @@ def commit_replay_commit_kernel(
 # ----------------------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------------------
+
 
 def _check_cache(cache) -> None:
     if not isinstance(cache, CommitReplayCache):

@@ -37,6 +37,7 @@ from replayssm.checks import (
 )
 from replayssm.geometry import Mamba2Geometry
 from replayssm.mamba2.ref import SOFTPLUS_THRESHOLD, ssm_step_ref, window_ref
+from replayssm.slot_pool import SlotPool
 
 MAX_WINDOW = 16  # T is unrolled in the spec kernels
 
@@ -44,6 +45,7 @@ MAX_WINDOW = 16  # T is unrolled in the spec kernels
 # ----------------------------------------------------------------------------------------------------------
 # Validation shared with baselines/mamba2_commit_replay.py
 # ----------------------------------------------------------------------------------------------------------
+
 
 def check_step_inputs(nheads: int, headdim: int, dstate: int, x, dt, A, B, C, D, z, dt_bias, out,
                       window: int | None = None, ngroups: int | None = None,
@@ -120,6 +122,7 @@ def _select(t: torch.Tensor | None, rows: torch.Tensor | None) -> torch.Tensor |
 # ----------------------------------------------------------------------------------------------------------
 # AR: selective_state_update
 # ----------------------------------------------------------------------------------------------------------
+
 
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=True, slots=None,
                            out=None, backend="triton"):
@@ -239,8 +242,9 @@ def _ssu_ref(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out):
 # Speculative decoding, vLLM native: one state snapshot per window token
 # ----------------------------------------------------------------------------------------------------------
 
+
 @dataclass
-class SpecStates:
+class SpecStates(SlotPool):
     """T state snapshots per slot.
 
     state [num_slots, T, nheads, headdim, dstate]  snapshot t = state after window token t of the last verify
@@ -272,29 +276,10 @@ class SpecStates:
                                      device=device),
                    last=torch.zeros(num_slots, dtype=torch.int32, device=device))
 
-    @property
-    def num_slots(self) -> int:
-        return self.state.shape[0]
-
-    @property
-    def state_dtype(self) -> torch.dtype:
-        return self.state.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    def nbytes(self) -> int:
-        """Persistent bytes: T snapshots per slot + the cursor."""
-        return self.state.numel() * self.state.element_size() + self.last.numel() * self.last.element_size()
-
     def committed(self, slots: torch.Tensor | None = None) -> torch.Tensor:
         """The committed state of `slots` (default all): [batch, nheads, headdim, dstate] (a gathered copy)."""
         idx = torch.arange(self.num_slots, device=self.device) if slots is None else slots.long()
         return self.state[idx, self.last[idx].long()]
-
-    def clone(self) -> SpecStates:
-        return SpecStates(self.geometry, self.window, self.state.clone(), self.last.clone(), self.null_slot)
 
 
 def _check_spec_states(states) -> None:

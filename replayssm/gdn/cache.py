@@ -17,11 +17,13 @@ L = 1 flushes every step, which is exactly the baseline fused recurrent step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from replayssm.checks import ACT_DTYPES, NULL_SLOT, STATE_DTYPES, check_dtype
 from replayssm.geometry import GDNGeometry
+from replayssm.slot_pool import SlotPool
 
 
 def check_gdn_alloc(geometry, num_slots: int, state_dtype, act_dtype) -> None:
@@ -34,12 +36,8 @@ def check_gdn_alloc(geometry, num_slots: int, state_dtype, act_dtype) -> None:
     check_dtype("act_dtype", torch.empty(0, dtype=act_dtype), ACT_DTYPES)
 
 
-def nbytes_of(*tensors: torch.Tensor) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 @dataclass
-class ReplayCache:
+class ReplayCache(SlotPool):
     """Checkpoint + linear input buffer for GDN AR decode.
 
     state     [num_slots, HV, V, K]          checkpoint S0 (state_dtype, K-last like vLLM / FlashInfer)
@@ -48,6 +46,8 @@ class ReplayCache:
     g         [num_slots, HV, buffer_len]    cached log decays (fp32)
     write_pos [num_slots] int32              entries cached since the checkpoint
     """
+
+    ACT_FIELD: ClassVar[str] = "u"
 
     geometry: GDNGeometry
     buffer_len: int
@@ -74,33 +74,9 @@ class ReplayCache:
             write_pos=torch.zeros(n, dtype=torch.int32, device=device),
         )
 
-    @property
-    def num_slots(self) -> int:
-        return self.state.shape[0]
-
-    @property
-    def state_dtype(self) -> torch.dtype:
-        return self.state.dtype
-
-    @property
-    def act_dtype(self) -> torch.dtype:
-        return self.u.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    def nbytes(self) -> int:
-        """Persistent bytes: checkpoint + buffers + cursors."""
-        return nbytes_of(self.state, self.u, self.k, self.g, self.write_pos)
-
     def reset(self, slots: torch.Tensor | None = None) -> None:
         """A new request enters `slots` (its prefill state already in `state`): empty buffer."""
         if slots is None:
             self.write_pos.zero_()
         else:
             self.write_pos[slots.long()] = 0
-
-    def clone(self) -> ReplayCache:
-        return ReplayCache(self.geometry, self.buffer_len, self.state.clone(), self.u.clone(), self.k.clone(),
-                           self.g.clone(), self.write_pos.clone(), self.null_slot)

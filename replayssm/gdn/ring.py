@@ -22,16 +22,18 @@ Invariant: write_pos <= B at every verify, so history + window <= L <= ring_len 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from replayssm.checks import NULL_SLOT, next_pow2
-from replayssm.gdn.cache import check_gdn_alloc, nbytes_of
+from replayssm.gdn.cache import check_gdn_alloc
 from replayssm.geometry import GDNGeometry
+from replayssm.slot_pool import SlotPool
 
 
 @dataclass
-class SpecRing:
+class SpecRing(SlotPool):
     """Checkpoint + circular input ring for GDN speculative decoding.
 
     state     [num_slots, HV, V, K]          checkpoint S0 (state_dtype, K-last)
@@ -42,6 +44,8 @@ class SpecRing:
     origin    [num_slots] int32   ring row of history entry 0
     is_flush  [num_slots] int32   1 if the next verify folds the history into the checkpoint first
     """
+
+    ACT_FIELD: ClassVar[str] = "u"
 
     geometry: GDNGeometry
     history_len: int
@@ -86,28 +90,3 @@ class SpecRing:
     @property
     def ring_len(self) -> int:
         return self.u.shape[2]
-
-    @property
-    def num_slots(self) -> int:
-        return self.state.shape[0]
-
-    @property
-    def state_dtype(self) -> torch.dtype:
-        return self.state.dtype
-
-    @property
-    def act_dtype(self) -> torch.dtype:
-        return self.u.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    def nbytes(self) -> int:
-        """Persistent bytes: checkpoint + ring + cursors (no scratch: GDN verify needs none)."""
-        return nbytes_of(self.state, self.u, self.k, self.g, self.write_pos, self.origin, self.is_flush)
-
-    def clone(self) -> SpecRing:
-        return SpecRing(self.geometry, self.history_len, self.window, self.state.clone(), self.u.clone(),
-                        self.k.clone(), self.g.clone(), self.write_pos.clone(), self.origin.clone(),
-                        self.is_flush.clone(), self.null_slot)

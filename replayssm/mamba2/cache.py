@@ -18,11 +18,13 @@ Spec protocol (§3.2, §3.3), history B, window T, logical length L = B + T, phy
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from replayssm.checks import ACT_DTYPES, NULL_SLOT, STATE_DTYPES, check_dtype, next_pow2
 from replayssm.geometry import Mamba2Geometry
+from replayssm.slot_pool import SlotPool
 
 
 def _check_alloc(geometry, num_slots: int, state_dtype, act_dtype) -> None:
@@ -34,12 +36,8 @@ def _check_alloc(geometry, num_slots: int, state_dtype, act_dtype) -> None:
     check_dtype("act_dtype", torch.empty(0, dtype=act_dtype), ACT_DTYPES)
 
 
-def _nbytes(*tensors: torch.Tensor) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 @dataclass
-class ReplayCache:
+class ReplayCache(SlotPool):
     """Checkpoint + linear input buffer for AR decode.
 
     state     [num_slots, nheads, headdim, dstate]   checkpoint S0 (state_dtype)
@@ -49,6 +47,8 @@ class ReplayCache:
     write_pos [num_slots] int32                        entries cached since the checkpoint
     bc        [num_slots, ngroups, buffer_len] fp32    scratch: B_j . C_t of the output-only route
     """
+
+    ACT_FIELD: ClassVar[str] = "x"
 
     geometry: Mamba2Geometry
     buffer_len: int
@@ -77,26 +77,6 @@ class ReplayCache:
             bc=torch.zeros(n, g.ngroups, L, dtype=torch.float32, device=device),
         )
 
-    @property
-    def num_slots(self) -> int:
-        return self.state.shape[0]
-
-    @property
-    def state_dtype(self) -> torch.dtype:
-        return self.state.dtype
-
-    @property
-    def act_dtype(self) -> torch.dtype:
-        return self.x.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    def nbytes(self) -> int:
-        """Persistent bytes: checkpoint + buffers + cursors + scratch."""
-        return _nbytes(self.state, self.x, self.B, self.dt, self.write_pos, self.bc)
-
     def reset(self, slots: torch.Tensor | None = None) -> None:
         """A new request enters `slots` (its prefill state already in `state`): empty buffer."""
         if slots is None:
@@ -104,13 +84,9 @@ class ReplayCache:
         else:
             self.write_pos[slots.long()] = 0
 
-    def clone(self) -> ReplayCache:
-        return ReplayCache(self.geometry, self.buffer_len, self.state.clone(), self.x.clone(), self.B.clone(),
-                           self.dt.clone(), self.write_pos.clone(), self.bc.clone(), self.null_slot)
-
 
 @dataclass
-class SpecRing:
+class SpecRing(SlotPool):
     """Checkpoint + circular input ring for speculative decoding.
 
     state     [num_slots, nheads, headdim, dstate]   checkpoint S0 (state_dtype)
@@ -122,6 +98,8 @@ class SpecRing:
     is_flush  [num_slots] int32   1 if the next verify folds the history into the checkpoint first
     bc        [num_slots, ngroups, ring_len, window] fp32 scratch: B_k . C_s for the window's readouts
     """
+
+    ACT_FIELD: ClassVar[str] = "x"
 
     geometry: Mamba2Geometry
     history_len: int
@@ -168,27 +146,3 @@ class SpecRing:
     @property
     def ring_len(self) -> int:
         return self.x.shape[2]
-
-    @property
-    def num_slots(self) -> int:
-        return self.state.shape[0]
-
-    @property
-    def state_dtype(self) -> torch.dtype:
-        return self.state.dtype
-
-    @property
-    def act_dtype(self) -> torch.dtype:
-        return self.x.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    def nbytes(self) -> int:
-        return _nbytes(self.state, self.x, self.B, self.dt, self.write_pos, self.origin, self.is_flush, self.bc)
-
-    def clone(self) -> SpecRing:
-        return SpecRing(self.geometry, self.history_len, self.window, self.state.clone(), self.x.clone(),
-                        self.B.clone(), self.dt.clone(), self.write_pos.clone(), self.origin.clone(),
-                        self.is_flush.clone(), self.bc.clone(), self.null_slot)
