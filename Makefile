@@ -14,6 +14,11 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -c constraints-cpu.txt -e '.[test]'
+	# Installed peers run beside our kernels (baselines/peers.py). On CPU: their Triton ops only, so mamba_ssm is
+	# built without its CUDA extensions and without its GPU-only dependencies.
+	$(VENV)/bin/pip install --quiet -c constraints-cpu.txt einops fla-core==0.6.0
+	MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE \
+		$(VENV)/bin/pip install --quiet --no-build-isolation --no-deps mamba-ssm==2.3.2.post1
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -20,6 +20,18 @@ os.environ["REPLAYSSM_TEST_SEED"] = str(SESSION_SEED)
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config, items):
+    """With the interpreter off (a GPU box: TRITON_INTERPRET=0), run only tests that can use the GPU: those
+    marked `gpu` and those that take the `device` fixture (REPLAYSSM_TEST_DEVICE=cuda). The rest drive Triton
+    on CPU tensors through the interpreter and belong to `make test`."""
+    if os.environ["TRITON_INTERPRET"] not in ("", "0"):
+        return
+    skip = pytest.mark.skip(reason="CPU-interpreter test: run it with `make test` (TRITON_INTERPRET=1)")
+    for item in items:
+        if "gpu" not in item.keywords and "device" not in getattr(item, "fixturenames", ()):
+            item.add_marker(skip)
+
+
 def pytest_report_header(config):
     return f"replayssm: REPLAYSSM_TEST_SEED={SESSION_SEED} TRITON_INTERPRET={os.environ['TRITON_INTERPRET']}"
 
@@ -27,7 +39,10 @@ def pytest_report_header(config):
 @pytest.fixture
 def device() -> str:
     """Tests run on CPU (interpreter) unless REPLAYSSM_TEST_DEVICE=cuda is set on a GPU box."""
-    return os.environ.get("REPLAYSSM_TEST_DEVICE", "cpu")
+    dev = os.environ.get("REPLAYSSM_TEST_DEVICE", "cpu")
+    if dev == "cpu" and os.environ["TRITON_INTERPRET"] in ("", "0"):
+        pytest.skip("CPU tensors need the Triton interpreter (TRITON_INTERPRET=1); set REPLAYSSM_TEST_DEVICE=cuda")
+    return dev
 
 
 @pytest.fixture

@@ -166,6 +166,7 @@ def test_bf16_rejected_by_the_interpreter(gen, device):
         fused_recurrent_step(state, **inp, backend="triton")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bf16_on_gpu(gen):
     run_scenario("triton", TINY, torch.bfloat16, F32, 6, gen, "cuda", use_qk_l2norm=True)

@@ -238,6 +238,7 @@ def test_bad_inputs_raise(method, gen):
     assert_same_cache(method, cache, snapshot, 0.0)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or interpreter_active(),
                     reason="needs a CUDA GPU and compiled Triton (TRITON_INTERPRET=0)")
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float16)])

@@ -308,6 +308,7 @@ def test_bf16_rejected_by_the_interpreter(gen, device):
     assert cache.write_pos.tolist() == [1, 1]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bf16_on_gpu(gen):
     run_scenario("triton", TINY, 4, torch.bfloat16, F32, 7, gen, "cuda", use_qk_l2norm=True)

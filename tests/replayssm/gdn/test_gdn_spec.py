@@ -287,6 +287,7 @@ def test_bad_inputs_raise(gen):
     assert (ring.u == 0).all() and (ring.write_pos == 0).all()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or interpreter_active(),
                     reason="needs a CUDA GPU and compiled Triton (TRITON_INTERPRET=0)")
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.float32),
