@@ -84,7 +84,8 @@ def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
     return next(iter(devices.values()))
 
 
-def _capturing() -> bool:
+def capturing() -> bool:
+    """True while a CUDA graph is being captured on the current stream (no host syncs allowed then)."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
@@ -104,7 +105,7 @@ def check_slots(slots: torch.Tensor | None, batch: int, num_slots: int, device: 
     check_shape("slots", slots, (batch,))
     if slots.device != device:
         raise ValueError(f"slots on {slots.device}, cache on {device}")
-    if not _capturing():
+    if not capturing():
         live = slots[slots != null_slot]
         if live.numel():
             lo, hi = int(live.min()), int(live.max())
@@ -121,7 +122,7 @@ def check_num_accepted(num_accepted: torch.Tensor, batch: int, window: int) -> t
     check_shape("num_accepted", num_accepted, (batch,))
     if num_accepted.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"num_accepted must be an integer tensor, got {num_accepted.dtype}")
-    if not _capturing() and num_accepted.numel():
+    if not capturing() and num_accepted.numel():
         lo, hi = int(num_accepted.min()), int(num_accepted.max())
         if lo < 1 or hi > window:
             raise ValueError(f"num_accepted must be in 1..T={window}, got values in [{lo}, {hi}]")

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import torch
 
+from replayssm import ring_cursors
 from replayssm.checks import (
     check_backend,
     check_dtype,
     check_last_dim_contiguous,
-    check_num_accepted,
     check_same_device,
     check_shape,
     check_slots,
@@ -118,39 +118,18 @@ def spec_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor 
                 backend: str = "triton") -> None:
     """Advance each row's cursors by its accepted count (1..T, bonus included); decide the next flush.
 
-    num_accepted [batch] int. If the step flushed: origin += write_pos, write_pos = accepted; else
-    write_pos += accepted. Then is_flush = write_pos + 2T > L.
+    num_accepted [batch] int (NULL_SLOT rows skipped, their count not checked). If the step flushed:
+    origin += write_pos, write_pos = accepted; else write_pos += accepted. Then is_flush = write_pos + 2T > L
+    (replayssm/ring_cursors.py, shared with the Mamba-2 ring).
     """
     _check_ring(ring)
-    check_backend(backend, ring.state, num_accepted)
-    if not isinstance(num_accepted, torch.Tensor) or num_accepted.dim() != 1:
-        raise ValueError("num_accepted must be a 1-D integer tensor [batch]")
-    _check_cache_device(ring, num_accepted)
-    batch = num_accepted.shape[0]
-    slots = check_slots(slots, batch, ring.num_slots, ring.device, ring.null_slot)
-    if batch == 0:
-        return
-    # Padded rows may carry any count: validate the live rows only.
-    live = slots != ring.null_slot
-    check_num_accepted(torch.where(live, num_accepted, 1), batch, ring.window)
-    num_accepted = num_accepted.to(torch.int32)
-    impl = {"triton": spec_kernels.commit_triton, "torch": spec_torch.commit_torch, "ref": spec_ref.commit_ref}
-    impl[backend](ring, num_accepted, slots)
+    ring_cursors.commit(ring, num_accepted, slots, backend)
 
 
 def spec_reset(ring: SpecRing, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
     """Start requests in `slots` (default: the whole pool): empty history, origin 0, no pending flush."""
     _check_ring(ring)
-    check_backend(backend, ring.state)
-    if slots is None:
-        slots = torch.arange(ring.num_slots, dtype=torch.int32, device=ring.device)
-    if not isinstance(slots, torch.Tensor) or slots.dim() != 1:
-        raise ValueError("slots must be a 1-D integer tensor")
-    slots = check_slots(slots, slots.shape[0], ring.num_slots, ring.device, ring.null_slot)
-    if slots.numel() == 0:
-        return
-    impl = {"triton": spec_kernels.reset_triton, "torch": spec_torch.reset_torch, "ref": spec_ref.reset_ref}
-    impl[backend](ring, slots)
+    ring_cursors.reset(ring, slots, backend)
 
 
 def spec_materialize(ring: SpecRing, slots: torch.Tensor | None = None, backend: str = "triton") -> torch.Tensor:

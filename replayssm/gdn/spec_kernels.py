@@ -1,4 +1,4 @@
-"""Triton kernels of the GDN speculative ring: verify (+ flush), materialise, commit and reset cursors.
+"""Triton kernels of the GDN speculative ring: verify (+ flush) and materialise.
 
 Verify grid (cdiv(V, BV), batch, HV): one program owns a [BV, K] slice of one value head's state and walks K
 in tiles of BKT columns. Per tile it rebuilds S_h = exp(G_tot) S0 + (w u)^T k_hist with one tl.dot over the
@@ -7,8 +7,8 @@ non-flush rows write no state), and accumulates, with one more tl.dot each, the 
 Gram matrix w_r . w_c of the stacked window rows w = [k_0 .. k_{T-1}, q_0 .. q_{T-1}] (padded to TW >= 16).
 After the K walk the T x T unit lower triangular system (I + A) U = R is solved by forward substitution
 (row s of R - A U, one row per step) and the outputs come from one more tl.dot (replayssm-method.md §2.6).
-Cursors are never written by verify: commit and reset are separate tiny launches, so verify is race-free
-and every launch is CUDA-graph capturable.
+Cursors are never written by verify: commit and reset are separate tiny launches (replayssm/ring_cursors.py,
+shared with the Mamba-2 ring), so verify is race-free and every launch is CUDA-graph capturable.
 
 Ring ownership (no two programs write one address): the u rows of (slot, hv, V tile) belong to that
 program; the g rows of (slot, hv) to the program with pid_v == 0; the k rows of (slot, key head) to the
@@ -207,39 +207,6 @@ def _materialize_kernel(
         tl.store(out_ptr + row * o_b + hv * o_h + offs_v[:, None] * o_v + offs_k[None, :], S, mask=s_mask)
 
 
-@triton.jit
-def _commit_kernel(write_pos_ptr, origin_ptr, is_flush_ptr, slots_ptr, num_accepted_ptr, batch, ring_mask,
-                   T: tl.constexpr, L: tl.constexpr, BLOCK: tl.constexpr, NULL: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    in_batch = rows < batch
-    slot = tl.load(slots_ptr + rows, mask=in_batch, other=NULL)
-    live = in_batch & (slot != NULL)
-    slot = tl.where(live, slot, 0).to(tl.int64)
-    a = tl.load(num_accepted_ptr + rows, mask=live, other=0)
-    h = tl.load(write_pos_ptr + slot, mask=live, other=0)
-    origin = tl.load(origin_ptr + slot, mask=live, other=0)
-    flushed = tl.load(is_flush_ptr + slot, mask=live, other=0) != 0
-    origin = tl.where(flushed, (origin + h) & ring_mask, origin)
-    h = tl.where(flushed, a, h + a)
-    tl.store(origin_ptr + slot, origin, mask=live)
-    tl.store(write_pos_ptr + slot, h, mask=live)
-    tl.store(is_flush_ptr + slot, (h + 2 * T > L).to(tl.int32), mask=live)
-
-
-@triton.jit
-def _reset_kernel(write_pos_ptr, origin_ptr, is_flush_ptr, slots_ptr, batch,
-                  FLUSH0: tl.constexpr, BLOCK: tl.constexpr, NULL: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    in_batch = rows < batch
-    slot = tl.load(slots_ptr + rows, mask=in_batch, other=NULL)
-    live = in_batch & (slot != NULL)
-    slot = tl.where(live, slot, 0).to(tl.int64)
-    zero = tl.zeros([BLOCK], dtype=tl.int32)
-    tl.store(write_pos_ptr + slot, zero, mask=live)
-    tl.store(origin_ptr + slot, zero, mask=live)
-    tl.store(is_flush_ptr + slot, zero + FLUSH0, mask=live)
-
-
 def _ring_args(ring) -> tuple:
     return (ring.state, ring.state.stride(0), ring.state.stride(1), ring.state.stride(2),
             ring.u, ring.u.stride(0), ring.u.stride(1), ring.u.stride(2),
@@ -281,25 +248,3 @@ def materialize_triton(ring, slots, out):
         DOT_PRECISION=cfg["DOT_PRECISION"], NULL=NULL_SLOT, num_warps=cfg["num_warps"],
     )
     return out
-
-
-def _cursor_block(batch: int) -> int:
-    return max(16, min(1024, next_pow2(batch)))
-
-
-def commit_triton(ring, num_accepted, slots) -> None:
-    batch = slots.shape[0]
-    block = _cursor_block(batch)
-    _commit_kernel[(triton.cdiv(batch, block),)](
-        ring.write_pos, ring.origin, ring.is_flush, slots, num_accepted, batch, ring.ring_len - 1,
-        T=ring.window, L=ring.max_len, BLOCK=block, NULL=NULL_SLOT, num_warps=1,
-    )
-
-
-def reset_triton(ring, slots) -> None:
-    batch = slots.shape[0]
-    block = _cursor_block(batch)
-    _reset_kernel[(triton.cdiv(batch, block),)](
-        ring.write_pos, ring.origin, ring.is_flush, slots, batch,
-        FLUSH0=int(2 * ring.window > ring.max_len), BLOCK=block, NULL=NULL_SLOT, num_warps=1,
-    )

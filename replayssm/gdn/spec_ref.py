@@ -1,7 +1,8 @@
 """Float64 protocol oracle for the GDN speculative ring (backend="ref"): loops, written for clarity.
 
-It keeps the exact cache protocol of the Triton kernels (same ring rows, same cursor moves, same values
-stored, rounded to the cache dtypes only where they are stored) and computes everything else in float64.
+It keeps the exact cache protocol of the Triton kernels (same ring rows, same values stored, rounded to
+the cache dtypes only where they are stored) and computes everything else in float64. The cursor moves of
+commit and reset are replayssm/ring_cursors.py (commit_ref / reset_ref there).
 The arguments arrive validated from replayssm.gdn.spec (slots is an int32 tensor, shapes and dtypes match).
 
 Per live row (slot != NULL_SLOT), value head hv, key head kh = hv // (HV // H), h = write_pos, o = origin:
@@ -86,33 +87,6 @@ def verify_ref(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         for s in range(T):
             ring.k[slot, :, window_rows[s]] = kn[s].to(ring.act_dtype)
     return out
-
-
-def commit_ref(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
-    """Advance the cursors by the accepted counts (1..T, bonus included)."""
-    T, L, mask = ring.window, ring.max_len, ring.ring_len - 1
-    for row, slot in enumerate(slots.tolist()):
-        if slot == ring.null_slot:
-            continue
-        a, h = int(num_accepted[row]), int(ring.write_pos[slot])
-        if int(ring.is_flush[slot]):
-            # The verify folded the h history entries into the checkpoint: the window becomes the history.
-            ring.origin[slot] = (int(ring.origin[slot]) + h) & mask
-            h = a
-        else:
-            h = h + a
-        ring.write_pos[slot] = h
-        ring.is_flush[slot] = int(h + 2 * T > L)
-
-
-def reset_ref(ring: SpecRing, slots: torch.Tensor) -> None:
-    """A request enters decode in `slots` (its prefill state already in the checkpoint): empty history."""
-    for slot in slots.tolist():
-        if slot == ring.null_slot:
-            continue
-        ring.write_pos[slot] = 0
-        ring.origin[slot] = 0
-        ring.is_flush[slot] = int(2 * ring.window > ring.max_len)
 
 
 def materialize_ref(ring: SpecRing, slots: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -131,23 +131,6 @@ def verify_torch(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return out
 
 
-def commit_torch(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
-    rows, sl = _live_rows(ring, slots, num_accepted.shape[0])
-    a = (num_accepted if rows is None else num_accepted.index_select(0, rows)).to(torch.int32)
-    h, origin, fl = ring.write_pos[sl], ring.origin[sl], ring.is_flush[sl] != 0
-    ring.origin[sl] = torch.where(fl, (origin + h) & (ring.ring_len - 1), origin)
-    h = torch.where(fl, a, h + a)
-    ring.write_pos[sl] = h
-    ring.is_flush[sl] = (h + 2 * ring.window > ring.max_len).to(torch.int32)
-
-
-def reset_torch(ring: SpecRing, slots: torch.Tensor) -> None:
-    _, sl = _live_rows(ring, slots, slots.shape[0])
-    ring.write_pos[sl] = 0
-    ring.origin[sl] = 0
-    ring.is_flush[sl] = int(2 * ring.window > ring.max_len)
-
-
 def materialize_torch(ring: SpecRing, slots: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """out [batch, HV, V, K] fp32 <- committed state of each live row (no cache write)."""
     gm = ring.geometry

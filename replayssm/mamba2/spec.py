@@ -5,7 +5,8 @@ The SpecRing (replayssm.mamba2.cache) holds one checkpoint per slot and a circul
 history, compute all T outputs from the checkpoint with a causal mask; a row whose slot has is_flush set
 first folds its committed history into the checkpoint) followed by `spec_commit` (advance the cursors by
 the accepted count; rejected drafts are never copied or cleared, the next window overwrites them).
-The math and the cursor rules are in spec_ref.py's docstring and replayssm-method.md §2.5, §3.2, §3.3.
+The math is in spec_ref.py's docstring and replayssm-method.md §2.5, §3.2, §3.3; the cursor rules of
+spec_commit / spec_reset in replayssm/ring_cursors.py (one implementation for the Mamba-2 and GDN rings).
 
 Three backends compute the same function and leave the same cache contents: "triton" (spec_kernels.py),
 "torch" (spec_torch.py, vectorised, CPU timing) and "ref" (spec_ref.py, float64 loops, the oracle).
@@ -16,11 +17,11 @@ from __future__ import annotations
 
 import torch
 
+from replayssm import ring_cursors
 from replayssm.checks import (
     check_backend,
     check_dtype,
     check_last_dim_contiguous,
-    check_num_accepted,
     check_same_device,
     check_shape,
     check_slots,
@@ -47,10 +48,6 @@ def _check_kernel_geometry(ring: SpecRing, backend: str) -> None:
         if ring.geometry.dstate > MAX_DSTATE:
             raise ValueError(f"dstate={ring.geometry.dstate} > {MAX_DSTATE}: the Triton spec kernels are built and "
                              "tested up to 256; use backend='torch'")
-
-
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def spec_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
@@ -118,48 +115,16 @@ def spec_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor 
 
     num_accepted int [batch]; slots int32 [batch] (default arange(batch)); NULL_SLOT rows are skipped (their
     count is not checked). A slot whose last verify flushed moves its origin past the folded history and
-    keeps only the accepted window tokens; then is_flush = write_pos + 2T > B + T for the next step.
+    keeps only the accepted window tokens; then is_flush = write_pos + 2T > B + T for the next step
+    (replayssm/ring_cursors.py, shared with the GDN ring).
     """
-    ring = _check_ring(ring)
-    check_backend(backend, num_accepted, ring.write_pos)
-    if num_accepted.dim() != 1:
-        raise ValueError(f"num_accepted must be [batch], got shape {tuple(num_accepted.shape)}")
-    batch = num_accepted.shape[0]
-    device = check_same_device(num_accepted=num_accepted, write_pos=ring.write_pos)
-    slots = check_slots(slots, batch, ring.num_slots, device, ring.null_slot)
-    if _capturing():
-        num_accepted = check_num_accepted(num_accepted, batch, ring.window)
-    else:
-        live = slots != ring.null_slot
-        check_num_accepted(num_accepted[live], int(live.sum()), ring.window)
-        num_accepted = num_accepted.to(torch.int32)
-    if backend == "ref":
-        spec_ref.commit_ref(ring, num_accepted, slots)
-    elif backend == "torch":
-        spec_torch.commit_torch(ring, num_accepted, slots)
-    else:
-        from replayssm.mamba2.spec_kernels import launch_commit
-
-        launch_commit(ring, num_accepted, slots)
+    ring_cursors.commit(_check_ring(ring), num_accepted, slots, backend)
 
 
 def spec_reset(ring: SpecRing, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
     """A new request enters `slots` (int32 [n] slot ids, default every slot): write_pos = origin = 0,
     is_flush = 0. The caller has already put the request's prefill state into ring.state[slot]."""
-    ring = _check_ring(ring)
-    check_backend(backend, slots, ring.write_pos)
-    if slots is not None and slots.dim() != 1:
-        raise ValueError(f"slots must be [n], got shape {tuple(slots.shape)}")
-    n = ring.num_slots if slots is None else slots.shape[0]
-    slots = check_slots(slots, n, ring.num_slots, ring.device, ring.null_slot)
-    if backend == "ref":
-        spec_ref.reset_ref(ring, slots)
-    elif backend == "torch":
-        spec_torch.reset_torch(ring, slots)
-    else:
-        from replayssm.mamba2.spec_kernels import launch_reset
-
-        launch_reset(ring, slots)
+    ring_cursors.reset(_check_ring(ring), slots, backend)
 
 
 def spec_materialize(ring: SpecRing, slots: torch.Tensor | None = None, backend: str = "triton", *,

@@ -1,6 +1,6 @@
 """Triton kernels for Mamba-2 ReplaySSM speculative decoding, and their launchers (backend="triton").
 
-Five kernels (protocol in spec_ref.py's docstring; logical position k of a slot lives at ring row
+Three kernels (protocol in spec_ref.py's docstring; logical position k of a slot lives at ring row
 (origin + k) & (RING - 1), history k < h = write_pos, window k = h + t). Every kernel loops over dstate in
 BLOCK_N chunks, so register use does not grow with dstate:
 
@@ -14,8 +14,7 @@ BLOCK_N chunks, so register use does not grow with dstate:
   causal sum over the ring axis is one [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_T] dot with the masked weights.
 - _materialize_kernel, same grid: the committed state (checkpoint + history folded), written to a
   separate fp32 output (no cache write).
-- _commit_kernel / _reset_kernel, grid (cdiv(batch, BLOCK_B),): cursor updates on the device, so a
-  decode step with its commit is CUDA-graph capturable.
+The cursor kernels of spec_commit / spec_reset are shared with the GDN ring: replayssm/ring_cursors.py.
 
 tl.dot needs every dim >= 16: T and the ring axis are padded with masks. fp32 dots use input_precision
 "ieee" under the interpreter and "tf32x3" on GPU (plain tf32 drifts ~1e-3). Exponents are clamped with
@@ -245,37 +244,6 @@ def _materialize_kernel(
         tl.store(out_ptr + b * so_b + head * so_h + m[:, None] * so_p + n[None, :], S, mask=sm_mask)
 
 
-@triton.jit
-def _commit_kernel(num_accepted_ptr, slots_ptr, write_pos_ptr, origin_ptr, is_flush_ptr, batch, null_slot,
-                   T: tl.constexpr, MAX_LEN: tl.constexpr, RING: tl.constexpr, BLOCK_B: tl.constexpr):
-    i = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-    slot = tl.load(slots_ptr + i, mask=i < batch, other=null_slot)
-    live = (i < batch) & (slot != null_slot)
-    s = tl.where(live, slot, 0)
-    a = tl.load(num_accepted_ptr + i, mask=live, other=0)
-    h = tl.load(write_pos_ptr + s, mask=live, other=0)
-    origin = tl.load(origin_ptr + s, mask=live, other=0)
-    flushed = tl.load(is_flush_ptr + s, mask=live, other=0) != 0
-    # The step just verified folded the history: the ring now starts where that history ended.
-    tl.store(origin_ptr + s, tl.where(flushed, (origin + h) & (RING - 1), origin), mask=live)
-    h = tl.where(flushed, a, h + a)
-    tl.store(write_pos_ptr + s, h, mask=live)
-    # Early flush: flush one window ahead so the next window always fits in L = B + T.
-    tl.store(is_flush_ptr + s, (h + 2 * T > MAX_LEN).to(tl.int32), mask=live)
-
-
-@triton.jit
-def _reset_kernel(slots_ptr, write_pos_ptr, origin_ptr, is_flush_ptr, batch, null_slot, BLOCK_B: tl.constexpr):
-    i = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-    slot = tl.load(slots_ptr + i, mask=i < batch, other=null_slot)
-    live = (i < batch) & (slot != null_slot)
-    s = tl.where(live, slot, 0)
-    zero = tl.zeros([BLOCK_B], dtype=tl.int32)
-    tl.store(write_pos_ptr + s, zero, mask=live)
-    tl.store(origin_ptr + s, zero, mask=live)
-    tl.store(is_flush_ptr + s, zero, mask=live)
-
-
 # ---------------------------------------------------------------------------------------------- launchers
 
 @dataclass(frozen=True)
@@ -367,28 +335,3 @@ def launch_materialize(ring: SpecRing, A: torch.Tensor, slots: torch.Tensor) -> 
         PRECISION=_precision(arch), num_warps=cfg.verify_warps,
     )
     return out
-
-
-def _cursor_block(batch: int) -> int:
-    return min(1024, max(16, next_pow2(batch)))
-
-
-def launch_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
-    batch = slots.shape[0]
-    if batch == 0:
-        return
-    block = _cursor_block(batch)
-    _commit_kernel[(triton.cdiv(batch, block),)](
-        num_accepted, slots, ring.write_pos, ring.origin, ring.is_flush, batch, ring.null_slot,
-        T=ring.window, MAX_LEN=ring.max_len, RING=ring.ring_len, BLOCK_B=block, num_warps=1,
-    )
-
-
-def launch_reset(ring: SpecRing, slots: torch.Tensor) -> None:
-    batch = slots.shape[0]
-    if batch == 0:
-        return
-    block = _cursor_block(batch)
-    _reset_kernel[(triton.cdiv(batch, block),)](
-        slots, ring.write_pos, ring.origin, ring.is_flush, batch, ring.null_slot, BLOCK_B=block, num_warps=1,
-    )

@@ -3,7 +3,7 @@
 Written for clarity, with loops: it mirrors what the kernels keep in the SpecRing (rounding to the cache
 dtypes only where a value is stored: ring x/B in act dtype, processed dt in fp32, the checkpoint in
 state dtype, bc in fp32) so the Triton and torch backends can be compared to it cache entry by cache entry.
-Inputs arrive validated by replayssm.mamba2.spec (slots int32 [batch], num_accepted int32 [batch]).
+Inputs arrive validated by replayssm.mamba2.spec (slots int32 [batch]).
 
 Per slot, h = write_pos, o = origin, T = window, R = ring_len (a power of two), logical length L = B + T:
     logical position k lives at ring row (o + k) & (R - 1); history k < h, window k = h + t, t < T
@@ -13,7 +13,7 @@ Per slot, h = write_pos, o = origin, T = window, R = ring_len (a power of two), 
                    y_t = exp(A (cum_p - cum_{h-1})) (S1 C_t) + sum_{h<=k<=p} (same weights) x_k
     then + D x_t and * silu(z_t). Every exponent is clamped with min(., 0), as in the kernels.
     commit: if is_flush: origin = (origin + h) & (R - 1), write_pos = a; else write_pos += a;
-            is_flush = write_pos + 2T > L.
+            is_flush = write_pos + 2T > L (replayssm/ring_cursors.py, all backends, both families).
 """
 
 from __future__ import annotations
@@ -99,31 +99,6 @@ def verify_ref(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: bool,
                                 None if z is None else z[b, t, head][None, None])[0, 0]
                 out[b, t, head] = y.to(out.dtype)
     return out
-
-
-def commit_ref(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
-    T, L, mask = ring.window, ring.max_len, ring.ring_len - 1
-    for b in range(slots.shape[0]):
-        slot = int(slots[b])
-        if slot == ring.null_slot:
-            continue
-        a, h = int(num_accepted[b]), int(ring.write_pos[slot])
-        if bool(ring.is_flush[slot]):
-            ring.origin[slot] = (int(ring.origin[slot]) + h) & mask
-            h = a
-        else:
-            h = h + a
-        ring.write_pos[slot] = h
-        ring.is_flush[slot] = int(h + 2 * T > L)
-
-
-def reset_ref(ring: SpecRing, slots: torch.Tensor) -> None:
-    for slot in slots.tolist():
-        if slot == ring.null_slot:
-            continue
-        ring.write_pos[slot] = 0
-        ring.origin[slot] = 0
-        ring.is_flush[slot] = 0
 
 
 def materialize_ref(ring: SpecRing, A: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

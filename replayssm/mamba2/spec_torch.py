@@ -168,23 +168,6 @@ def verify_torch(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: boo
     return out
 
 
-def commit_torch(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
-    live = slots != ring.null_slot
-    sl, a = slots[live].long(), num_accepted[live].to(torch.int32)
-    h, flush = ring.write_pos[sl], ring.is_flush[sl] != 0
-    ring.origin[sl] = torch.where(flush, (ring.origin[sl] + h) & (ring.ring_len - 1), ring.origin[sl])
-    h = torch.where(flush, a, h + a)
-    ring.write_pos[sl] = h
-    ring.is_flush[sl] = (h + 2 * ring.window > ring.max_len).to(torch.int32)
-
-
-def reset_torch(ring: SpecRing, slots: torch.Tensor) -> None:
-    sl = slots[slots != ring.null_slot].long()
-    ring.write_pos[sl] = 0
-    ring.origin[sl] = 0
-    ring.is_flush[sl] = 0
-
-
 def materialize_torch(ring: SpecRing, A: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """The committed state per row, fp32 [batch, nheads, headdim, dstate]; NULL rows are NaN."""
     geo = ring.geometry

@@ -1,0 +1,213 @@
+"""The speculative ring's cursor protocol, one implementation for the Mamba-2 and the GDN ring.
+
+Both SpecRings (replayssm/mamba2/cache.py, replayssm/gdn/ring.py) keep three int32 cursors per slot:
+write_pos h (committed history entries since the checkpoint), origin (ring row of history entry 0) and
+is_flush (the next verify folds the history into the checkpoint first). With window T, logical length
+L = history_len + T = ring.max_len and a power-of-two ring of R = ring.ring_len rows, per live row:
+
+    commit(a):  if is_flush: origin = (origin + h) & (R - 1), h = a    (the verify folded the history:
+                                                                         the accepted window becomes it)
+                else:        h = h + a
+                is_flush = h + 2T > L                                    (early flush: the next window fits)
+    reset:      h = origin = 0, is_flush = 2T > L                        (0: both rings require B >= T)
+
+a = the row's accepted count (1..T, bonus token included). A row whose slot is NULL_SLOT is padding: it is
+skipped and its count is not checked. The cursors live on the device and the Triton backend moves them with
+a tiny kernel, so a speculative step (verify + commit) is CUDA-graph capturable.
+
+Three backends leave the same cursors: "triton" (_commit_kernel / _reset_kernel), "torch" (vectorised) and
+"ref" (one row at a time in Python ints: the oracle). `commit` and `reset` validate their arguments
+(ValueError before any write) and dispatch; each family's spec_commit / spec_reset checks the ring type
+first. A ring here is any object with write_pos, origin, is_flush, window, max_len, ring_len, null_slot,
+num_slots and device.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from replayssm.checks import (
+    capturing,
+    check_backend,
+    check_num_accepted,
+    check_same_device,
+    check_slots,
+    next_pow2,
+)
+
+# triton.language, bound by _kernels() on the first Triton-backend call. The kernels below are plain
+# functions until then, so importing this module does not import triton: the torch and ref backends work
+# where triton is absent or TRITON_INTERPRET is set after replayssm is imported (triton.jit reads it when
+# it wraps a function).
+tl = None
+
+
+def check_commit_args(ring, num_accepted: torch.Tensor, slots: torch.Tensor | None,
+                      backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate a commit: num_accepted int [batch] in 1..T on the live rows, slots int32 [batch] (default
+    arange(batch)). Returns (num_accepted int32 [batch], slots int32 [batch])."""
+    if not isinstance(num_accepted, torch.Tensor) or num_accepted.dim() != 1:
+        got = tuple(num_accepted.shape) if isinstance(num_accepted, torch.Tensor) else type(num_accepted).__name__
+        raise ValueError(f"num_accepted must be a 1-D integer tensor [batch], got {got}")
+    check_backend(backend, num_accepted, ring.write_pos)
+    check_same_device(num_accepted=num_accepted, write_pos=ring.write_pos)
+    batch = num_accepted.shape[0]
+    slots = check_slots(slots, batch, ring.num_slots, ring.device, ring.null_slot)
+    if capturing():
+        # No host sync while a CUDA graph is captured: shape and dtype only (values are skipped there).
+        return check_num_accepted(num_accepted, batch, ring.window), slots
+    # Padding rows may carry any count: the values of the live rows only.
+    live = slots != ring.null_slot
+    check_num_accepted(num_accepted[live], int(live.sum()), ring.window)
+    return num_accepted.to(torch.int32), slots
+
+
+def check_reset_slots(ring, slots: torch.Tensor | None, backend: str) -> torch.Tensor:
+    """Validate the slots of a reset: int [n] slot ids (NULL_SLOT allowed), default every slot. Returns int32 [n]."""
+    if slots is not None and (not isinstance(slots, torch.Tensor) or slots.dim() != 1):
+        got = tuple(slots.shape) if isinstance(slots, torch.Tensor) else type(slots).__name__
+        raise ValueError(f"slots must be a 1-D integer tensor [n], got {got}")
+    check_backend(backend, slots, ring.write_pos)
+    n = ring.num_slots if slots is None else slots.shape[0]
+    return check_slots(slots, n, ring.num_slots, ring.device, ring.null_slot)
+
+
+def commit(ring, num_accepted: torch.Tensor, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
+    """Advance each live row's slot by its accepted count (protocol in the module docstring), on the device.
+
+    num_accepted int [batch]; slots int32 [batch] (default arange(batch)); NULL_SLOT rows are skipped.
+    """
+    num_accepted, slots = check_commit_args(ring, num_accepted, slots, backend)
+    if slots.shape[0] == 0:
+        return
+    {"triton": commit_triton, "torch": commit_torch, "ref": commit_ref}[backend](ring, num_accepted, slots)
+
+
+def reset(ring, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
+    """A new request enters each slot of `slots` (int32 [n], default every slot; NULL_SLOT entries skipped):
+    write_pos = origin = 0, is_flush = 2T > L. The caller has put the request's prefill state in ring.state."""
+    slots = check_reset_slots(ring, slots, backend)
+    if slots.shape[0] == 0:
+        return
+    {"triton": reset_triton, "torch": reset_torch, "ref": reset_ref}[backend](ring, slots)
+
+
+def _reset_flush(ring) -> int:
+    """is_flush of an empty history: h + 2T > L at h = 0."""
+    return int(2 * ring.window > ring.max_len)
+
+
+# ------------------------------------------------------------------------------------------------- triton
+
+def _commit_kernel(num_accepted_ptr, slots_ptr, write_pos_ptr, origin_ptr, is_flush_ptr, batch, null_slot,
+                   window, max_len, ring_len, BLOCK_B: tl.constexpr):
+    """Rows [pid * BLOCK_B, (pid + 1) * BLOCK_B) of the batch; every cursor is read and written once."""
+    i = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    slot = tl.load(slots_ptr + i, mask=i < batch, other=null_slot)
+    live = (i < batch) & (slot != null_slot)
+    s = tl.where(live, slot, 0).to(tl.int64)
+    a = tl.load(num_accepted_ptr + i, mask=live, other=0)
+    h = tl.load(write_pos_ptr + s, mask=live, other=0)
+    origin = tl.load(origin_ptr + s, mask=live, other=0)
+    flushed = tl.load(is_flush_ptr + s, mask=live, other=0) != 0
+    # The step just verified folded the history: the ring now starts where that history ended.
+    tl.store(origin_ptr + s, tl.where(flushed, (origin + h) & (ring_len - 1), origin), mask=live)
+    h = tl.where(flushed, a, h + a)
+    tl.store(write_pos_ptr + s, h, mask=live)
+    # Early flush: flush one window ahead so the next window always fits in L = B + T.
+    tl.store(is_flush_ptr + s, (h + 2 * window > max_len).to(tl.int32), mask=live)
+
+
+def _reset_kernel(slots_ptr, write_pos_ptr, origin_ptr, is_flush_ptr, batch, null_slot, flush0,
+                  BLOCK_B: tl.constexpr):
+    i = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    slot = tl.load(slots_ptr + i, mask=i < batch, other=null_slot)
+    live = (i < batch) & (slot != null_slot)
+    s = tl.where(live, slot, 0).to(tl.int64)
+    zero = tl.zeros([BLOCK_B], dtype=tl.int32)
+    tl.store(write_pos_ptr + s, zero, mask=live)
+    tl.store(origin_ptr + s, zero, mask=live)
+    tl.store(is_flush_ptr + s, zero + flush0, mask=live)
+
+
+@functools.cache
+def _kernels():
+    """(triton, jitted _commit_kernel, jitted _reset_kernel), built on the first Triton-backend call."""
+    global tl
+    import triton
+    import triton.language
+
+    tl = triton.language
+    return triton, triton.jit(_commit_kernel), triton.jit(_reset_kernel)
+
+
+def _cursor_block(batch: int) -> int:
+    """Rows per program: the whole batch in one program up to 1024 rows (one warp, a few loads per lane)."""
+    return min(1024, max(16, next_pow2(batch)))
+
+
+def commit_triton(ring, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
+    triton, commit_kernel, _ = _kernels()
+    batch = slots.shape[0]
+    block = _cursor_block(batch)
+    commit_kernel[(triton.cdiv(batch, block),)](
+        num_accepted, slots, ring.write_pos, ring.origin, ring.is_flush, batch, ring.null_slot,
+        ring.window, ring.max_len, ring.ring_len, BLOCK_B=block, num_warps=1,
+    )
+
+
+def reset_triton(ring, slots: torch.Tensor) -> None:
+    triton, _, reset_kernel = _kernels()
+    batch = slots.shape[0]
+    block = _cursor_block(batch)
+    reset_kernel[(triton.cdiv(batch, block),)](
+        slots, ring.write_pos, ring.origin, ring.is_flush, batch, ring.null_slot, _reset_flush(ring),
+        BLOCK_B=block, num_warps=1,
+    )
+
+
+# ------------------------------------------------------------------------------------------ torch and ref
+
+def commit_torch(ring, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
+    """Vectorised: one gather and one scatter per cursor over the live rows."""
+    live = slots != ring.null_slot
+    sl, a = slots[live].long(), num_accepted[live]
+    h, origin, flushed = ring.write_pos[sl], ring.origin[sl], ring.is_flush[sl] != 0
+    ring.origin[sl] = torch.where(flushed, (origin + h) & (ring.ring_len - 1), origin)
+    h = torch.where(flushed, a, h + a)
+    ring.write_pos[sl] = h
+    ring.is_flush[sl] = (h + 2 * ring.window > ring.max_len).to(torch.int32)
+
+
+def reset_torch(ring, slots: torch.Tensor) -> None:
+    sl = slots[slots != ring.null_slot].long()
+    ring.write_pos[sl] = 0
+    ring.origin[sl] = 0
+    ring.is_flush[sl] = _reset_flush(ring)
+
+
+def commit_ref(ring, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
+    """The protocol row by row, in Python ints."""
+    T, L, mask = ring.window, ring.max_len, ring.ring_len - 1
+    for row, slot in enumerate(slots.tolist()):
+        if slot == ring.null_slot:
+            continue
+        a, h = int(num_accepted[row]), int(ring.write_pos[slot])
+        if int(ring.is_flush[slot]):
+            ring.origin[slot] = (int(ring.origin[slot]) + h) & mask
+            h = a
+        else:
+            h = h + a
+        ring.write_pos[slot] = h
+        ring.is_flush[slot] = int(h + 2 * T > L)
+
+
+def reset_ref(ring, slots: torch.Tensor) -> None:
+    for slot in slots.tolist():
+        if slot == ring.null_slot:
+            continue
+        ring.write_pos[slot] = 0
+        ring.origin[slot] = 0
+        ring.is_flush[slot] = _reset_flush(ring)
