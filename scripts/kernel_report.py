@@ -6,7 +6,7 @@ would pick on that GPU. `JITFunction.run` is replaced by a recorder, so calling 
 once records every launch (kernel, bound arguments, grid, num_warps/num_stages) without running it. Each
 launch is then specialised the way the JIT specialises it (16-byte aligned pointers and ints divisible by
 16 get `tt.divisibility 16`, ints equal to 1 and None become constexprs), compiled with `triton.compile`
-for the target, and its cubin inspected with the cuobjdump that ships inside Triton.
+for the target, and its cubin inspected with the cuobjdump that ships inside Triton (scripts/cubin_stats.py).
 
 Columns: registers / stack / shared from `cuobjdump --dump-resource-usage`; spill = bytes of local-memory
 stores (STL) in the SASS, which is what `ptxas -v` calls "bytes spill stores" (spilled registers land in the
@@ -31,7 +31,6 @@ import inspect
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ from typing import Any
 
 import torch
 import triton
+from cubin_stats import inspect_cubin  # scripts/cubin_stats.py: scripts/ is on sys.path when run as a script
 from triton.backends.compiler import GPUTarget
 from triton.runtime.jit import JITFunction
 
@@ -50,7 +50,6 @@ from replayssm.checks import interpreter_active  # noqa: E402
 from replayssm.geometry import GDN_MODELS, MAMBA2_MODELS, GDNGeometry, Mamba2Geometry, get_geometry  # noqa: E402
 
 TARGETS = (90, 100)
-CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 DEFAULT_NUM_WARPS, DEFAULT_NUM_STAGES = 4, 3          # triton's defaults when a launch names neither
 BATCH = 2
 
@@ -228,50 +227,6 @@ def compile_options(launch: Launch) -> dict[str, Any]:
     return options
 
 
-_RESOURCE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
-# LDG: global -> registers; LDGSTS: global -> shared (cp.async), how Triton feeds tl.dot operands.
-_LDG = re.compile(r"\b(LDG|LDGSTS)((?:\.[A-Z0-9_]+)*)(?=\s)")
-_WIDTH_BYTES = {"128": 16, "64": 8, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
-
-
-def parse_resource_usage(text: str) -> tuple[int, int, int, int]:
-    """(REG, STACK, SHARED, LOCAL) of the (single) function in `cuobjdump --dump-resource-usage` output."""
-    m = _RESOURCE.search(text)
-    if not m:
-        raise RuntimeError(f"no resource usage line in cuobjdump output:\n{text}")
-    return tuple(int(x) for x in m.groups())
-
-
-def _width(modifiers: str) -> int:
-    return next((_WIDTH_BYTES[t] for t in modifiers.split(".")[1:] if t in _WIDTH_BYTES), 4)
-
-
-def global_load_counts(sass: str) -> dict[tuple[str, int], int]:
-    """{(opcode, bytes per thread): count} of the global loads (LDG, LDGSTS) in a SASS listing."""
-    counts: dict[tuple[str, int], int] = {}
-    for m in _LDG.finditer(sass):
-        key = (m.group(1), _width(m.group(2)))
-        counts[key] = counts.get(key, 0) + 1
-    return counts
-
-
-def count_global_loads(sass: str) -> dict[int, int]:
-    """{bytes per thread: count} of the global loads, LDG and LDGSTS together (plain LDG.E = 4 bytes)."""
-    counts: dict[int, int] = {}
-    for (_, width), n in global_load_counts(sass).items():
-        counts[width] = counts.get(width, 0) + n
-    return counts
-
-
-_STL = re.compile(r"\bSTL((?:\.[A-Z0-9_]+)*)(?=\s)")
-
-
-def spill_store_bytes(sass: str) -> int:
-    """Bytes of local-memory stores per thread (STL = 4 bytes, STL.64 = 8, STL.128 = 16): in Triton kernels
-    these are register spills, and the sum equals the "bytes spill stores" that `ptxas -v` prints."""
-    return sum(_width(m.group(1)) for m in _STL.finditer(sass))
-
-
 def error_summary(exc: BaseException) -> str:
     """The innermost cause of a compile error, on one line (a CompilationError's own text is source code)."""
     where = ""
@@ -285,90 +240,6 @@ def error_summary(exc: BaseException) -> str:
         if nxt is None:
             return f"{type(exc).__name__}: {text}"[:300] + where
         exc = nxt
-
-
-def _describe(counts: dict[int, int]) -> str:
-    if not counts:
-        return "none"
-    widest = max(counts)
-    return f"{widest * 8}-bit x{counts[widest]}"
-
-
-_PTX_PARAM = re.compile(r"ld\.param\.\w+\s+(%\w+),\s*\[\w+_param_(\d+)\]")
-_PTX_POINTER_PARAM = re.compile(r"\.param\s+\.u64\s+\.ptr\b.*_param_(\d+)")
-_PTX_REG = re.compile(r"%\w+")
-_PTX_LD_GLOBAL = re.compile(r"ld\.global(?:\.[\w:]+)*?\.(?:v(\d+)\.)?[bfsu](\d+)\s+(.*?),\s*\[(.*?)\]")
-_PTX_CP_ASYNC = re.compile(r"cp\.async\.\w+\.shared\.global(?:\.[\w:]+)*\s+\[.*?\],\s*\[(.*?)\],\s*"
-                           r"(0x[0-9a-fA-F]+|\d+)")
-
-
-def ptx_load_widths_by_param(ptx: str) -> dict[int, dict[int, int]]:
-    """{pointer param index: {bytes per load: count}} for every ld.global and cp.async, found by tracing
-    each load's address register back through the PTX to the ld.param of the pointer it is computed from.
-    The trace stops at loaded values (an offset read from a slots tensor does not make it a slots load)."""
-    pointers = {int(i) for i in _PTX_POINTER_PARAM.findall(ptx)}
-    defs: dict[str, set[str]] = {}
-    param_of: dict[str, int] = {}
-    loads: list[tuple[int, set[str]]] = []
-    for raw in ptx.splitlines():
-        line = raw.split("//")[0].strip().rstrip(";")
-        if line.startswith("@"):
-            line = line.split(None, 1)[1] if " " in line else ""
-        if not line or line.startswith(".") or line.endswith(":") or line.startswith("{") or line == "}":
-            continue
-        if m := _PTX_PARAM.match(line):
-            param_of[m.group(1)] = int(m.group(2))
-            continue
-        if m := _PTX_LD_GLOBAL.match(line):
-            vec, bits = int(m.group(1) or 1), int(m.group(2))
-            loads.append((vec * bits // 8, set(_PTX_REG.findall(m.group(4)))))
-            continue                              # loaded registers have no traceable definition
-        if m := _PTX_CP_ASYNC.match(line):        # global -> shared copy (operands of tl.dot)
-            loads.append((int(m.group(2), 0), set(_PTX_REG.findall(m.group(1)))))
-            continue
-        parts = line.split(None, 1)
-        if len(parts) < 2 or parts[0].startswith(("ld.", "st.", "bra", "ret", "bar", "atom", "red")):
-            continue
-        regs = _PTX_REG.findall(parts[1])
-        if regs:
-            defs.setdefault(regs[0], set()).update(regs[1:])
-    result: dict[int, dict[int, int]] = {}
-    for width, regs in loads:
-        seen, todo, params = set(), list(regs), set()
-        while todo:
-            r = todo.pop()
-            if r in seen:
-                continue
-            seen.add(r)
-            if param_of.get(r) in pointers:
-                params.add(param_of[r])
-            todo.extend(defs.get(r, ()))
-        for p in params:
-            result.setdefault(p, {})
-            result[p][width] = result[p].get(width, 0) + 1
-    return result
-
-
-def state_load(ptx: str, spec: KernelSpec) -> str:
-    """The widest load from a pointer argument whose name contains "state", e.g. "128-bit x8"."""
-    names = list(spec.signature)
-    state_params = [i for i, n in enumerate(names)
-                    if "state" in n.lower() and spec.signature[n].startswith("*")]
-    if not state_params:
-        return "-"
-    by_param = ptx_load_widths_by_param(ptx)
-    counts: dict[int, int] = {}
-    for p in state_params:
-        for w, c in by_param.get(p, {}).items():
-            counts[w] = counts.get(w, 0) + c
-    return _describe(counts) if counts else "none"
-
-
-def _cuobjdump(flag: str, cubin: Path) -> str:
-    proc = subprocess.run([str(CUOBJDUMP), flag, str(cubin)], capture_output=True, text=True, timeout=120)
-    if proc.returncode:
-        raise RuntimeError(f"cuobjdump {flag} failed: {proc.stderr.strip()}")
-    return proc.stdout
 
 
 class Builder:
@@ -396,14 +267,8 @@ class Builder:
             out.num_warps = compiled.metadata.num_warps
             cubin = self.workdir / f"{serial:03d}_{launch.name}_sm{target}.cubin"
             cubin.write_bytes(compiled.asm["cubin"])
-            out.registers, out.stack, out.shared, out.local = parse_resource_usage(
-                _cuobjdump("--dump-resource-usage", cubin))
-            sass = _cuobjdump("--dump-sass", cubin)
-            out.spill = spill_store_bytes(sass)
-            counts = count_global_loads(sass)
-            out.ldg = {f"{op}.{w * 8}": c for (op, w), c in sorted(global_load_counts(sass).items())}
-            out.widest_load = _describe(counts)
-            out.state_load = state_load(compiled.asm["ptx"], spec)
+            for name, value in inspect_cubin(cubin, compiled.asm["ptx"], spec.signature).items():
+                setattr(out, name, value)
             out.status = "SPILL" if out.spill > 0 or out.local > 0 else "ok"
         except Exception as exc:  # a kernel that does not build is a finding, not a crash of the report
             out.status = f"compile error: {error_summary(exc)}"

@@ -1,4 +1,5 @@
-"""scripts/kernel_report.py: JIT-faithful specialisation, binary parsing, launch capture, and the report itself.
+"""scripts/kernel_report.py: JIT-faithful specialisation, binary parsing (scripts/cubin_stats.py), launch capture,
+and the report itself.
 
 conftest sets TRITON_INTERPRET=1, under which @triton.jit makes interpreted functions; the unit tests here
 wrap their kernel in a JITFunction by hand (nothing is launched), and the end-to-end report runs in a
@@ -21,6 +22,10 @@ from triton.runtime.jit import JITFunction
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "kernel_report.py"
+# kernel_report imports its sibling scripts/cubin_stats.py, as a script run from scripts/ would.
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import cubin_stats as cs  # noqa: E402
 
 
 def _load_report():
@@ -128,7 +133,7 @@ def test_capture_records_launches_without_running_them():
 
 def test_parsers_of_the_binary_tools():
     usage = "Function k:\n  REG:40 STACK:200 SHARED:1024 LOCAL:0 CONSTANT[0]:568 TEXTURE:0"
-    assert kr.parse_resource_usage(usage) == (40, 200, 1024, 0)
+    assert cs.parse_resource_usage(usage) == (40, 200, 1024, 0)
     sass = """@!P0 LDG.E.128 R12, desc[UR4][R2.64] ;
               LDG.E R4, desc[UR4][R2.64+0x800] ;
               LDG.E.64.CONSTANT R6, desc[UR4][R8.64] ;
@@ -139,10 +144,10 @@ def test_parsers_of_the_binary_tools():
               STL [R1], R3 ;
               STL.64 [R1+0x8], R4 ;
               LDL.LU R3, [R1] ;"""
-    assert kr.count_global_loads(sass) == {16: 3, 4: 1, 8: 1, 2: 1}
-    assert kr.global_load_counts(sass)[("LDGSTS", 16)] == 1 and kr.global_load_counts(sass)[("LDG", 16)] == 2
-    assert kr.spill_store_bytes(sass) == 12
-    assert kr._describe({16: 2, 4: 1}) == "128-bit x2" and kr._describe({}) == "none"
+    assert cs.count_global_loads(sass) == {16: 3, 4: 1, 8: 1, 2: 1}
+    assert cs.global_load_counts(sass)[("LDGSTS", 16)] == 1 and cs.global_load_counts(sass)[("LDG", 16)] == 2
+    assert cs.spill_store_bytes(sass) == 12
+    assert cs.describe_widths({16: 2, 4: 1}) == "128-bit x2" and cs.describe_widths({}) == "none"
 
 
 def test_ptx_trace_attributes_loads_to_their_pointer():
@@ -165,23 +170,43 @@ def test_ptx_trace_attributes_loads_to_their_pointer():
     """
     # the second and third loads: pointer param 0 plus an offset from a loaded slot (not followed) times
     # the int param 3 (not a pointer: not counted)
-    assert kr.ptx_load_widths_by_param(ptx) == {2: {4: 1}, 0: {16: 2, 8: 1}}
+    assert cs.ptx_load_widths_by_param(ptx) == {2: {4: 1}, 0: {16: 2, 8: 1}}
+
+
+def alignment_builds(out_dir: str, target: int) -> dict:
+    """Build the SCALE kernel with an aligned and a misaligned state pointer; report what each build gave."""
+    builder = kr.Builder(Path(out_dir))
+    buf = torch.zeros(160)
+    builds = {}
+    for name, state in (("aligned", buf[:128]), ("misaligned", buf[1:129])):
+        launch = kr.Launch(SCALE, _args(state, n=128, BLOCK=128), (2,), {"num_warps": 1})
+        _, build = builder.build(launch, target)
+        builds[name] = {"status": build.status, "spill": build.spill, "num_warps": build.num_warps,
+                        "state_load": build.state_load}
+    builder.build(kr.Launch(SCALE, _args(buf[:128], n=128, BLOCK=128), (5,), {"num_warps": 1}), target)
+    return {"builds": builds, "compiled": len(builder.cache)}
 
 
 @pytest.mark.parametrize("target", kr.TARGETS)
 def test_alignment_decides_the_load_width(tmp_path, target):
-    """The point of mirroring the JIT: an aligned state pointer builds 128-bit loads, a misaligned one not."""
-    builder = kr.Builder(tmp_path)
-    buf = torch.zeros(160)
-    widths = {}
-    for name, state in (("aligned", buf[:128]), ("misaligned", buf[1:129])):
-        launch = kr.Launch(SCALE, _args(state, n=128, BLOCK=128), (2,), {"num_warps": 1})
-        _, build = builder.build(launch, target)
-        assert build.status == "ok" and build.spill == 0 and build.num_warps == 1, build
-        widths[name] = build.state_load
-    assert widths == {"aligned": "128-bit x1", "misaligned": "32-bit x4"}
-    builder.build(kr.Launch(SCALE, _args(buf[:128], n=128, BLOCK=128), (5,), {"num_warps": 1}), target)
-    assert len(builder.cache) == 2      # same specialisation, other grid: compiled once
+    """The point of mirroring the JIT: an aligned state pointer builds 128-bit loads, a misaligned one not.
+
+    Compiled in a child process without TRITON_INTERPRET: in triton 3.7, once the interpreter has run a kernel
+    that calls a jitted helper (tl.sum, tl.cumsum, ...) it leaves triton.language patched for the rest of the
+    process, and a real compile there fails ('ir.value' object has no attribute 'dtype') on a cold cache.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = (f"import json, sys; sys.path[:0] = [{str(ROOT)!r}, {str(Path(__file__).parent)!r}]; "
+            f"import test_kernel_report as t; print(json.dumps(t.alignment_builds({str(tmp_path)!r}, {target})))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for build in result["builds"].values():
+        assert build["status"] == "ok" and build["spill"] == 0 and build["num_warps"] == 1, build
+    assert {name: b["state_load"] for name, b in result["builds"].items()} == \
+        {"aligned": "128-bit x1", "misaligned": "32-bit x4"}
+    assert result["compiled"] == 2      # same specialisation, other grid: compiled once
 
 
 def test_missing_recipe_module_is_reported_not_raised():
