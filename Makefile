@@ -40,8 +40,12 @@ bench-cpu: $(STAMP)
 kernel-report: $(STAMP)
 	$(VENV)/bin/python scripts/kernel_report.py
 
-reproduce: $(STAMP)
-	bash scripts/reproduce.sh
+# GPU box: `make reproduce PY=python` uses the python (and CUDA torch) you have and builds no CPU venv.
+reproduce:
+ifeq ($(PY),$(VENV)/bin/python)
+	$(MAKE) venv
+endif
+	PY=$(PY) bash scripts/reproduce.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
