@@ -134,8 +134,9 @@ def _frozen_verify_kernel(
         S = S + u[:, None] * k[None, :]
         o = tl.sum(S * (q * scale)[None, :], 1)
         tl.store(out_ptr + row * o_b + t * o_t + hv * o_h + offs_v, o.to(out_ptr.dtype.element_ty), mask=mask_v)
-        tl.store(sk_ptr + slot * sk_slot + kh * sk_head + t * sk_t + offs_k, k.to(sk_ptr.dtype.element_ty),
-                 mask=mask_k & writes_k)
+        if writes_k:  # an `if`, not `mask_k & writes_k`: triton 3.9's interpreter rejects that int32 mask
+            tl.store(sk_ptr + slot * sk_slot + kh * sk_head + t * sk_t + offs_k, k.to(sk_ptr.dtype.element_ty),
+                     mask=mask_k)
         tl.store(sv_ptr + slot * sv_slot + hv * sv_head + t * sv_t + offs_v, v_raw.to(sv_ptr.dtype.element_ty),
                  mask=mask_v)
         tl.store(sg_ptr + slot * sg_slot + hv * sg_head + t, g, mask=pid_v == 0)
@@ -146,7 +147,8 @@ def _frozen_verify_kernel(
 def _replay_commit_kernel(
     state_ptr, s_slot, s_head, s_v, slots_ptr, num_accepted_ptr,
     sk_ptr, sk_slot, sk_head, sk_t, sv_ptr, sv_slot, sv_head, sv_t, sg_ptr, sg_slot, sg_head, sb_ptr, sb_slot, sb_head,
-    GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NULL: tl.constexpr,
+    T: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
+    NULL: tl.constexpr,
 ):
     """Replay the first num_accepted stashed tokens into the checkpoint: one state read + one write."""
     pid_v = tl.program_id(0)
@@ -165,12 +167,17 @@ def _replay_commit_kernel(
     s_ptrs = state_ptr + slot * s_slot + hv * s_head + offs_v[:, None] * s_v + offs_k[None, :]
     S = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)
     accepted = tl.load(num_accepted_ptr + row)
-    for t in range(accepted):
-        k = tl.load(sk_ptr + slot * sk_slot + kh * sk_head + t * sk_t + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        v = tl.load(sv_ptr + slot * sv_slot + hv * sv_head + t * sv_t + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        S = S * tl.exp(tl.load(sg_ptr + slot * sg_slot + hv * sg_head + t))
-        u = tl.load(sb_ptr + slot * sb_slot + hv * sb_head + t) * (v - tl.sum(S * k[None, :], 1))
-        S = S + u[:, None] * k[None, :]
+    # A constexpr trip count (the window T) with a guard, not range(accepted): triton 3.6's interpreter
+    # cannot range over a loaded value (int() of a 1-element array, an error since numpy 2.4).
+    for t in range(T):
+        if t < accepted:
+            k = tl.load(sk_ptr + slot * sk_slot + kh * sk_head + t * sk_t + offs_k, mask=mask_k,
+                        other=0.0).to(tl.float32)
+            v = tl.load(sv_ptr + slot * sv_slot + hv * sv_head + t * sv_t + offs_v, mask=mask_v,
+                        other=0.0).to(tl.float32)
+            S = S * tl.exp(tl.load(sg_ptr + slot * sg_slot + hv * sg_head + t))
+            u = tl.load(sb_ptr + slot * sb_slot + hv * sb_head + t) * (v - tl.sum(S * k[None, :], 1))
+            S = S + u[:, None] * k[None, :]
     tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)
 
 
@@ -194,7 +201,7 @@ def _commit_triton(cache, num_accepted, slots):
     st = cache.state
     _replay_commit_kernel[(triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)](
         st, st.stride(0), st.stride(1), st.stride(2), slots, num_accepted, *_stash_args(cache),
-        GROUP=gm.value_heads_per_key_head, K=gm.K, V=gm.V, BV=cfg["BV"], BK=cfg["BK"], NULL=NULL_SLOT,
+        T=cache.window, GROUP=gm.value_heads_per_key_head, K=gm.K, V=gm.V, BV=cfg["BV"], BK=cfg["BK"], NULL=NULL_SLOT,
         num_warps=cfg["num_warps"],
     )
 

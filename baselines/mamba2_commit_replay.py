@@ -135,7 +135,8 @@ def commit_replay_verify_kernel(
         dt = K.process_dt(tl.load(dt_ptr + b * dt_batch + t * dt_tok + h * dt_head), dt_bias_ptr, h,
                           HAS_DT_BIAS, DT_SOFTPLUS)
         tl.store(xs_ptr + slot * xs_slot + h * xs_head + t * xs_tok + offs_m, x_raw, mask=mask_m)
-        tl.store(Bs_ptr + slot * Bs_slot + g * Bs_group + t * Bs_tok + offs_n, B_raw, mask=mask_n & writes_B)
+        if writes_B:  # an `if`, not `mask_n & writes_B`: triton 3.9's interpreter rejects that int32 mask
+            tl.store(Bs_ptr + slot * Bs_slot + g * Bs_group + t * Bs_tok + offs_n, B_raw, mask=mask_n)
         tl.store(dts_ptr + slot * dts_slot + h * dts_head + t, dt, mask=writes_dt)
         x = x_raw.to(tl.float32)
         S = S * tl.exp(A * dt) + (dt * x)[:, None] * B_raw.to(tl.float32)[None, :]
@@ -174,11 +175,14 @@ def commit_replay_commit_kernel(
     xs = xs_ptr + slot * xs_slot + h * xs_head + offs_m
     Bs = Bs_ptr + slot * Bs_slot + g * Bs_group + offs_n
     dts = dts_ptr + slot * dts_slot + h * dts_head
-    for t in range(0, n_acc):
-        dt = tl.load(dts + t)
-        x = tl.load(xs + t * xs_tok, mask=mask_m, other=0.0).to(tl.float32)
-        Bv = tl.load(Bs + t * Bs_tok, mask=mask_n, other=0.0).to(tl.float32)
-        S = S * tl.exp(A * dt) + (dt * x)[:, None] * Bv[None, :]
+    # A constexpr trip count with a guard, not range(n_acc): triton 3.6's interpreter cannot range over a
+    # loaded value (int() of a 1-element array, an error since numpy 2.4).
+    for t in range(T):
+        if t < n_acc:
+            dt = tl.load(dts + t)
+            x = tl.load(xs + t * xs_tok, mask=mask_m, other=0.0).to(tl.float32)
+            Bv = tl.load(Bs + t * Bs_tok, mask=mask_n, other=0.0).to(tl.float32)
+            S = S * tl.exp(A * dt) + (dt * x)[:, None] * Bv[None, :]
     tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=mask)
 
 

@@ -14,6 +14,9 @@ Ring ownership (no two programs write one address): the u rows of (slot, hv, V t
 program; the g rows of (slot, hv) to the program with pid_v == 0; the k rows of (slot, key head) to the
 program with pid_v == 0 and hv the first value head of the group. Window rows never overlap the history
 rows other programs read (write_pos + T <= L <= ring_len).
+
+Scalar conditions (fold, ring owner) gate stores with `if`, never as `block_mask & flag`: triton 3.9's
+interpreter turns that `&` into an int32 mask, which tl.load / tl.store reject.
 """
 
 from __future__ import annotations
@@ -127,11 +130,13 @@ def _spec_verify_kernel(
         k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row + offs_k[None, :],
                          mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
         S += tl.dot(wu_t, k_hist, input_precision=DOT_PRECISION)                    # S_h tile [BV, BKT]
-        tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask & do_fold)
+        if do_fold:
+            tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)
         Wt = tl.load(w_ptrs[:, None] + offs_k[None, :], mask=live_r[:, None] & mask_k[None, :],
                      other=0.0).to(tl.float32) * mult[:, None]
-        tl.store(ring_k_ptr + slot * rk_slot + kh * rk_head + win_rows[:, None] * rk_row + offs_k[None, :],
-                 Wt.to(ring_k_ptr.dtype.element_ty), mask=is_k[:, None] & mask_k[None, :] & writes_k)
+        if writes_k:
+            tl.store(ring_k_ptr + slot * rk_slot + kh * rk_head + win_rows[:, None] * rk_row + offs_k[None, :],
+                     Wt.to(ring_k_ptr.dtype.element_ty), mask=is_k[:, None] & mask_k[None, :])
         HW += tl.dot(Wt, tl.trans(S), input_precision=DOT_PRECISION)
         WW += tl.dot(Wt, tl.trans(Wt), input_precision=DOT_PRECISION)
 
@@ -161,7 +166,8 @@ def _spec_verify_kernel(
              o.to(out_ptr.dtype.element_ty), mask=is_q[:, None] & mask_v[None, :])
     tl.store(ring_u_ptr + slot * ru_slot + hv * ru_head + win_rows[:, None] * ru_row + offs_v[None, :],
              U.to(ring_u_ptr.dtype.element_ty), mask=is_k[:, None] & mask_v[None, :])
-    tl.store(ring_g_ptr + slot * rg_slot + hv * rg_head + win_rows, g_k, mask=is_k & (pid_v == 0))
+    if pid_v == 0:
+        tl.store(ring_g_ptr + slot * rg_slot + hv * rg_head + win_rows, g_k, mask=is_k)
 
 
 @triton.jit

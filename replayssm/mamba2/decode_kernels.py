@@ -16,9 +16,11 @@ Per (row, head) with slot s, h = write_pos[s], entries j = 0..h (entry h = the c
     c_j = sum_{i<=j} dt_i,  abar = exp(A c_h),  s_j = dt_j exp(A (c_h - c_j))
     output_only (h < L-1): y = abar (S0 C) + sum_j s_j (B_j . C) x_j
     reconstruct:           S = abar S0 + X^T (s * B)  (one tl.dot over the buffer axis), y = S C
-All arithmetic is fp32; stores round to the destination dtype. Null rows (slot < 0, i.e. NULL_SLOT; the
-validation rejects every other negative slot) are masked out of every load and store, so their output
-and the cache stay untouched. Slot offsets are int64 (pools can exceed 2^31 elements).
+All arithmetic is fp32; stores round to the destination dtype. The programs of a null row (slot < 0, i.e.
+NULL_SLOT; the validation rejects every other negative slot) return before any load or store, so its
+output and the cache stay untouched. Slot offsets are int64 (pools can exceed 2^31 elements).
+Scalar conditions (null row, flush step, append owner) gate stores with `if`, never as `block_mask & flag`:
+triton 3.9's interpreter turns that `&` into an int32 mask, which tl.load / tl.store reject.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ def _fold_and_read(state_tile_ptr, mask_mn, bbuf, stride_Bbuf_l, offs_l, offs_n,
     bt = tl.where(offs_l[:, None] == h, b_cur.to(tl.float32)[None, :], bt)
     state = _reconstruct(tl.load(state_tile_ptr, mask=mask_mn, other=0.0).to(tl.float32), xt, bt, s, abar,
                          DOT_PRECISION)
-    tl.store(state_tile_ptr, state.to(state_tile_ptr.dtype.element_ty), mask=mask_mn & is_flush)
+    if is_flush:
+        tl.store(state_tile_ptr, state.to(state_tile_ptr.dtype.element_ty), mask=mask_mn)
     return tl.sum(state * C[None, :], axis=1)
 
 
@@ -93,14 +96,16 @@ def _bc_precompute_kernel(
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1).to(tl.int64)
     slot = tl.load(slots_ptr + row)
-    live = slot >= 0
-    slot64 = tl.maximum(slot, 0).to(tl.int64)
-    h = tl.minimum(tl.load(write_pos_ptr + slot64, mask=live, other=0), buffer_len - 1)
-    normal = live & (h < buffer_len - 1)
+    if slot < 0:
+        return
+    slot64 = slot.to(tl.int64)
+    h = tl.minimum(tl.load(write_pos_ptr + slot64), buffer_len - 1)
+    if h >= buffer_len - 1:
+        return  # flush step: the main kernel rebuilds the state itself and appends nothing
 
     offs_n = tl.arange(0, BLOCK_N)
     offs_l = tl.arange(0, BLOCK_L)
-    mask_n = (offs_n < dstate) & normal
+    mask_n = offs_n < dstate
     C = tl.load(C_ptr + row * stride_C_b + group * stride_C_g + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     b_raw = tl.load(B_ptr + row * stride_B_b + group * stride_B_g + offs_n, mask=mask_n, other=0.0)
     bbuf = Bbuf_ptr + slot64 * stride_Bbuf_s + group * stride_Bbuf_g
@@ -108,7 +113,7 @@ def _bc_precompute_kernel(
                  mask=(offs_l[:, None] < h) & mask_n[None, :], other=0.0).to(tl.float32)
     bt = tl.where(offs_l[:, None] == h, b_raw.to(tl.float32)[None, :], bt)
     bc = tl.sum(bt * C[None, :], axis=1)
-    tl.store(bc_ptr + slot64 * stride_bc_s + group * stride_bc_g + offs_l, bc, mask=(offs_l <= h) & normal)
+    tl.store(bc_ptr + slot64 * stride_bc_s + group * stride_bc_g + offs_l, bc, mask=offs_l <= h)
     tl.store(bbuf + h * stride_Bbuf_l + offs_n, b_raw, mask=mask_n)
 
 
@@ -133,17 +138,18 @@ def _replay_step_kernel(
     head = tl.program_id(2).to(tl.int64)
     group = head // heads_per_group
     slot = tl.load(slots_ptr + row)
-    live = slot >= 0
-    slot64 = tl.maximum(slot, 0).to(tl.int64)
+    if slot < 0:
+        return
+    slot64 = slot.to(tl.int64)
     # Clamped so a corrupted cursor cannot address past the buffer; h == L-1 is the flush step.
-    h = tl.minimum(tl.load(write_pos_ptr + slot64, mask=live, other=0), buffer_len - 1)
+    h = tl.minimum(tl.load(write_pos_ptr + slot64), buffer_len - 1)
     is_flush = h >= buffer_len - 1
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_l = tl.arange(0, BLOCK_L)
-    mask_m = (offs_m < headdim) & live
-    mask_n = (offs_n < dstate) & live
+    mask_m = offs_m < headdim
+    mask_n = offs_n < dstate
 
     A = tl.load(A_ptr + head).to(tl.float32)
     dt = _process_dt(dt_ptr + row * stride_dt_b + head * stride_dt_h, dt_bias_ptr, head, HAS_DT_BIAS, DT_SOFTPLUS)
@@ -171,8 +177,7 @@ def _replay_step_kernel(
         else:
             # Normal step, output-only route: the state tile is read once (S0 C); bc comes from the precompute.
             s0c = tl.sum(tl.load(state_tile_ptr, mask=mask_mn, other=0.0).to(tl.float32) * C[None, :], axis=1)
-            bc = tl.load(bc_ptr + slot64 * stride_bc_s + group * stride_bc_g + offs_l, mask=(offs_l <= h) & live,
-                         other=0.0)
+            bc = tl.load(bc_ptr + slot64 * stride_bc_s + group * stride_bc_g + offs_l, mask=offs_l <= h, other=0.0)
             y = abar * s0c + tl.sum(xt * (s * bc)[None, :], axis=1)
     else:
         y = _fold_and_read(state_tile_ptr, mask_mn, bbuf, stride_Bbuf_l, offs_l, offs_n, mask_n, h, b_cur, xt,
@@ -180,12 +185,13 @@ def _replay_step_kernel(
 
     # Appends (normal steps): this program's x slice; dt by the first tile of the head; on the
     # state-and-output route the first tile of the group's first head owns the B row (no precompute there).
-    normal = live & (h < buffer_len - 1)
-    tl.store(xbuf + h * stride_xbuf_l + offs_m, x_raw, mask=mask_m & normal)
-    tl.store(dtbuf + h, dt, mask=normal & (pid_m == 0))
-    if not OUTPUT_ONLY:
-        owner = normal & (pid_m == 0) & (head % heads_per_group == 0)
-        tl.store(bbuf + h * stride_Bbuf_l + offs_n, b_cur, mask=mask_n & owner)
+    if h < buffer_len - 1:
+        tl.store(xbuf + h * stride_xbuf_l + offs_m, x_raw, mask=mask_m)
+        if pid_m == 0:
+            tl.store(dtbuf + h, dt)
+            if not OUTPUT_ONLY:
+                if head % heads_per_group == 0:
+                    tl.store(bbuf + h * stride_Bbuf_l + offs_n, b_cur, mask=mask_n)
 
     if HAS_D:
         y += tl.load(D_ptr + head).to(tl.float32) * x
@@ -224,15 +230,16 @@ def _materialize_kernel(
     head = tl.program_id(2).to(tl.int64)
     group = head // heads_per_group
     slot = tl.load(slots_ptr + row)
-    live = slot >= 0
-    slot64 = tl.maximum(slot, 0).to(tl.int64)
-    h = tl.minimum(tl.load(write_pos_ptr + slot64, mask=live, other=0), buffer_len - 1)
+    if slot < 0:
+        return
+    slot64 = slot.to(tl.int64)
+    h = tl.minimum(tl.load(write_pos_ptr + slot64), buffer_len - 1)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_l = tl.arange(0, BLOCK_L)
-    mask_m = (offs_m < headdim) & live
-    mask_n = (offs_n < dstate) & live
+    mask_m = offs_m < headdim
+    mask_n = offs_n < dstate
     A = tl.load(A_ptr + head).to(tl.float32)
     s, abar = _replay_weights(dtbuf_ptr + slot64 * stride_dtbuf_s + head * stride_dtbuf_h, h, 0.0, A, offs_l, False)
     xt = tl.load(xbuf_ptr + slot64 * stride_xbuf_s + head * stride_xbuf_h + offs_l[None, :] * stride_xbuf_l

@@ -2,7 +2,9 @@
 
 Three kernels (protocol in spec_ref.py's docstring; logical position k of a slot lives at ring row
 (origin + k) & (RING - 1), history k < h = write_pos, window k = h + t). Every kernel loops over dstate in
-BLOCK_N chunks, so register use does not grow with dstate:
+BLOCK_N chunks, so register use does not grow with dstate. Loop bounds are constexprs (DSTATE,
+HEADS_PER_GROUP): triton 3.6's interpreter cannot `range` over a runtime value (it calls int() on a
+1-element array, an error since numpy 2.4).
 
 - _scatter_bc_kernel, grid (batch, ngroups): writes the window's x, B and processed dt into the ring after
   the committed history, and bc[slot, g, k, t] = B_k . C_t for every live k (history + window) as
@@ -51,7 +53,8 @@ def _scatter_bc_kernel(
     ring_x_ptr, ring_B_ptr, ring_dt_ptr, bc_ptr, write_pos_ptr, origin_ptr,
     sx_b, sx_t, sx_h, sdt_b, sdt_t, sB_b, sB_t, sB_g, sC_b, sC_t, sC_g,
     srx_s, srx_h, srx_r, srB_s, srB_g, srB_r, srdt_s, srdt_h, sbc_s, sbc_g, sbc_r,
-    null_slot, heads_per_group, headdim, dstate,
+    null_slot, headdim,
+    HEADS_PER_GROUP: tl.constexpr, DSTATE: tl.constexpr,
     T: tl.constexpr, RING: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -72,8 +75,8 @@ def _scatter_bc_kernel(
     p_mask = p < headdim
     xt_mask = t_mask[:, None] & p_mask[None, :]
     # x and processed dt of this group's heads (a [T, headdim] tile per head).
-    for j in range(heads_per_group):
-        head = g * heads_per_group + j
+    for j in range(HEADS_PER_GROUP):
+        head = g * HEADS_PER_GROUP + j
         xw = tl.load(x_ptr + b * sx_b + t[:, None] * sx_t + head * sx_h + p[None, :], mask=xt_mask)
         tl.store(ring_x_ptr + s * srx_s + head * srx_h + win_rows[:, None] * srx_r + p[None, :], xw, mask=xt_mask)
         dtw = tl.load(dt_ptr + b * sdt_b + t * sdt_t + head, mask=t_mask, other=0.0).to(tl.float32)
@@ -90,9 +93,9 @@ def _scatter_bc_kernel(
     hist = k < h
     win = (k >= h) & (k < h + T)
     bc = tl.zeros([BLOCK_K, BLOCK_T], dtype=tl.float32)
-    for n0 in range(0, dstate, BLOCK_N):
+    for n0 in range(0, DSTATE, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = n < dstate
+        n_mask = n < DSTATE
         ring_B_tile = ring_B_ptr + s * srB_s + g * srB_g + k_rows[:, None] * srB_r + n[None, :]
         B_hist = tl.load(ring_B_tile, mask=hist[:, None] & n_mask[None, :], other=0.0)
         win_mask = win[:, None] & n_mask[None, :]
@@ -124,7 +127,8 @@ def _verify_kernel(
     state_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, bc_ptr, write_pos_ptr, origin_ptr, is_flush_ptr,
     sx_b, sx_t, sx_h, sz_b, sz_t, sz_h, sC_b, sC_t, sC_g, so_b, so_t, so_h,
     ss_s, ss_h, ss_p, srx_s, srx_h, srx_r, srB_s, srB_g, srB_r, srdt_s, srdt_h, sbc_s, sbc_g, sbc_r,
-    null_slot, heads_per_group, headdim, dstate,
+    null_slot, headdim,
+    HEADS_PER_GROUP: tl.constexpr, DSTATE: tl.constexpr,
     T: tl.constexpr, RING: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -139,7 +143,7 @@ def _verify_kernel(
     h = tl.load(write_pos_ptr + s)
     origin = tl.load(origin_ptr + s)
     flush = tl.load(is_flush_ptr + s)
-    g = head // heads_per_group
+    g = head // HEADS_PER_GROUP
     A = tl.load(A_ptr + head).to(tl.float32)
 
     # Processed dt over logical positions (history then window) and its inclusive prefix sum.
@@ -167,9 +171,9 @@ def _verify_kernel(
     B_rows = ring_B_ptr + s * srB_s + g * srB_g + k_rows * srB_r
     # S C^T over dstate chunks; the checkpoint is read once (and, on flush rows, written once).
     SC = tl.zeros([BLOCK_M, BLOCK_T], dtype=tl.float32)
-    for n0 in range(0, dstate, BLOCK_N):
+    for n0 in range(0, DSTATE, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = n < dstate
+        n_mask = n < DSTATE
         sm_mask = m_mask[:, None] & n_mask[None, :]
         state_tile = state_ptr + s * ss_s + head * ss_h + m[:, None] * ss_p + n[None, :]
         S = tl.load(state_tile, mask=sm_mask, other=0.0).to(tl.float32)                    # [BLOCK_M, BLOCK_N]
@@ -205,7 +209,8 @@ def _verify_kernel(
 def _materialize_kernel(
     A_ptr, out_ptr, slots_ptr, state_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, write_pos_ptr, origin_ptr,
     so_b, so_h, so_p, ss_s, ss_h, ss_p, srx_s, srx_h, srx_r, srB_s, srB_g, srB_r, srdt_s, srdt_h,
-    null_slot, heads_per_group, headdim, dstate,
+    null_slot, headdim,
+    HEADS_PER_GROUP: tl.constexpr, DSTATE: tl.constexpr,
     RING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -218,7 +223,7 @@ def _materialize_kernel(
     s = slot.to(tl.int64)
     h = tl.load(write_pos_ptr + s)
     origin = tl.load(origin_ptr + s)
-    g = head // heads_per_group
+    g = head // HEADS_PER_GROUP
     A = tl.load(A_ptr + head).to(tl.float32)
     k = tl.arange(0, BLOCK_K)
     k_rows = (origin + k) & (RING - 1)
@@ -234,9 +239,9 @@ def _materialize_kernel(
     Xw = X * w_hist[None, :]
     decay_h = tl.exp(tl.minimum(A * hist_total, 0.0))
     B_rows = ring_B_ptr + s * srB_s + g * srB_g + k_rows * srB_r
-    for n0 in range(0, dstate, BLOCK_N):
+    for n0 in range(0, DSTATE, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = n < dstate
+        n_mask = n < DSTATE
         sm_mask = m_mask[:, None] & n_mask[None, :]
         S = tl.load(state_ptr + s * ss_s + head * ss_h + m[:, None] * ss_p + n[None, :], mask=sm_mask,
                     other=0.0).to(tl.float32)
@@ -263,16 +268,17 @@ def launch_config(headdim: int, dstate: int, ring_len: int, arch: int) -> SpecLa
     """The launch config for a geometry on an architecture (checks.kernel_arch: 0 = interpreter).
 
     Interpreter: one program per (row, head) and one dstate chunk: it costs per program and per op, not
-    per FLOP. GPU (sm_90 / sm_100): a 32-row headdim tile, 32-wide dstate chunks, 4 warps and 2 stages:
-    scripts/kernel_report.py at history 16 / window 4 (Nemotron-3 Super and Nano) gives the verify kernel
-    168 (sm_90) / 182 (sm_100) registers and no spill; 64-wide chunks spill (255 registers + local
-    memory), and so does a whole 128-wide dstate. A 64-row ring (history > 28) gets 8 warps, untested.
-    Not yet timed on hardware.
+    per FLOP. GPU (sm_90 / sm_100): a 32-row headdim tile, 16-wide dstate chunks, 4 warps and 2 stages:
+    scripts/kernel_report.py at history 16 / window 4 (Nemotron-3 Nano, Super, Ultra; triton 3.6, 3.7, 3.9)
+    gives the verify kernel 125-150 registers and no spill. 32-wide chunks use 168-185 registers since the
+    dstate loop has a constexpr trip count, and triton 3.6's build for sm_90 spills 4 B there; 64-wide
+    chunks spill (255 registers + local memory), and so does a whole 128-wide dstate. A 64-row ring
+    (history > 28) gets 8 warps, untested. Not yet timed on hardware.
     """
     if arch == 0:
         return SpecLaunchConfig(max(16, next_pow2(headdim)), max(16, next_pow2(dstate)), 4, 4, 1)
     block_m = 16 if headdim <= 16 else 32
-    block_n = min(32, max(16, next_pow2(dstate)))
+    block_n = 16  # the tl.dot minimum; dstate is padded to a power of 2 >= 16, so the chunks tile it
     warps = 4 if ring_len <= 32 else 8
     return SpecLaunchConfig(block_m, block_n, warps, warps, 2)
 
@@ -291,8 +297,8 @@ def launch_verify(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: bo
     arch = kernel_arch(x.device)
     cfg = launch_config(geo.headdim, geo.dstate, ring.ring_len, arch)
     blk, prec = dict(_blocks(ring), BLOCK_N=cfg.block_n), _precision(arch)
-    common = dict(null_slot=ring.null_slot, heads_per_group=geo.heads_per_group, headdim=geo.headdim,
-                  dstate=geo.dstate)
+    common = dict(null_slot=ring.null_slot, headdim=geo.headdim, HEADS_PER_GROUP=geo.heads_per_group,
+                  DSTATE=geo.dstate)
     _scatter_bc_kernel[(batch, geo.ngroups)](
         x, dt, dt if dt_bias is None else dt_bias, B, C, slots,
         ring.x, ring.B, ring.dt, ring.bc, ring.write_pos, ring.origin,
@@ -330,7 +336,7 @@ def launch_materialize(ring: SpecRing, A: torch.Tensor, slots: torch.Tensor) -> 
         out.stride(0), out.stride(1), out.stride(2), ring.state.stride(0), ring.state.stride(1), ring.state.stride(2),
         ring.x.stride(0), ring.x.stride(1), ring.x.stride(2), ring.B.stride(0), ring.B.stride(1), ring.B.stride(2),
         ring.dt.stride(0), ring.dt.stride(1),
-        null_slot=ring.null_slot, heads_per_group=geo.heads_per_group, headdim=geo.headdim, dstate=geo.dstate,
+        null_slot=ring.null_slot, headdim=geo.headdim, HEADS_PER_GROUP=geo.heads_per_group, DSTATE=geo.dstate,
         RING=ring.ring_len, BLOCK_M=cfg.block_m, BLOCK_K=_blocks(ring)["BLOCK_K"], BLOCK_N=cfg.block_n,
         PRECISION=_precision(arch), num_warps=cfg.verify_warps,
     )

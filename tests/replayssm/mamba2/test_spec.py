@@ -265,7 +265,7 @@ def test_cache_contents_match_ref(backend, gen, device):
 
 def test_triton_gpu_tiles_under_interpreter(gen, device, monkeypatch):
     """The GPU launch config run by the interpreter, flushing every step (B = T), against the torch backend:
-    headdim 48 in 32-row tiles (a masked second tile), dstate 64 in 32-wide chunks (a 2-trip loop)."""
+    headdim 48 in 32-row tiles (a masked second tile), dstate 64 in 16-wide chunks (a 4-trip loop)."""
     monkeypatch.setenv("REPLAYSSM_TARGET_ARCH", "90")
     from replayssm.mamba2.spec_kernels import launch_config
 
