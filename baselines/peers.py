@@ -109,10 +109,11 @@ def mamba_ssm_selective_state_update() -> Callable[..., torch.Tensor]:
                     state_batch_indices=None if slots is None else slots.to(torch.int32))
         if out is None:
             return y
-        # Null rows: mamba_ssm writes zeros into its own output; ours are left as they were.
-        rows, _ = _live(slots, batch, x.device)
-        out[rows] = y[rows].to(out.dtype)
-        return out
+        # Null rows: mamba_ssm writes zeros into its own output; ours are left as they were. A select, not a
+        # gather of the live rows, so the call stays CUDA-graph capturable (no host sync).
+        if slots is None:
+            return out.copy_(y)
+        return out.copy_(torch.where((slots != NULL_SLOT)[:, None, None], y.to(out.dtype), out))
 
     return call
 
