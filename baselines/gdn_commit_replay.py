@@ -29,12 +29,10 @@ import triton.language as tl
 
 from baselines.gdn_recurrent_spec import MAX_K, delta_step_torch_, live_rows, serial_launch_config, window_qk_fp32
 from replayssm.checks import (
-    ACT_DTYPES,
     NULL_SLOT,
-    STATE_DTYPES,
     check_backend,
-    check_dtype,
     check_num_accepted,
+    check_pool_alloc,
     check_slots,
 )
 from replayssm.gdn.ref import gdn_step_ref, l2norm
@@ -67,13 +65,7 @@ class CommitReplayCache(SlotPool):
     @classmethod
     def allocate(cls, geometry: GDNGeometry, num_slots: int, window: int, state_dtype=torch.float32,
                  act_dtype=torch.float32, device="cpu") -> CommitReplayCache:
-        if not isinstance(geometry, GDNGeometry):
-            raise ValueError(f"expected a GDNGeometry, got {type(geometry).__name__}")
-        for name, value in (("num_slots", num_slots), ("window", window)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        check_dtype("state_dtype", torch.empty(0, dtype=state_dtype), STATE_DTYPES)
-        check_dtype("act_dtype", torch.empty(0, dtype=act_dtype), ACT_DTYPES)
+        check_pool_alloc(geometry, GDNGeometry, state_dtype, act_dtype, num_slots=num_slots, window=window)
         gm, n, T = geometry, num_slots, window
         return cls(geometry=gm,
                    state=torch.zeros(n, gm.HV, gm.V, gm.K, dtype=state_dtype, device=device),

@@ -25,10 +25,10 @@ import triton.language as tl
 from replayssm.checks import (
     ACT_DTYPES,
     NULL_SLOT,
-    STATE_DTYPES,
     check_backend,
     check_dtype,
     check_num_accepted,
+    check_pool_alloc,
     check_slots,
     kernel_arch,
     next_pow2,
@@ -57,12 +57,7 @@ class SpecStates(SlotPool):
     @classmethod
     def allocate(cls, geometry: GDNGeometry, num_slots: int, window: int, state_dtype=torch.float32,
                  device="cpu") -> SpecStates:
-        if not isinstance(geometry, GDNGeometry):
-            raise ValueError(f"expected a GDNGeometry, got {type(geometry).__name__}")
-        for name, value in (("num_slots", num_slots), ("window", window)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        check_dtype("state_dtype", torch.empty(0, dtype=state_dtype), STATE_DTYPES)
+        check_pool_alloc(geometry, GDNGeometry, state_dtype, num_slots=num_slots, window=window)
         gm = geometry
         return cls(geometry=gm,
                    state=torch.zeros(num_slots, window, gm.HV, gm.V, gm.K, dtype=state_dtype, device=device),

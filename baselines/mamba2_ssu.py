@@ -30,6 +30,7 @@ from replayssm.checks import (
     check_dtype,
     check_last_dim_contiguous,
     check_num_accepted,
+    check_pool_alloc,
     check_same_device,
     check_shape,
     check_slots,
@@ -260,13 +261,9 @@ class SpecStates(SlotPool):
     @classmethod
     def allocate(cls, geometry: Mamba2Geometry, num_slots: int, window: int, state_dtype=torch.float32,
                  device="cpu") -> SpecStates:
-        if not isinstance(geometry, Mamba2Geometry):
-            raise ValueError(f"expected a Mamba2Geometry, got {type(geometry).__name__}")
-        if not isinstance(num_slots, int) or num_slots <= 0:
-            raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
-        if not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
+        check_pool_alloc(geometry, Mamba2Geometry, state_dtype, num_slots=num_slots, window=window)
+        if window > MAX_WINDOW:
             raise ValueError(f"window must be an int in 1..{MAX_WINDOW}, got {window!r}")
-        check_dtype("state_dtype", torch.empty(0, dtype=state_dtype), STATE_DTYPES)
         if geometry.dstate > K.MAX_DSTATE:
             raise ValueError(f"dstate={geometry.dstate} > {K.MAX_DSTATE}: the kernels keep a whole dstate row in "
                              "one tile")

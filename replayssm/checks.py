@@ -65,6 +65,27 @@ def check_dtype(name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]) ->
         raise ValueError(f"{name} has dtype {t.dtype}; expected one of {[str(d) for d in allowed]}")
 
 
+def check_pool_alloc(geometry, geometry_type: type, state_dtype: torch.dtype, act_dtype: torch.dtype | None = None,
+                     **sizes: int) -> None:
+    """The arguments every cache allocation shares: the geometry's type, its sizes (num_slots, buffer_len,
+    history_len, window, ...: ints >= 1, bools refused) and the state / activation dtypes."""
+    if not isinstance(geometry, geometry_type):
+        raise ValueError(f"expected a {geometry_type.__name__}, got {type(geometry).__name__}")
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    check_dtype("state_dtype", torch.empty(0, dtype=state_dtype), STATE_DTYPES)
+    if act_dtype is not None:
+        check_dtype("act_dtype", torch.empty(0, dtype=act_dtype), ACT_DTYPES)
+
+
+def check_ring_lengths(history_len: int, window: int) -> None:
+    """A speculative ring needs history B >= window T, so that a flushed window still fits."""
+    if history_len < window:
+        raise ValueError(f"history_len B={history_len} < window T={window}: the ring needs B >= T "
+                         "so that a flushed window still fits")
+
+
 def check_shape(name: str, t: torch.Tensor | None, shape: tuple[int, ...]) -> None:
     """Exact shape check; None passes (optional tensors)."""
     if t is not None and tuple(t.shape) != tuple(shape):

@@ -21,19 +21,9 @@ from typing import ClassVar
 
 import torch
 
-from replayssm.checks import ACT_DTYPES, NULL_SLOT, STATE_DTYPES, check_dtype
+from replayssm.checks import NULL_SLOT, check_pool_alloc
 from replayssm.geometry import GDNGeometry
 from replayssm.slot_pool import SlotPool
-
-
-def check_gdn_alloc(geometry, num_slots: int, state_dtype, act_dtype) -> None:
-    """Validate the arguments every GDN cache allocation shares (also used by the spec ring)."""
-    if not isinstance(geometry, GDNGeometry):
-        raise ValueError(f"expected a GDNGeometry, got {type(geometry).__name__}")
-    if not isinstance(num_slots, int) or isinstance(num_slots, bool) or num_slots <= 0:
-        raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
-    check_dtype("state_dtype", torch.empty(0, dtype=state_dtype), STATE_DTYPES)
-    check_dtype("act_dtype", torch.empty(0, dtype=act_dtype), ACT_DTYPES)
 
 
 @dataclass
@@ -61,9 +51,7 @@ class ReplayCache(SlotPool):
     @classmethod
     def allocate(cls, geometry: GDNGeometry, num_slots: int, buffer_len: int, state_dtype=torch.float32,
                  act_dtype=torch.float32, device="cpu") -> ReplayCache:
-        check_gdn_alloc(geometry, num_slots, state_dtype, act_dtype)
-        if not isinstance(buffer_len, int) or isinstance(buffer_len, bool) or buffer_len < 1:
-            raise ValueError(f"buffer_len must be an int >= 1, got {buffer_len!r}")
+        check_pool_alloc(geometry, GDNGeometry, state_dtype, act_dtype, num_slots=num_slots, buffer_len=buffer_len)
         gm, n, L = geometry, num_slots, buffer_len
         return cls(
             geometry=gm, buffer_len=L,

@@ -26,8 +26,7 @@ from typing import ClassVar
 
 import torch
 
-from replayssm.checks import NULL_SLOT, next_pow2
-from replayssm.gdn.cache import check_gdn_alloc
+from replayssm.checks import NULL_SLOT, check_pool_alloc, check_ring_lengths, next_pow2
 from replayssm.geometry import GDNGeometry
 from replayssm.slot_pool import SlotPool
 
@@ -62,13 +61,9 @@ class SpecRing(SlotPool):
     @classmethod
     def allocate(cls, geometry: GDNGeometry, num_slots: int, history_len: int, window: int,
                  state_dtype=torch.float32, act_dtype=torch.float32, device="cpu") -> SpecRing:
-        check_gdn_alloc(geometry, num_slots, state_dtype, act_dtype)
-        for name, value in (("history_len", history_len), ("window", window)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if history_len < window:
-            raise ValueError(f"history_len B={history_len} < window T={window}: the ring needs B >= T "
-                             "so that a flushed window still fits")
+        check_pool_alloc(geometry, GDNGeometry, state_dtype, act_dtype, num_slots=num_slots,
+                         history_len=history_len, window=window)
+        check_ring_lengths(history_len, window)
         gm, n = geometry, num_slots
         R = next_pow2(history_len + window)
         return cls(

@@ -22,18 +22,14 @@ from typing import ClassVar
 
 import torch
 
-from replayssm.checks import ACT_DTYPES, NULL_SLOT, STATE_DTYPES, check_dtype, next_pow2
+from replayssm.checks import (
+    NULL_SLOT,
+    check_pool_alloc,
+    check_ring_lengths,
+    next_pow2,
+)
 from replayssm.geometry import Mamba2Geometry
 from replayssm.slot_pool import SlotPool
-
-
-def _check_alloc(geometry, num_slots: int, state_dtype, act_dtype) -> None:
-    if not isinstance(geometry, Mamba2Geometry):
-        raise ValueError(f"expected a Mamba2Geometry, got {type(geometry).__name__}")
-    if not isinstance(num_slots, int) or num_slots <= 0:
-        raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
-    check_dtype("state_dtype", torch.empty(0, dtype=state_dtype), STATE_DTYPES)
-    check_dtype("act_dtype", torch.empty(0, dtype=act_dtype), ACT_DTYPES)
 
 
 @dataclass
@@ -63,9 +59,7 @@ class ReplayCache(SlotPool):
     @classmethod
     def allocate(cls, geometry: Mamba2Geometry, num_slots: int, buffer_len: int, state_dtype=torch.float32,
                  act_dtype=torch.float32, device="cpu") -> ReplayCache:
-        _check_alloc(geometry, num_slots, state_dtype, act_dtype)
-        if not isinstance(buffer_len, int) or buffer_len < 1:
-            raise ValueError(f"buffer_len must be an int >= 1, got {buffer_len!r}")
+        check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, num_slots=num_slots, buffer_len=buffer_len)
         g, n, L = geometry, num_slots, buffer_len
         return cls(
             geometry=g, buffer_len=L,
@@ -117,13 +111,9 @@ class SpecRing(SlotPool):
     @classmethod
     def allocate(cls, geometry: Mamba2Geometry, num_slots: int, history_len: int, window: int,
                  state_dtype=torch.float32, act_dtype=torch.float32, device="cpu") -> SpecRing:
-        _check_alloc(geometry, num_slots, state_dtype, act_dtype)
-        for name, v in (("history_len", history_len), ("window", window)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        if history_len < window:
-            raise ValueError(f"history_len B={history_len} < window T={window}: the ring needs B >= T "
-                             "so that a flushed window still fits")
+        check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, num_slots=num_slots,
+                         history_len=history_len, window=window)
+        check_ring_lengths(history_len, window)
         g, n = geometry, num_slots
         R = next_pow2(history_len + window)
         return cls(
