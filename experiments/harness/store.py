@@ -37,7 +37,9 @@ def _cell(value):
 
 
 class RunStore:
-    """An open run directory."""
+    """An open run directory. `columns`: the row contract (a subclass may extend COLUMNS, e.g. engine rows)."""
+
+    columns: list[str] = COLUMNS
 
     def __init__(self, run_dir: Path, run_id: str):
         self.run_dir, self.run_id = Path(run_dir), run_id
@@ -62,7 +64,7 @@ class RunStore:
                 candidate = f"{run_id}-{n}"
         store = cls(parent / candidate, candidate)
         with open(store.rows_path, "w", newline="") as f:
-            csv.DictWriter(f, fieldnames=COLUMNS).writeheader()
+            csv.DictWriter(f, fieldnames=cls.columns).writeheader()
         return store
 
     @classmethod
@@ -73,7 +75,7 @@ class RunStore:
             raise ValueError(f"resume: {run_dir} is not a run directory (no rows.csv)")
         with open(rows, newline="") as f:
             header = next(csv.reader(f), [])
-        if header != COLUMNS:
+        if header != cls.columns:
             raise ValueError(f"resume: {rows} has different columns than this harness writes")
         return cls(run_dir, run_dir.name)
 
@@ -88,13 +90,13 @@ class RunStore:
 
     def append(self, row: dict) -> None:
         """Append one row and make it durable before returning."""
-        missing = set(COLUMNS) - set(row)
+        missing = set(self.columns) - set(row)
         if missing:
             raise ValueError(f"row lacks columns {sorted(missing)}")
         if row["status"] not in STATUSES:
             raise ValueError(f"row status {row['status']!r} not in {STATUSES}")
         with open(self.rows_path, "a", newline="") as f:
-            csv.DictWriter(f, fieldnames=COLUMNS).writerow({k: _cell(row[k]) for k in COLUMNS})
+            csv.DictWriter(f, fieldnames=self.columns).writerow({k: _cell(row[k]) for k in self.columns})
             f.flush()
             os.fsync(f.fileno())
 
