@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from engine_rows import engine_ratios
 
 ROW_COLUMNS = (
     "experiment", "family", "model", "tp", "method", "route", "backend", "batch", "buffer_len", "spec_T",
@@ -349,6 +350,11 @@ def summarize(rows: pd.DataFrame) -> Summary:
             continue
         frames.append(_ratio_frame(m, metric, how))
         used.update(m["_rid"].tolist() + m["_rid_den"].tolist())
+    # real-engine rows (level=engine, experiments/vllm_bench.py) pair among themselves: scripts/engine_rows.py
+    engine, engine_used = engine_ratios(rows, SUMMARY_COLUMNS)
+    if not engine.empty:
+        frames.append(engine)
+        used.update(engine_used)
     ratios = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(SUMMARY_COLUMNS))
     counted = rows.assign(_used=rows["_rid"].isin(list(used)))
     for col in ("experiment", "method"):

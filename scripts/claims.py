@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 from aggregate import Run, describe_env, load_run, summarize
+from engine_rows import ENGINE_EXPERIMENT
 from published import CLAIMS, Claim
 from tables import bench_cpu_table, env_line, markdown_table
 
@@ -69,6 +70,21 @@ def best_buffer_rows(ratios: pd.DataFrame) -> pd.DataFrame:
     return best.assign(metric="best_buffer_len", speedup=best["value"], value=best["buffer_len"])
 
 
+ENGINE_FIRST_LEVELS = ("e2e", "serving")
+ENGINE_NOTE = "real engine: vLLM's own benchmark"
+
+
+def engine_preferred(cand: pd.DataFrame, claim: Claim) -> pd.DataFrame | None:
+    """Preference hook for end-to-end and serving claims: real-engine ratios of the claim's metric
+    (experiments/vllm_bench.py, scripts/engine_rows.py) answer it whenever the runs have any; otherwise None
+    and the claim's own experiment (e2e / serving rows, else the SSM-layer proxy) decides.
+    Order: engine rows > e2e/serving rows > SSM-layer proxy."""
+    if claim.level not in ENGINE_FIRST_LEVELS or cand.empty:
+        return None
+    engine = cand[cand["experiment"] == ENGINE_EXPERIMENT]
+    return engine if not engine.empty else None
+
+
 def nearest_rows(ratios: pd.DataFrame, claim: Claim) -> pd.DataFrame:
     """The rows of `ratios` nearest to the claim's conditions: per model the closest setting; across
     models, only the models that match the claim best. Only rows of the claim's metric, experiment and
@@ -77,7 +93,10 @@ def nearest_rows(ratios: pd.DataFrame, claim: Claim) -> pd.DataFrame:
         cand = best_buffer_rows(ratios)
     else:
         cand = ratios[ratios["metric"] == claim.metric]
-    if claim.experiment is not None and not cand.empty:
+    engine = engine_preferred(cand, claim)
+    if engine is not None:
+        cand = engine
+    elif claim.experiment is not None and not cand.empty:
         cand = cand[cand["experiment"] == claim.experiment]
     if claim.method is not None and not cand.empty:
         cand = cand[cand["num_method"] == claim.method]
@@ -219,6 +238,8 @@ def evaluate(claim: Claim, ratios: pd.DataFrame, cpu: bool) -> dict:
     lo_text, hi_text = _fmt(lo, claim.kind), _fmt(hi, claim.kind)
     value = hi_text if lo_text == hi_text else f"{lo_text}-{hi_text}"
     labels = [PROXY_NOTE[claim.level]] if claim.level in PROXY_NOTE else []
+    if (near["experiment"] == ENGINE_EXPERIMENT).all():
+        labels = [ENGINE_NOTE]
     labels += ["CPU torch backend"] if cpu else []
     row["measured"] = value + (f" ({'; '.join(labels)})" if labels else "")
     row["gap"] = gap_text(lo, hi, claim) + (" — CPU: not comparable" if cpu else "")

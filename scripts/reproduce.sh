@@ -12,7 +12,8 @@
 #
 # Environment: PY (python to use; default .venv/bin/python), RESULTS (default results), RUN_ID (default
 # reproduce-<UTC time>-<git sha>), PAPER_MODELS (GPU model list, Hydra syntax), SWEEP (override the sweep
-# name), EXTRA (extra Hydra overrides for both experiments, e.g. "sweep.batch=[1,64]").
+# name), EXTRA (extra Hydra overrides for both experiments, e.g. "sweep.batch=[1,64]"); the vLLM stage:
+# ENGINE_SWEEP (default vllm_paper), ENGINE_MODELS (default [nemotron3_nano_4b,qwen35_4b]), ENGINE_EXTRA.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -96,6 +97,33 @@ if [[ "$GPU" != "True" ]]; then
     fi
 fi
 
+# ------------------------------------------- real engine: vLLM's own benchmarks (experiments/vllm_bench.py)
+# Its own run directory (engine rows carry extra columns); without vLLM or a GPU every point is a skipped row
+# with the reason and the exact commands (fast). A failure here is reported and the report still gets written.
+ENGINE_DIR=""
+if have_module "experiments.vllm_bench"; then
+    ENGINE_RUN_ID="${RUN_ID}-vllm"
+    ENGINE_LOG="outputs/reproduce/${RUN_ID}/vllm_bench.log"
+    mkdir -p "$(dirname "$ENGINE_LOG")"
+    stage "engine: python -m experiments.vllm_bench engine_sweep=${ENGINE_SWEEP:-vllm_paper} (ENGINE_MODELS, ENGINE_EXTRA)"
+    read -r -a ENGINE_ARGS <<< "${ENGINE_EXTRA:-}"
+    if "$PY" -m experiments.vllm_bench "engine_sweep=${ENGINE_SWEEP:-vllm_paper}" \
+        "engine_sweep.models=${ENGINE_MODELS:-[nemotron3_nano_4b,qwen35_4b]}" "out_dir=${RESULTS}" \
+        "run_id=${ENGINE_RUN_ID}" progress=false "hydra.run.dir=outputs/reproduce/${RUN_ID}/vllm_bench" \
+        ${ENGINE_ARGS[@]+"${ENGINE_ARGS[@]}"} > "$ENGINE_LOG" 2>&1; then
+        ENGINE_DIR="$(ls -d "${RESULTS}"/*/"${ENGINE_RUN_ID}" 2>/dev/null | head -n 1 || true)"
+        tail -n 3 "$ENGINE_LOG" >&2
+    else
+        printf '!!!! engine stage failed (see %s); the report is written without it\n' "$ENGINE_LOG" >&2
+    fi
+    if [[ -n "$ENGINE_DIR" ]]; then
+        "$PY" scripts/aggregate.py "$ENGINE_DIR"
+        "$PY" scripts/tables.py "$ENGINE_DIR" --quiet
+    fi
+else
+    skip_missing "engine benchmarks" "module experiments.vllm_bench"
+fi
+
 # ----------------------------------------------------------------------------- results -> report
 stage "aggregate: ${RUN_DIR}/summary.csv"
 "$PY" scripts/aggregate.py "$RUN_DIR"
@@ -104,11 +132,14 @@ stage "tables: ${RUN_DIR}/TABLES.md"
 stage "plots: ${RUN_DIR}/plots/"
 "$PY" scripts/plots.py "$RUN_DIR"
 stage "claims: ${RUN_DIR}/REPORT.md"
-"$PY" scripts/claims.py "$RUN_DIR"
+"$PY" scripts/claims.py "$RUN_DIR" ${ENGINE_DIR:+"$ENGINE_DIR"}     # engine rows answer e2e/serving claims
 
 echo
 echo "run directory: ${RUN_DIR}"
 echo "report:        ${RUN_DIR}/REPORT.md"
+if [[ -n "$ENGINE_DIR" ]]; then
+    echo "engine run:    ${ENGINE_DIR}"
+fi
 if (( ${#MISSING[@]} )); then
     echo "skipped stages (not in the tree yet): ${MISSING[*]}" >&2
 fi

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 from aggregate import SPEC_METHODS, Run, describe_env, load_run, summarize
+from engine_rows import ENGINE_LEVEL, engine_table
 
 
 def _cell(value, fmt: str | None = None) -> str:
@@ -77,6 +78,8 @@ def medians_table(run: Run, spec: bool) -> str:
     """Per-row medians with the p20..p80 band, flush step, achieved GB/s and % of peak, for the AR
     experiments (spec=False) or the spec ones (spec=True, with their standard-decode reference rows)."""
     rows = run.rows[run.rows["experiment"].astype(str).str.contains("spec") == spec]
+    if "level" in rows.columns:                       # engine rows have no kernel medians: engine section
+        rows = rows[rows["level"].astype(str) != ENGINE_LEVEL]
     if rows.empty:
         return "_(no rows)_\n"
     rows = rows.assign(dtypes=_dtypes(rows)).sort_values(["model", "tp", "batch", "spec_T", "buffer_len", "method"],
@@ -193,6 +196,14 @@ def render(run: Run) -> str:
                  "spec_vs_native = replay_spec / baseline_spec; spec_vs_commit = replay_spec / commit_replay_spec; "
                  "spec_vs_ar = replay_spec / standard AR decode (batch / step time)."),
     ]
+    engine = engine_table(run.rows)
+    if not engine.empty:
+        parts.append(_section("Real engine: vLLM's own benchmarks (level=engine, experiments/vllm_bench.py)", run,
+                              markdown_table(engine, {"tokens_per_s": ".1f", "requests_per_s": ".2f",
+                                                      "acceptance_length": ".2f", "max_concurrency": ".1f"}),
+                              "output tok/s, TTFT/TPOT (ms) and acceptance length as vLLM reported them; "
+                              "max_concurrency from the engine's KV-cache log; engine ratios (experiment vllm_bench) "
+                              "are in summary.csv and the AR speedup table."))
     bench = bench_cpu_table(run)
     if bench is not None:
         parts.append(_section("CPU micro-benchmarks (make bench-cpu: production geometry, torch backend)", run, bench,
