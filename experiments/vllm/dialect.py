@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 # A long option as argparse prints it: "--max-num-seqs MAX_NUM_SEQS", "--enable-prefix-caching, --no-...".
 _FLAG = re.compile(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)")
-_VERSION = re.compile(r"(\d+\.\d+(?:\.\d+)?(?:[.+-][0-9A-Za-z.+-]*)?)")
+_VERSION = re.compile(r"(\d+\.\d+[0-9A-Za-z.+-]*)")
 
 AR_FLAG = "--use-replayssm"
 SPEC_FLAG = "--use-replayssm-spec"

@@ -17,6 +17,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from experiments.harness.env import REPO_ROOT, collect_env, new_run_id, resolve_hardware
 from experiments.harness.points import CONF_DIR
 from experiments.harness.store import COLUMNS, RunStore
@@ -76,8 +78,6 @@ def _capture(argv: list[str], timeout_s: float) -> tuple[int, str]:
 
 
 def gpu_reason() -> str | None:
-    import torch
-
     return None if torch.cuda.is_available() else "no CUDA GPU visible (torch.cuda.is_available() is False)"
 
 
@@ -140,8 +140,6 @@ def run_engine_bench(cfg, *, progress: bool | None = None) -> EngineRun:
     data = _as_dict(cfg)
     plan = expand(data)                                  # every ValueError happens here, before any process
     engine = probe_engine(plan.engine)
-    import torch
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     hardware = resolve_hardware(data.get("hardware") or {}, device, CONF_DIR)
     if data.get("resume"):

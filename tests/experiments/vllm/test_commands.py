@@ -138,3 +138,11 @@ def test_the_parser_rejects_what_the_engine_would():
         parse_command(["vllm", "bench", "serve", "--max-concurrency"])
     with pytest.raises(ValueError, match="serve_command"):
         serve_command("vllm", point("standard", "throughput"), DIALECTS["fork"][1], 1)
+
+
+def test_engine_version_from_version_output():
+    from experiments.vllm.dialect import parse_version
+
+    assert parse_version("0.31.0\n") == "0.31.0"
+    assert parse_version("INFO warming up\n0.11.1rc2.dev5+g1a2b3c") == "0.11.1rc2.dev5+g1a2b3c"
+    assert parse_version("") is None

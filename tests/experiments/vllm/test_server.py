@@ -87,3 +87,19 @@ def test_loopback_only(fake_vllm, tmp_path, host):
         EngineServer(argv, port=1, log_path=tmp_path / "s.log", ready_timeout_s=1)
     assert not (tmp_path / "state" / "pids").exists()      # refused before any process started
     require_loopback(_argv(fake_vllm, 1))
+
+
+def test_a_benchmark_past_its_timeout_is_killed_with_its_group(tmp_path):
+    """run.py's benchmark runner: timeout -> BenchError naming it, and the process group is gone."""
+    from experiments.vllm.run import BenchError, _run_logged
+
+    script = tmp_path / "slow.sh"
+    script.write_text(f"#!/bin/sh\necho $$ > {tmp_path / 'pid'}\nsleep 30 &\necho $! >> {tmp_path / 'pid'}\nwait\n")
+    script.chmod(0o755)
+    with pytest.raises(BenchError, match="ran past 1 s; killed"):
+        _run_logged([str(script), "bench", "serve"], tmp_path / "bench.log", timeout_s=1)
+    pids = [int(p) for p in (tmp_path / "pid").read_text().split()]
+    assert len(pids) == 2 and _gone(pids)
+    with pytest.raises(BenchError, match="exited with code 3"):
+        _run_logged(["sh", "-c", "echo boom; exit 3"], tmp_path / "b2.log", timeout_s=10)
+    assert "boom" in (tmp_path / "b2.log").read_text()
