@@ -93,7 +93,7 @@ def test_long_run_matches_serial_ground_truth(method, backend, T, use_qk_l2norm,
 
 
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.float16, torch.float32), (torch.float32, torch.float16),
-                                                   (torch.float16, torch.float16)])
+                                                   (torch.float16, torch.float16), (torch.float32, torch.bfloat16)])
 @pytest.mark.parametrize("backend", ["torch", "ref"])
 @pytest.mark.parametrize("method", ["native", "commit_replay"])
 def test_long_run_half_precision(method, backend, act_dtype, state_dtype, gen):

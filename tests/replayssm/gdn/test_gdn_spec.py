@@ -99,7 +99,7 @@ def test_long_run_matches_serial_ground_truth(backend, T, B, use_qk_l2norm, gen)
 
 
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.float16, torch.float32), (torch.float32, torch.float16),
-                                                   (torch.float16, torch.float16)])
+                                                   (torch.float16, torch.float16), (torch.float32, torch.bfloat16)])
 @pytest.mark.parametrize("backend", ["torch", "ref"])
 def test_long_run_half_precision(backend, act_dtype, state_dtype, gen):
     """fp16 ring / checkpoint: rounding where the cache stores, bounded and not accumulating over 40 steps."""

@@ -157,7 +157,7 @@ def run_schedule(run: Run, gen, steps: int, batch: int, nulls: bool = True) -> R
 
 # --------------------------------------------------------------------------------- torch / ref, full matrix
 
-DTYPES = [(F32, F32), (F16, F32), (F16, F16), (F32, F16)]  # (act, state)
+DTYPES = [(F32, F32), (F16, F32), (F16, F16), (F32, F16), (F32, torch.bfloat16)]  # (act, state)
 
 
 @pytest.mark.parametrize("backend", ["torch", "ref"])

@@ -292,7 +292,7 @@ def test_triton_gpu_tiles_under_interpreter(gen, device, monkeypatch):
     assert rel_err(mats["triton"], mats["torch"]) <= 1e-5
 
 
-@pytest.mark.parametrize("state_dtype", [F32, F16], ids=str)
+@pytest.mark.parametrize("state_dtype", [F32, F16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("T,history", [(2, 2), (4, 8)])
 def test_default_slots_match_ref(T, history, state_dtype, gen, device):
     """slots=None with batch == num_slots: the torch backend reads (and, fp32, folds) the checkpoint in place
