@@ -327,8 +327,8 @@ def _run(cfg, progress: bool | None) -> AccuracyResult:
             rows = [{**base, **r} for r in run_series(s, groups[gkey], sweep, seed)]
         except Exception as exc:  # noqa: BLE001 - a failing series is recorded, the sweep goes on
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            rows = [{**base, "status": "error",
-                     "message": f"{type(exc).__name__}: {str(exc)[:300]} (at {Path(where.filename).name}:{where.lineno})"}]
+            message = f"{type(exc).__name__}: {str(exc)[:300]} (at {Path(where.filename).name}:{where.lineno})"
+            rows = [{**base, "status": "error", "message": message}]
         table.append_many(rows)
         written += rows
     return AccuracyResult(store.run_dir, store.run_id, written, skipped)

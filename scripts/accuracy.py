@@ -2,8 +2,9 @@
 bf16-state table and the verdict on the fork's claim. Used by tables.py, plots.py and claims.py.
 
 Growth exponent: per series, the least-squares slope of log(error median) against log(step) over the
-checkpoints with step >= FIT_FROM (the first tokens only show the start-up, not the trend). 0 means the
-error stays flat, 0.5 a random walk (rounding errors that add up independently), 1 a linear drift.
+checkpoints with step >= FIT_FROM (the first tokens show the start-up: a replay cache rounds nothing before
+its first flush). 0 means the error stays flat, 0.5 a random walk (rounding errors that add up
+independently), 1 a linear drift.
 
 The fork's claim (replayssm-method.md §7, fork test docstring): "with bf16 state, ReplaySSM is *more*
 accurate than baseline (baseline downcasts every step)". Verdict from the rows: for every (family, workload,
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-FIT_FROM = 10
+FIT_FROM = 100
 TARGET_STEPS = (1000, 10000)
 NOT_MEASURED = "not measured in this run"
 CLAIM_TEXT = ("with bf16 state, ReplaySSM is more accurate than baseline (baseline downcasts every step)")

@@ -114,7 +114,7 @@ def _synthetic(exponent_base: float, base_scale: float, replay_scale: float) -> 
     rows = []
     for method, L, scale, expo in (("baseline_ar", None, base_scale, exponent_base),
                                    ("replay_ar", 16, replay_scale, 0.25)):
-        for step in (1, 10, 100, 1000, 2000):
+        for step in (1, 10, 100, 300, 1000, 2000):
             err = scale * step ** expo
             rows.append({c: None for c in accuracy.COLUMNS} | dict(
                 family="mamba2", model="m", workload="realistic", method=method, buffer_len=L,
