@@ -168,5 +168,6 @@ def test_bf16_rejected_by_the_interpreter(gen, device):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_bf16_on_gpu(gen):
-    run_scenario("triton", TINY, torch.bfloat16, F32, 6, gen, "cuda", use_qk_l2norm=True)
+@pytest.mark.parametrize("act_dtype,state_dtype", [(torch.bfloat16, F32), (F32, torch.bfloat16)])
+def test_bf16_on_gpu(act_dtype, state_dtype, gen):
+    run_scenario("triton", TINY, act_dtype, state_dtype, 6, gen, "cuda", use_qk_l2norm=True)
