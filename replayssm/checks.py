@@ -14,7 +14,9 @@ import torch
 NULL_SLOT = -1  # a row whose slot is NULL_SLOT is padding: skipped, its output left as is
 BACKENDS = ("triton", "torch", "ref")
 ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-STATE_DTYPES = (torch.float32, torch.float16)
+# bf16 state: kernels load the state, compute in fp32 and store with .to(state_ptr.dtype.element_ty), so a
+# bf16 pool is one more storage format (the Triton interpreter cannot run it: check_backend refuses).
+STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def interpreter_active() -> bool:

@@ -249,6 +249,20 @@ def evaluate(claim: Claim, ratios: pd.DataFrame, cpu: bool) -> dict:
     return row
 
 
+def accuracy_claim(claim: Claim, runs: list[Run], cpu: bool) -> dict:
+    """The bf16-state accuracy claim: verdict and ratios from the runs' accuracy.csv (scripts/accuracy.py),
+    "not measured in this run" when no run has bf16-state baseline_ar and replay_ar rows."""
+    import accuracy
+
+    frames = [df for df in (accuracy.load_accuracy(r.path) for r in runs) if df is not None]
+    verdict = accuracy.claim_verdict(pd.concat(frames, ignore_index=True) if frames else None)
+    measured = verdict["value"] if verdict["verdict"] == NOT_MEASURED else \
+        f"{verdict['value']}" + (" (CPU torch backend)" if cpu else "")
+    return {"claim": claim.text, "published": "qualitative", "conditions": short_conditions(claim),
+            "measured": measured, "gap": verdict["verdict"] if verdict["verdict"] != NOT_MEASURED else "-",
+            "rows": verdict["rows"], "claim_obj": claim}
+
+
 def render(runs: list[Run]) -> str:
     ratios = pd.concat([summarize(r.rows).ratios for r in runs], ignore_index=True)
     envs = [describe_env(r.env, r.path) for r in runs]
@@ -268,7 +282,8 @@ def render(runs: list[Run]) -> str:
     lines += ["Our value is taken from the rows nearest to each claim's conditions (model, batch, buffer, T), "
               "ratios only between rows of one run; where the rows differ from the claim's conditions the "
               "details say so. Headline rows first.", ""]
-    evaluated = [evaluate(c, ratios, cpu) for c in CLAIMS]
+    evaluated = [accuracy_claim(c, runs, cpu) if c.metric == "bf16_state_accuracy" else evaluate(c, ratios, cpu)
+                 for c in CLAIMS]
     table = pd.DataFrame([{"#": i + 1, "claim": ("**" + e["claim"] + "**") if e["claim_obj"].headline else e["claim"],
                            "published": e["published"], "conditions": e["conditions"],
                            "measured here": e["measured"], "gap": e["gap"]}

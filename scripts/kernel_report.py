@@ -462,7 +462,8 @@ def _variants(launches: list[tuple[Launch, KernelSpec]]) -> list[str]:
 
 
 def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry], targets: list[int], methods: list[str] | None,
-               fp32_state_only: bool, workdir: Path, log=print) -> list[dict[str, Any]]:
+               fp32_state_only: bool, workdir: Path, log=print, bf16_state: bool = False) -> list[dict[str, Any]]:
+    """bf16_state adds a bfloat16-state build of every recipe (AR and spec: each cache stores it)."""
     builder = Builder(workdir)
     rows: list[dict[str, Any]] = []
     device = torch.device("cpu")
@@ -473,6 +474,8 @@ def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry], targets: lis
                 if recipe.family != family or (methods and recipe.method not in methods):
                     continue
                 dtypes = [torch.float32] if (fp32_state_only or not recipe.ar) else [torch.float32, torch.float16]
+                if bf16_state:
+                    dtypes.append(torch.bfloat16)
                 for state_dtype in dtypes:
                     base = dict(method=recipe.method, target=f"sm_{target}", geometry=geo_name,
                                 state=TORCH_TO_TRITON[state_dtype])
@@ -531,6 +534,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", action="append", type=int, choices=TARGETS, help="sm arch (repeatable; default both)")
     p.add_argument("--method", action="append", choices=[r.method for r in RECIPES], help="recipe (repeatable)")
     p.add_argument("--fp32-state-only", action="store_true", help="skip the fp16-state builds of the AR kernels")
+    p.add_argument("--bf16-state", action="store_true", help="also build a bfloat16-state variant of every recipe")
     p.add_argument("--csv", type=Path, help="also write the rows as CSV")
     p.add_argument("--json", type=Path, help="also write the rows as JSON")
     return p.parse_args(argv)
@@ -548,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kernel_report_") as tmp:
         rows = run_report(geometries, targets, args.method, args.fp32_state_only, Path(tmp),
-                          log=lambda s: print(s, file=sys.stderr, flush=True))
+                          log=lambda s: print(s, file=sys.stderr, flush=True), bf16_state=args.bf16_state)
     print(format_table(rows))
     if args.csv:
         args.csv.parent.mkdir(parents=True, exist_ok=True)

@@ -163,13 +163,44 @@ def plot_bandwidth(run: Run, out_dir: Path) -> list[Path]:
     return paths
 
 
+def plot_accuracy(run: Run, out_dir: Path) -> list[Path]:
+    """The accuracy study (accuracy.csv, experiments/accuracy.py): error vs float64 against decoded steps,
+    log-log, one figure per model x workload x precision (state/activation dtype), one line per method; left
+    the outputs, right the committed state (median over rows x heads, p99 as a dotted line)."""
+    import accuracy
+
+    df = accuracy.load_accuracy(run.path)
+    if df is None:
+        return []
+    df = accuracy.ok_rows(df)
+    paths = []
+    for setting, group in _groups(df, ["model", "workload", "state_dtype", "act_dtype"]):
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), sharex=True)
+        for label, g in group.groupby("label", sort=True):
+            g = g.sort_values("step")
+            for ax, what in zip(axes, ("out", "state")):
+                (line,) = ax.plot(g["step"], g[f"{what}_err_median"], marker="o", markersize=3, label=label)
+                ax.plot(g["step"], g[f"{what}_err_p99"], linestyle=":", color=line.get_color())
+        for ax, what in zip(axes, ("outputs", "committed state")):
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.set_xlabel("tokens decoded")
+            ax.set_ylabel(f"relative error of the {what} vs float64")
+        axes[0].legend(fontsize=6)
+        fig.suptitle(_title(run, "Accuracy vs float64 (median solid, p99 dotted)", setting), fontsize=9)
+        paths.append(_save(fig, out_dir, "accuracy_" + _slug(*setting.values())))
+    return paths
+
+
 def plot_run(run_dir: Path | str) -> list[Path]:
     """All plots of one run into RUN_DIR/plots/; returns the PNG paths."""
     run = load_run(run_dir)
     out_dir = run.path / "plots"
     out_dir.mkdir(exist_ok=True)
     ratios = summarize(run.rows).ratios
-    return plot_ar_speedup(run, ratios, out_dir) + plot_spec_throughput(run, out_dir) + plot_bandwidth(run, out_dir)
+    return (plot_ar_speedup(run, ratios, out_dir) + plot_spec_throughput(run, out_dir) + plot_bandwidth(run, out_dir)
+            + plot_accuracy(run, out_dir))
 
 
 def main(argv: list[str] | None = None) -> int:

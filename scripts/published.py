@@ -12,6 +12,8 @@ A claim's `metric` names a summary.csv metric (see scripts/aggregate.py):
     concurrency       baseline_spec footprint / replay_spec footprint (slots that fit one budget)
     best_buffer_len   the buffer_len with the highest ar_speedup (the bell curve's peak)
     byte_model        analytic: replayssm.traffic baseline bytes / ReplaySSM bytes (not a measurement)
+    bf16_state_accuracy  baseline_ar / replay_ar output error vs float64 with a bf16 state  accuracy.csv
+                         (experiments/accuracy.py; verdict by scripts/accuracy.py claim_verdict)
 """
 
 from __future__ import annotations
@@ -180,6 +182,20 @@ CLAIMS: tuple[Claim, ...] = (
         metric="byte_model", experiment=None, batch=None, buffer_len=16,
         hardware="any (analytic)", conditions="fp32 state, bf16 activations, whole flush cycles, buffer 16",
         source="blog §4.1, replayssm-method.md §5.2 (1.79x-1.81x at L=16)", level="analytic",
+    ),
+)
+
+# Accuracy claims are qualitative: their verdict comes from the run's accuracy.csv, not from summary.csv.
+CLAIMS += (
+    Claim(
+        key="bf16_state_accuracy", kind="point", hi=1.0,
+        text='"With bf16 state, ReplaySSM is *more* accurate than baseline (baseline downcasts every step)"',
+        metric="bf16_state_accuracy", experiment="accuracy",
+        hardware="not stated (fork test)", conditions="bf16 state; ReplaySSM rounds the state once per flush, "
+                                                      "the baseline every step",
+        source="official fork's test docstring (replayssm-method.md §7, [READ])", level="kernel",
+        note="published as a qualitative statement; ours: baseline/ReplaySSM output error ratio vs float64 "
+             "(> 1 means ReplaySSM is more accurate)",
     ),
 )
 

@@ -8,7 +8,8 @@
 #
 # Both experiments write into one run (kernel_spec resumes the kernel_decode run directory), so every ratio,
 # including "spec over standard decode", comes from rows of one run. The run lands in
-# results/<hardware>/<run-id>/ with rows.csv, env.json, summary.csv, TABLES.md, plots/ and REPORT.md.
+# results/<hardware>/<run-id>/ with rows.csv, env.json, summary.csv, TABLES.md, plots/ and REPORT.md; the
+# accuracy study (experiments/accuracy.py) joins it too, as accuracy.csv.
 #
 # Environment: PY (python to use; default .venv/bin/python), RESULTS (default results), RUN_ID (default
 # reproduce-<UTC time>-<git sha>), PAPER_MODELS (GPU model list, Hydra syntax), SWEEP (override the sweep
@@ -83,6 +84,19 @@ done
 if [[ -z "$RUN_DIR" ]]; then
     echo "reproduce: no run directory ${RESULTS}/*/${RUN_ID} was produced (stages missing: ${MISSING[*]:-none})" >&2
     exit 1
+fi
+
+# ------------------------------------------------------- accuracy study (experiments/accuracy.py), same run
+# Joins the kernel sweeps' run directory (resume=): accuracy.csv beside rows.csv, its own env/config copy.
+# GPU: sweep=accuracy_paper (10,000 steps, Triton); CPU: sweep=accuracy_cpu (2,000 steps, torch; ~2-3 min on
+# 2 cores). ACC_SWEEP overrides the sweep name. EXTRA is not passed: its keys are the kernel sweeps'.
+if have_module "experiments.accuracy"; then
+    if [[ "$GPU" == "True" ]]; then ACC_SWEEP="${ACC_SWEEP:-accuracy_paper}"; else ACC_SWEEP="${ACC_SWEEP:-accuracy_cpu}"; fi
+    stage "accuracy: python -m experiments.accuracy sweep=${ACC_SWEEP} resume=${RUN_DIR}"
+    "$PY" -m experiments.accuracy "sweep=${ACC_SWEEP}" "resume=${RUN_DIR}" progress=false \
+        "hydra.run.dir=outputs/reproduce/${RUN_ID}/accuracy"
+else
+    skip_missing "accuracy study" "module experiments.accuracy"
 fi
 
 # ------------------------------------------------------------------ CPU micro-benchmarks (make bench-cpu)

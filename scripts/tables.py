@@ -176,6 +176,37 @@ def counts_table(counts: pd.DataFrame) -> str:
     return markdown_table(counts.sort_values(["experiment", "method", "status"]))
 
 
+def accuracy_tables(run: Run) -> list[str]:
+    """The accuracy study's sections (accuracy.csv of the run; none when absent): the bf16-state table
+    "ReplaySSM vs baseline error at 1k / 10k steps" and the growth exponents (scripts/accuracy.py)."""
+    import accuracy
+
+    df = accuracy.load_accuracy(run.path)
+    if df is None:
+        return []
+    bf16 = accuracy.bf16_table(df)
+    unreached = [n for n in accuracy.TARGET_STEPS
+                 if f"out base {n // 1000}k" in bf16 and bf16[f"out base {n // 1000}k"].isna().all()]
+    bf16 = bf16[[c for c in bf16.columns if not any(c.endswith(f" {n // 1000}k") for n in unreached)]]
+    fmt = {c: ".3g" for c in bf16.columns if c not in ("family", "model", "workload", "act", "L")}
+    reach = f" Not reached in this run (columns left out): {', '.join(f'{n:,}' for n in unreached)} steps." \
+        if unreached else ""
+    growth = accuracy.growth_exponents(df)
+    verdict = accuracy.claim_verdict(df)
+    return [
+        _section("bf16 state: ReplaySSM vs baseline error at 1k / 10k steps", run,
+                 markdown_table(bf16, fmt) if len(bf16) else "(no bf16-state baseline_ar / replay_ar rows)",
+                 "Relative error vs the float64 recurrence, median over rows x heads: `out` = the step's outputs "
+                 "(pooled since the previous checkpoint), `state` = the committed state (ReplaySSM: materialised). "
+                 "base/replay > 1: ReplaySSM is more accurate." + reach + " "
+                 f"Fork claim ({accuracy.CLAIM_TEXT}): **{verdict['verdict']}**; {verdict['value']}."),
+        _section("Accuracy: growth exponent of the error vs steps (log-log least squares)", run,
+                 markdown_table(growth, {c: ".3g" for c in growth.columns if c.endswith(("_last", "_exponent"))}),
+                 f"Slope of log(error median) on log(step) over checkpoints with step >= {accuracy.FIT_FROM}: "
+                 "0 = flat, 0.5 = random-walk accumulation, 1 = linear drift."),
+    ]
+
+
 def render(run: Run) -> str:
     """The whole markdown document for one run."""
     summary = summarize(run.rows)
@@ -204,6 +235,7 @@ def render(run: Run) -> str:
                               "output tok/s, TTFT/TPOT (ms) and acceptance length as vLLM reported them; "
                               "max_concurrency from the engine's KV-cache log; engine ratios (experiment vllm_bench) "
                               "are in summary.csv and the AR speedup table."))
+    parts += accuracy_tables(run)
     bench = bench_cpu_table(run)
     if bench is not None:
         parts.append(_section("CPU micro-benchmarks (make bench-cpu: production geometry, torch backend)", run, bench,

@@ -29,7 +29,7 @@ FAMILIES = ("mamba2", "gdn")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-STATE_DTYPES = ("float32", "float16")
+STATE_DTYPES = ("float32", "float16", "bfloat16")
 ACT_DTYPES = ("float32", "float16", "bfloat16")
 ROUTES = ("output_only", "state_and_output")
 TIMING_MODES = ("graph", "eager")
@@ -324,6 +324,9 @@ def expand(cfg) -> Plan:
             raise ValueError("sweep.timing_mode=graph needs a CUDA device; use eager on CPU (sweep=cpu)")
         if l2 == "cold":
             raise ValueError("sweep.l2=cold needs a CUDA device (a stack of layers in HBM); use warm on CPU")
+        if "bfloat16" in state_dtypes:
+            raise ValueError("sweep.state_dtype: a bfloat16 state is not timed on CPU (the Triton interpreter computes "
+                             "bf16 on raw bits); experiments.accuracy measures its error on CPU")
         if "bfloat16" in act_dtypes:
             raise ValueError("sweep.act_dtype: bfloat16 is not timed on CPU (the Triton interpreter computes bf16 "
                              "on raw bits and CPU bf16 is not a target); use float32/float16")

@@ -118,3 +118,36 @@ class RunStore:
         while (self.run_dir / f"env.resume-{n}.json").exists():
             n += 1
         return f"env.resume-{n}.json"
+
+
+class RunTable:
+    """A second table of a run directory (e.g. accuracy.csv of experiments/accuracy.py) with its own columns,
+    kept beside rows.csv so a run that joins the kernel sweeps (`resume=`) leaves their contract untouched.
+    Same rules as rows.csv: header written once, each row appended and fsync'ed; `done_keys` lets a resumed
+    run skip what is already there."""
+
+    def __init__(self, store: RunStore, name: str, columns: list[str], key: str):
+        self.path, self.columns, self.key = store.run_dir / name, list(columns), key
+        if not self.path.exists():
+            with open(self.path, "w", newline="") as f:
+                csv.DictWriter(f, fieldnames=self.columns).writeheader()
+        else:
+            with open(self.path, newline="") as f:
+                if next(csv.reader(f), []) != self.columns:
+                    raise ValueError(f"{self.path} has different columns than this experiment writes")
+
+    def done_keys(self) -> set[str]:
+        with open(self.path, newline="") as f:
+            return {row[self.key] for row in csv.DictReader(f)}
+
+    def append_many(self, rows: list[dict]) -> None:
+        for row in rows:
+            missing = set(self.columns) - set(row)
+            if missing:
+                raise ValueError(f"row lacks columns {sorted(missing)}")
+        with open(self.path, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self.columns)
+            for row in rows:
+                writer.writerow({k: _cell(row[k]) for k in self.columns})
+            f.flush()
+            os.fsync(f.fileno())

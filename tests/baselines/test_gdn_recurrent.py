@@ -142,7 +142,7 @@ def test_bad_input_raises_before_touching_the_state(backend, gen, device):
         dict(slots=torch.tensor([0, 4, 1], dtype=torch.int32, device=device)),
         dict(slots=torch.tensor([2, 2, NULL_SLOT], dtype=torch.int32, device=device)),
         dict(scale=[0.1]), dict(use_qk_l2norm="yes"), dict(backend="numpy"),
-        dict(state=state.double()), dict(state=state.to(torch.bfloat16)), dict(state=state[:, :2]),
+        dict(state=state.double()), dict(state=state.to(torch.int8)), dict(state=state[:, :2]),
         dict(state=state[..., ::2]), dict(state=state[0]),
     ]
     for override in bad:
@@ -168,5 +168,6 @@ def test_bf16_rejected_by_the_interpreter(gen, device):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_bf16_on_gpu(gen):
-    run_scenario("triton", TINY, torch.bfloat16, F32, 6, gen, "cuda", use_qk_l2norm=True)
+@pytest.mark.parametrize("act_dtype,state_dtype", [(torch.bfloat16, F32), (F32, torch.bfloat16)])
+def test_bf16_on_gpu(act_dtype, state_dtype, gen):
+    run_scenario("triton", TINY, act_dtype, state_dtype, 6, gen, "cuda", use_qk_l2norm=True)

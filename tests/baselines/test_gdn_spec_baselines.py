@@ -93,7 +93,7 @@ def test_long_run_matches_serial_ground_truth(method, backend, T, use_qk_l2norm,
 
 
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.float16, torch.float32), (torch.float32, torch.float16),
-                                                   (torch.float16, torch.float16)])
+                                                   (torch.float16, torch.float16), (torch.float32, torch.bfloat16)])
 @pytest.mark.parametrize("backend", ["torch", "ref"])
 @pytest.mark.parametrize("method", ["native", "commit_replay"])
 def test_long_run_half_precision(method, backend, act_dtype, state_dtype, gen):
@@ -241,7 +241,8 @@ def test_bad_inputs_raise(method, gen):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or interpreter_active(),
                     reason="needs a CUDA GPU and compiled Triton (TRITON_INTERPRET=0)")
-@pytest.mark.parametrize("act_dtype,state_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float16)])
+@pytest.mark.parametrize("act_dtype,state_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float16),
+                                                   (torch.float32, torch.bfloat16)])
 @pytest.mark.parametrize("method", ["native", "commit_replay"])
 def test_gpu_production_geometry(method, act_dtype, state_dtype, gen):
     """Real kernels at Qwen3.5-4B (H=16, HV=32, K=V=128), T=4, the GPU launch config."""

@@ -70,3 +70,16 @@ def test_slurm_launcher_composes_with_the_optional_plugin():
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher") and launcher.gpus_per_node == 1
     assert launcher.submitit_folder.endswith("/.submitit/%j")
+
+
+def test_accuracy_entry_writes_accuracy_csv_with_provenance(tmp_path):
+    proc = _run(tmp_path, "experiments.accuracy", "sweep.models=[tiny_mamba2]", "sweep.steps=6", "sweep.checkpoints=2",
+                "sweep.methods=[baseline_ar,replay_spec]", "sweep.workloads=[long_memory]",
+                "sweep.state_dtype=[bfloat16]", "sweep.spec_T=2", "sweep.history_len=2",
+                f"hydra.run.dir={tmp_path / 'outputs'}")
+    (run,) = _run_dirs(tmp_path)
+    with open(run / "accuracy.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["method"] for r in rows} == {"baseline_ar", "replay_spec"} and all(r["status"] == "ok" for r in rows)
+    assert (run / "env.json").is_file() and (run / "config.yaml").is_file()
+    assert "accuracy: " in proc.stdout and str(run) in proc.stdout

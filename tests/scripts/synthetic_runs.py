@@ -91,3 +91,26 @@ def write_run(root: Path, rows: list[dict], hardware: str = "cpu-synthetic", run
     (run_dir / "env.json").write_text(json.dumps(env))
     (run_dir / "config.yaml").write_text("# synthetic test fixture\nsweep: synthetic\n")
     return run_dir
+
+
+ACCURACY_COLUMNS = [
+    "experiment", "family", "model", "heads", "workload", "method", "route", "backend", "buffer_len", "spec_T",
+    "history_len", "acceptance", "state_dtype", "act_dtype", "rows", "steps", "step", "window",
+    "out_err_median", "out_err_p99", "out_err_max", "state_err_median", "state_err_p99", "state_err_max",
+    "status", "message", "series_hash", "run_id",
+]
+
+
+def write_accuracy(run_dir: Path, base_scale: float = 1e-3, replay_scale: float = 1e-4, steps=(1, 10, 100, 1000)):
+    """accuracy.csv with bf16-state baseline_ar (error base_scale * sqrt(step)) and replay_ar L=16
+    (replay_scale * sqrt(step)) for one Mamba-2 model: the baseline/ReplaySSM ratio is base/replay exactly."""
+    rows = []
+    for method, L, scale in (("baseline_ar", None, base_scale), ("replay_ar", 16, replay_scale)):
+        for step in steps:
+            err = scale * step ** 0.5
+            rows.append({c: None for c in ACCURACY_COLUMNS} | dict(
+                experiment="accuracy", family="mamba2", model="nemotron3_super_120b", workload="realistic",
+                method=method, buffer_len=L, state_dtype="bfloat16", act_dtype="float32", step=step, status="ok",
+                out_err_median=err, out_err_p99=2 * err, out_err_max=3 * err, state_err_median=err,
+                state_err_p99=2 * err, state_err_max=3 * err, series_hash=method, run_id="synthetic-run"))
+    pd.DataFrame(rows, columns=ACCURACY_COLUMNS).to_csv(run_dir / "accuracy.csv", index=False)

@@ -140,3 +140,15 @@ def test_report_over_two_runs_names_each_run(tmp_path):
     # spec over standard decode needs baseline_ar in the SAME run: the spec run has none, so no number
     spec_vs_standard = next(c for c in CLAIMS if c.key == "spec_vs_standard")
     assert measured[spec_vs_standard.text] == claims.NOT_MEASURED
+
+
+def test_bf16_state_claim_verdict_comes_from_accuracy_rows(tmp_path):
+    claim = next(c for c in CLAIMS if c.metric == "bf16_state_accuracy")
+    run_dir = syn.write_run(tmp_path / "a", syn.ar_rows())
+    assert _measured(claims.render([aggregate.load_run(run_dir)]))[claim.text] == claims.NOT_MEASURED
+    syn.write_accuracy(run_dir, base_scale=1e-3, replay_scale=1e-4)
+    report = claims.render([aggregate.load_run(run_dir)])
+    assert "10.00x-10.00x" in _measured(report)[claim.text] and "| holds" in report
+    worse = syn.write_run(tmp_path / "b", syn.ar_rows())
+    syn.write_accuracy(worse, base_scale=1e-4, replay_scale=1e-3)
+    assert "does not hold" in claims.render([aggregate.load_run(worse)])

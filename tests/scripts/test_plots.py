@@ -113,3 +113,19 @@ def test_shell_scripts_parse(script):
 def test_gpu_check_requires_an_out_dir():
     result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True)
     assert result.returncode == 2 and "usage" in result.stderr
+
+
+def test_accuracy_plot_and_tables_from_accuracy_csv(small_run):
+    syn.write_accuracy(small_run)
+    (small_run / "plots").mkdir()
+    paths = plots.plot_accuracy(aggregate.load_run(small_run), small_run / "plots")
+    assert [p.name for p in paths] == ["accuracy_nemotron3_super_120b_realistic_bfloat16_float32.png"]
+    assert paths[0].read_bytes().startswith(PNG_MAGIC)
+    text = tables.render(aggregate.load_run(small_run))
+    bf16 = text.split("### bf16 state: ReplaySSM vs baseline error at 1k / 10k steps")[1].split("\n### ")[0]
+    assert "**holds**" in bf16 and "10,000 steps" in bf16          # 10k not reached: said, not invented
+    row = next(line for line in bf16.splitlines() if line.startswith("| mamba2"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[5:8] == ["0.0316", "0.00316", "10"]                 # 1e-3 sqrt(1000), 1e-4 sqrt(1000), ratio
+    growth = text.split("### Accuracy: growth exponent")[1]
+    assert growth.count(" 0.5 |") == 4                              # out and state exponent of both series

@@ -99,7 +99,7 @@ def test_long_run_matches_serial_ground_truth(backend, T, B, use_qk_l2norm, gen)
 
 
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.float16, torch.float32), (torch.float32, torch.float16),
-                                                   (torch.float16, torch.float16)])
+                                                   (torch.float16, torch.float16), (torch.float32, torch.bfloat16)])
 @pytest.mark.parametrize("backend", ["torch", "ref"])
 def test_long_run_half_precision(backend, act_dtype, state_dtype, gen):
     """fp16 ring / checkpoint: rounding where the cache stores, bounded and not accumulating over 40 steps."""
@@ -291,7 +291,7 @@ def test_bad_inputs_raise(gen):
 @pytest.mark.skipif(not torch.cuda.is_available() or interpreter_active(),
                     reason="needs a CUDA GPU and compiled Triton (TRITON_INTERPRET=0)")
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.float32),
-                                                   (torch.float16, torch.float16)])
+                                                   (torch.float16, torch.float16), (torch.float32, torch.bfloat16)])
 def test_gpu_production_geometry(act_dtype, state_dtype, gen):
     """Real kernels at Qwen3.5-4B (H=16, HV=32, K=V=128), B=16, T=4, the GPU launch config (tf32x3 dots)."""
     gm = get_geometry("qwen35_4b")

@@ -157,7 +157,7 @@ def run_schedule(run: Run, gen, steps: int, batch: int, nulls: bool = True) -> R
 
 # --------------------------------------------------------------------------------- torch / ref, full matrix
 
-DTYPES = [(F32, F32), (F16, F32), (F16, F16), (F32, F16)]  # (act, state)
+DTYPES = [(F32, F32), (F16, F32), (F16, F16), (F32, F16), (F32, torch.bfloat16)]  # (act, state)
 
 
 @pytest.mark.parametrize("backend", ["torch", "ref"])
@@ -392,8 +392,8 @@ def cuda_only(fn):
 @cuda_only
 @pytest.mark.parametrize("route", ["output_only", "state_and_output"])
 def test_cuda_bf16_and_fp32_parity(gen, route):
-    for act, L in ((torch.bfloat16, 4), (F32, 16)):
-        run = start(gen, get_geometry("nemotron3_nano_4b", 4), 6, L, "triton", route, F32, act, "cuda")
+    for act, state, L in ((torch.bfloat16, F32, 4), (F32, F32, 16), (F32, torch.bfloat16, 8)):
+        run = start(gen, get_geometry("nemotron3_nano_4b", 4), 6, L, "triton", route, state, act, "cuda")
         run_schedule(run, gen, steps=2 * L + 2, batch=5)
 
 

@@ -1,0 +1,366 @@
+"""Accuracy study: how far each method and precision drifts from the float64 recurrence over long decodes.
+
+    python -m experiments.accuracy                                    # CPU default (sweep=accuracy_cpu)
+    python -m experiments.accuracy sweep=accuracy_paper               # 10,000 steps, Triton, on a GPU
+    python -m experiments.accuracy resume=results/cpu/<run-id>        # join a kernel-sweep run directory
+
+For every model (a few heads of its real geometry), workload (realistic, long_memory: see
+experiments/accuracy_series.py), activation dtype, method (baseline_ar, replay_ar at each buffer_len,
+baseline_spec, commit_replay_spec, replay_spec under a random accept / rollback schedule) and state dtype,
+decode `steps` tokens from the same inputs as the float64 truth and, at log-spaced checkpoints, record the
+relative L2 error per (row, head) of
+    out_err_*    the outputs of the steps since the previous checkpoint (spec: every window token), pooled;
+    state_err_*  the committed state at the checkpoint (materialised for the replay caches);
+as median, p99 and max. `step` is tokens committed (AR: the step; spec: the median over rows at that
+window, `window` = verify steps). The growth exponent of error vs steps is fitted from these rows by
+scripts/accuracy.py (log-log least squares), not here.
+
+Rows: <run dir>/accuracy.csv (experiments/harness/store.RunTable), beside the kernel sweeps' rows.csv in the
+same run directory, with the same env.json / config.yaml provenance. A failing series is one row with
+status=error and the sweep goes on; `resume=` skips series already recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.config_store import ConfigStore
+
+from experiments import accuracy_series as acs
+from experiments.harness.acceptance import parse_acceptance
+from experiments.harness.env import REPO_ROOT, collect_env, new_run_id, resolve_hardware
+from experiments.harness.points import CONF_DIR, DTYPES, Point, _models, resolve_device
+from experiments.harness.store import RunStore, RunTable
+from replayssm.checks import interpreter_active
+
+COLUMNS = [
+    "experiment", "family", "model", "heads", "workload", "method", "route", "backend", "buffer_len", "spec_T",
+    "history_len", "acceptance", "state_dtype", "act_dtype", "rows", "steps", "step", "window",
+    "out_err_median", "out_err_p99", "out_err_max", "state_err_median", "state_err_p99", "state_err_max",
+    "status", "message", "series_hash", "run_id",
+]
+BACKENDS = ("torch", "ref", "triton")
+
+
+@dataclass
+class AccuracySweepSchema:
+    """conf/sweep/accuracy_*.yaml extend this (`defaults: [accuracy_schema, _self_]`)."""
+
+    models: list[str] = field(default_factory=lambda: ["nemotron3_super_120b", "qwen35_122b_a10b"])
+    heads: int = 2                   # value heads kept of each model's real headdim/dstate (K/V)
+    rows: int = 2                    # sequences decoded side by side
+    steps: int = 2000                # tokens committed per series
+    checkpoints: int = 12            # log-spaced checkpoints in 1..steps
+    methods: list[str] = field(default_factory=lambda: list(acs.METHODS))
+    workloads: list[str] = field(default_factory=lambda: list(acs.WORKLOADS))
+    buffer_len: list[int] = field(default_factory=lambda: [4, 16])
+    route: str = "output_only"       # Mamba-2 replay_ar route (GDN has one)
+    spec_T: int = 4
+    history_len: int = 16
+    acceptance: str = "rate:0.7"
+    state_dtype: list[str] = field(default_factory=lambda: ["float32", "bfloat16", "float16"])
+    act_dtype: list[str] = field(default_factory=lambda: ["float32"])
+    backend: str = "torch"
+
+
+ConfigStore.instance().store(group="sweep", name="accuracy_schema", node=AccuracySweepSchema)
+
+
+@dataclass(frozen=True)
+class Series:
+    model_key: str
+    workload: str
+    act_dtype: str
+    method: str
+    state_dtype: str
+    buffer_len: int | None
+    route: str | None
+
+    def key(self, sweep: dict, seed: int) -> str:
+        """Identifies the series across resumes: its own fields plus everything that shapes its inputs."""
+        shared = {k: sweep[k] for k in ("heads", "rows", "steps", "checkpoints", "spec_T", "history_len",
+                                        "acceptance", "backend")}
+        blob = json.dumps({**self.__dict__, **shared, "seed": seed}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------- validation
+
+def _positive(key: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"sweep.{key}: expected an int >= 1, got {v!r}")
+    return v
+
+
+def _subset(key: str, values, allowed) -> list:
+    if not isinstance(values, (list, tuple)) or not values:
+        raise ValueError(f"sweep.{key}: expected a non-empty list, got {values!r}")
+    for i, v in enumerate(values):
+        if v not in allowed:
+            raise ValueError(f"sweep.{key}[{i}]: unknown value {v!r}; expected one of {list(allowed)}")
+    return list(values)
+
+
+def validate(data: dict) -> dict:
+    """Check the sweep before any work; returns the normalised sweep (dtype names canonical)."""
+    sweep = dict(data["sweep"])
+    unknown = sorted(set(sweep) - set(AccuracySweepSchema.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"sweep.{unknown[0]}: unknown accuracy sweep key")
+    for key in ("heads", "rows", "steps", "checkpoints", "spec_T", "history_len"):
+        _positive(key, sweep.get(key))
+    if sweep["history_len"] < sweep["spec_T"]:
+        raise ValueError(f"sweep.history_len: B={sweep['history_len']} < T={sweep['spec_T']}; the ring needs B >= T")
+    _subset("methods", sweep.get("methods"), acs.METHODS)
+    _subset("workloads", sweep.get("workloads"), acs.WORKLOADS)
+    for i, L in enumerate(sweep.get("buffer_len") or []):
+        _positive(f"buffer_len[{i}]", L)
+    if sweep.get("route") not in ("output_only", "state_and_output"):
+        raise ValueError(f"sweep.route: expected output_only or state_and_output, got {sweep.get('route')!r}")
+    parse_acceptance(sweep.get("acceptance"), "sweep.acceptance")
+    for key in ("state_dtype", "act_dtype"):
+        names = _subset(key, sweep.get(key), DTYPES)
+        sweep[key] = [str(DTYPES[n]).removeprefix("torch.") for n in names]
+    backend = sweep.get("backend")
+    if backend not in BACKENDS:
+        raise ValueError(f"sweep.backend: unknown backend {backend!r}; expected one of {list(BACKENDS)}")
+    device = resolve_device(data.get("device", "auto"))
+    if backend == "triton" and device == "cpu":
+        if not interpreter_active():
+            raise ValueError("sweep.backend=triton on CPU needs TRITON_INTERPRET=1; use backend=torch on CPU")
+        if "bfloat16" in sweep["state_dtype"] + sweep["act_dtype"]:
+            raise ValueError("sweep.backend=triton under the interpreter: bfloat16 is computed on raw bits; "
+                             "use backend=torch for bf16 on CPU")
+    if "replay_ar" in sweep["methods"] and not sweep.get("buffer_len"):
+        raise ValueError("sweep.buffer_len: replay_ar needs at least one buffer length")
+    sweep["device"] = device
+    return sweep
+
+
+def plan_series(sweep: dict, specs) -> list[Series]:
+    out = []
+    for spec in specs:
+        for workload in sweep["workloads"]:
+            for ad in sweep["act_dtype"]:
+                for name in sweep["methods"]:
+                    entry = acs.METHODS[name].entry
+                    if spec.family not in entry.families:
+                        continue
+                    lens = sweep["buffer_len"] if entry.uses_buffer else [None]
+                    route = (sweep["route"] if spec.family == "mamba2" else None) if entry.uses_buffer else None
+                    for sd in sweep["state_dtype"]:
+                        out += [Series(spec.key, workload, ad, name, sd, L, route) for L in lens]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ running
+
+def _point(spec, s: Series, sweep: dict, seed: int) -> Point:
+    """The harness point a series allocates and steps with (timing fields are unused here)."""
+    entry = acs.METHODS[s.method].entry
+    spec_kind = entry.kind == "spec"
+    return Point(experiment="accuracy", family=spec.family, model=spec.name, tp=spec.tp, method=entry.name,
+                 route=s.route, backend=sweep["backend"], batch=sweep["rows"], buffer_len=s.buffer_len,
+                 spec_T=sweep["spec_T"] if spec_kind else None,
+                 history_len=sweep["history_len"] if spec_kind and entry.uses_history else None,
+                 acceptance=sweep["acceptance"] if spec_kind else None, state_dtype=s.state_dtype,
+                 act_dtype=s.act_dtype, context_len=None, timing_mode="eager", l2="warm", torch_compile="false",
+                 slot_layout="identity", device=sweep["device"], seed=seed)
+
+
+class Group:
+    """The inputs and float64 truth of one (model, workload, act dtype), built lazily and shared by its series."""
+
+    def __init__(self, spec, workload: str, act_dtype: str, sweep: dict, seed: int):
+        self.spec, self.workload, self.sweep = spec, workload, sweep
+        tag = f"{spec.key}/{workload}"          # not the act dtype: fp32 and bf16 runs see the same draws
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + int(hashlib.sha256(tag.encode()).hexdigest()[:8], 16))
+        probe = Series(spec.key, workload, act_dtype, "baseline_ar", "float32", None, None)
+        self.wl = acs.make_workload(spec, _point(spec, probe, sweep, seed), workload, gen)
+        self.S0 = self.wl.random_state(sweep["rows"]).to(torch.bfloat16).float()   # exact in every state dtype
+        self.steps, self.T = sweep["steps"], sweep["spec_T"]
+        self.acc = parse_acceptance(sweep["acceptance"])
+        self.windows = math.ceil(self.steps / self.acc.expected(self.T))
+        self.counts = self.acc.sample(self.T, sweep["rows"], self.windows, gen)
+        self.ar_ckpts = acs.checkpoints(self.steps, sweep["checkpoints"])
+        self.spec_ckpts = acs.checkpoints(self.windows, sweep["checkpoints"])
+        self._ar = self._spec = None
+
+    @property
+    def ar(self) -> acs.ARTrajectory:
+        if self._ar is None:
+            self._ar = acs.ar_trajectory(self.wl, self.workload, self.S0, self.steps, self.ar_ckpts)
+        return self._ar
+
+    @property
+    def spec_traj(self) -> acs.SpecTrajectory:
+        if self._spec is None:
+            self._spec = acs.spec_trajectory(self.wl, self.workload, self.S0, self.windows, self.T, self.counts,
+                                             self.spec_ckpts)
+        return self._spec
+
+
+def _stats(prefix: str, errs: np.ndarray) -> dict:
+    return {f"{prefix}_median": float(np.median(errs)), f"{prefix}_p99": float(np.quantile(errs, 0.99)),
+            f"{prefix}_max": float(np.max(errs))}
+
+
+def run_series(s: Series, group: Group, sweep: dict, seed: int) -> list[dict]:
+    """The checkpoint rows of one series (raises on failure; the caller records it)."""
+    am = acs.METHODS[s.method]
+    method, spec, wl = am.entry, group.spec, acs.with_state_dtype(group.wl, DTYPES[s.state_dtype])
+    p = _point(spec, s, sweep, seed)
+    rows, device, backend = sweep["rows"], sweep["device"], sweep["backend"]
+    fns = method.api(spec.family)
+    cache = method.allocate(p, wl, rows, device)
+    method.set_state(cache, group.S0.to(device=device, dtype=wl.state_dtype))
+    A = wl.params.get("A")
+    out_rows, pending = [], []
+    if method.kind == "ar":
+        traj = group.ar
+        for t in range(1, group.steps + 1):
+            y = method.step(fns, cache, p, traj.kwargs[t - 1], None, wl.out(rows))
+            pending.append(acs.per_head_err(y, traj.y[t - 1]))
+            if t in traj.states:
+                state = am.committed_state(cache, spec.family, backend, A)
+                out_rows.append(dict(step=t, window=None, **_stats("out_err", np.concatenate(pending)),
+                                     **_stats("state_err", acs.per_head_err(state, traj.states[t]))))
+                pending = []
+    else:
+        traj = group.spec_traj
+        counts = traj.counts.to(device)
+        for w in range(1, group.windows + 1):
+            y = method.verify(fns, cache, p, traj.kwargs[w - 1], None, wl.out(rows, window=group.T))
+            method.commit(fns, cache, p, counts[w - 1], None, A)
+            pending.append(acs.per_head_err(y.transpose(1, 2), traj.y[w - 1].transpose(1, 2)))
+            if w in traj.states:
+                state = am.committed_state(cache, spec.family, backend, A)
+                out_rows.append(dict(step=int(np.median(traj.committed[w - 1])), window=w,
+                                     **_stats("out_err", np.concatenate(pending)),
+                                     **_stats("state_err", acs.per_head_err(state, traj.states[w]))))
+                pending = []
+    return out_rows
+
+
+def _base_row(s: Series, spec, sweep: dict, key: str, run_id: str) -> dict:
+    entry = acs.METHODS[s.method].entry
+    spec_kind = entry.kind == "spec"
+    row = {c: None for c in COLUMNS}
+    row.update(experiment="accuracy", family=spec.family, model=spec.name, heads=sweep["heads"], workload=s.workload,
+               method=s.method, route=s.route, backend=sweep["backend"], buffer_len=s.buffer_len,
+               spec_T=sweep["spec_T"] if spec_kind else None,
+               history_len=sweep["history_len"] if spec_kind and entry.uses_history else None,
+               acceptance=sweep["acceptance"] if spec_kind else None, state_dtype=s.state_dtype,
+               act_dtype=s.act_dtype, rows=sweep["rows"], steps=sweep["steps"], status="ok", message="",
+               series_hash=key, run_id=run_id)
+    return row
+
+
+@dataclass
+class AccuracyResult:
+    run_dir: Path
+    run_id: str
+    rows: list[dict]
+    resumed_skipped: int = 0
+
+
+def run_accuracy(cfg, *, progress: bool | None = None) -> AccuracyResult:
+    """Validate, then run every series of `cfg`, appending its checkpoint rows to <run dir>/accuracy.csv.
+    On CPU torch runs one thread: these tensors are tiny, and a second thread on a shared box only spins."""
+    threads_before = torch.get_num_threads()
+    try:
+        return _run(cfg, progress)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(cfg, progress: bool | None) -> AccuracyResult:
+    from omegaconf import OmegaConf
+
+    from experiments.harness.runner import _as_dict
+
+    data = _as_dict(cfg)
+    sweep = validate(data)
+    seed = data.get("seed", 0)
+    specs = {s.key: acs.few_heads(s, sweep["heads"]) for s in _models(data)}
+    series = plan_series(sweep, specs.values())
+    hardware = resolve_hardware(data.get("hardware") or {}, sweep["device"], CONF_DIR)
+    if sweep["device"] == "cpu":
+        torch.set_num_threads(1)
+    if data.get("resume"):
+        store = RunStore.resume(Path(data["resume"]))
+    else:
+        root = Path(data["out_dir"]) if data.get("out_dir") else REPO_ROOT / "results"
+        store = RunStore.create(root, hardware["name"], data.get("run_id") or new_run_id(),
+                                explicit=bool(data.get("run_id")))
+    table = RunTable(store, "accuracy.csv", COLUMNS, key="series_hash")
+    env = collect_env(device=sweep["device"], hardware=hardware, timing=data.get("timing") or {}, sweep=sweep)
+    env.update(run_id=store.run_id, experiment="accuracy", series=len(series), threads=torch.get_num_threads())
+    name = store.env_name()
+    store.write_json(name, env)
+    store.write_text(name.replace("env", "config").replace(".json", ".yaml"), OmegaConf.to_yaml(data))
+
+    done, groups, written, skipped = table.done_keys(), {}, [], 0
+    show = data.get("progress", True) if progress is None else progress
+    from tqdm import tqdm
+
+    for s in tqdm(series, desc="accuracy", unit="series", disable=not show):
+        key = s.key(sweep, seed)
+        if key in done:
+            skipped += 1
+            continue
+        spec = specs[s.model_key]
+        base = _base_row(s, spec, sweep, key, store.run_id)
+        try:
+            gkey = (s.model_key, s.workload, s.act_dtype)
+            if gkey not in groups:
+                groups = {gkey: Group(spec, s.workload, s.act_dtype, sweep, seed)}   # one group's truth at a time
+            rows = [{**base, **r} for r in run_series(s, groups[gkey], sweep, seed)]
+        except Exception as exc:  # noqa: BLE001 - a failing series is recorded, the sweep goes on
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            message = f"{type(exc).__name__}: {str(exc)[:300]} (at {Path(where.filename).name}:{where.lineno})"
+            rows = [{**base, "status": "error", "message": message}]
+        table.append_many(rows)
+        written += rows
+    return AccuracyResult(store.run_dir, store.run_id, written, skipped)
+
+
+def summary(rows: list[dict]) -> str:
+    """The last checkpoint of every series: method, precision, workload, errors."""
+    import pandas as pd
+
+    if not rows:
+        return "(no rows)"
+    df = pd.DataFrame(rows)
+    last = df[df.status != "ok"] if (df.status == "ok").sum() == 0 else \
+        df[df.status == "ok"].sort_values("step").groupby("series_hash").tail(1)
+    cols = ["family", "workload", "method", "buffer_len", "state_dtype", "act_dtype", "step", "out_err_median",
+            "state_err_median", "state_err_max"]
+    errors = df[df.status != "ok"]
+    text = last[cols].sort_values(cols[:6]).to_string(index=False, float_format=lambda v: f"{v:.3g}")
+    if len(errors):
+        text += "\nerrors:\n" + errors[["family", "method", "state_dtype", "message"]].to_string(index=False)
+    return text
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="accuracy")
+def main(cfg) -> str:
+    t0 = time.perf_counter()
+    result = run_accuracy(cfg)
+    print(summary(result.rows))
+    extra = f" ({result.resumed_skipped} series already done)" if result.resumed_skipped else ""
+    print(f"accuracy: {len(result.rows)} rows in {time.perf_counter() - t0:.1f} s{extra} -> {result.run_dir}")
+    return str(result.run_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Reading the accuracy study (experiments/accuracy.py): accuracy.csv of a run -> growth exponents, the
+bf16-state table and the verdict on the fork's claim. Used by tables.py, plots.py and claims.py.
+
+Growth exponent: per series, the least-squares slope of log(error median) against log(step) over the
+checkpoints with step >= FIT_FROM (the first tokens show the start-up: a replay cache rounds nothing before
+its first flush). 0 means the error stays flat, 0.5 a random walk (rounding errors that add up
+independently), 1 a linear drift.
+
+The fork's claim (replayssm-method.md §7, fork test docstring): "with bf16 state, ReplaySSM is *more*
+accurate than baseline (baseline downcasts every step)". Verdict from the rows: for every (family, workload,
+activation dtype, buffer length L) with a bf16-state baseline_ar and replay_ar series, compare the output
+error median at the last common checkpoint; "holds" when ReplaySSM is lower everywhere, "does not hold" when
+nowhere, else "holds for ..." naming where; "not measured" without such pairs.
+
+CLI: python scripts/accuracy.py RUN_DIR   (prints the tables)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+FIT_FROM = 100
+TARGET_STEPS = (1000, 10000)
+NOT_MEASURED = "not measured in this run"
+CLAIM_TEXT = ("with bf16 state, ReplaySSM is more accurate than baseline (baseline downcasts every step)")
+
+
+def load_accuracy(run_dir: Path | str) -> pd.DataFrame | None:
+    """The accuracy rows of a run, or None when the run has none."""
+    path = Path(run_dir) / "accuracy.csv"
+    if not path.is_file():
+        return None
+    df = pd.read_csv(path)
+    return df if len(df) else None
+
+
+def method_label(df: pd.DataFrame) -> pd.Series:
+    """"replay_ar L=16", "replay_spec T=4 B=16", "baseline_ar"."""
+    label = df["method"].astype(str)
+    for col, fmt in (("buffer_len", " L={:g}"), ("spec_T", " T={:g}"), ("history_len", " B={:g}")):
+        label = label + df[col].map(lambda v, f=fmt: f.format(v) if pd.notna(v) else "")
+    return label
+
+
+def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
+    out = df[df["status"] == "ok"].copy()
+    out["label"] = method_label(out)
+    return out
+
+
+SERIES_KEYS = ["family", "model", "workload", "state_dtype", "act_dtype", "label"]
+
+
+def _slope(steps: pd.Series, errs: pd.Series) -> float:
+    keep = (steps >= FIT_FROM) & (errs > 0) & np.isfinite(errs)
+    if keep.sum() < 2:
+        return float("nan")
+    return float(np.polyfit(np.log(steps[keep]), np.log(errs[keep]), 1)[0])
+
+
+def growth_exponents(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per series: the fitted exponents of the output and state error medians, and the last errors."""
+    rows = []
+    for keys, g in ok_rows(df).groupby(SERIES_KEYS, sort=True):
+        g = g.sort_values("step")
+        rows.append({**dict(zip(SERIES_KEYS, keys)), "last_step": int(g["step"].iloc[-1]),
+                     "out_err_last": g["out_err_median"].iloc[-1], "state_err_last": g["state_err_median"].iloc[-1],
+                     "out_exponent": _slope(g["step"], g["out_err_median"]),
+                     "state_exponent": _slope(g["step"], g["state_err_median"])})
+    return pd.DataFrame(rows)
+
+
+def at_step(g: pd.DataFrame, target: int, column: str) -> float:
+    """The value at the checkpoint nearest `target` steps (in log distance, within 25%), else NaN."""
+    if g.empty:
+        return float("nan")
+    dist = (np.log(g["step"].astype(float)) - np.log(target)).abs()
+    i = dist.idxmin()
+    return float(g.loc[i, column]) if dist[i] <= np.log(1.25) else float("nan")
+
+
+def bf16_table(df: pd.DataFrame) -> pd.DataFrame:
+    """bf16 state: baseline_ar vs each replay_ar L, output / state error medians at 1k and 10k steps."""
+    d = ok_rows(df)
+    d = d[(d["state_dtype"] == "bfloat16") & d["method"].isin(["baseline_ar", "replay_ar"])]
+    rows = []
+    for (family, model, workload, act), g in d.groupby(["family", "model", "workload", "act_dtype"], sort=True):
+        base = g[g["method"] == "baseline_ar"]
+        for L, rep in g[g["method"] == "replay_ar"].groupby("buffer_len"):
+            row = {"family": family, "model": model, "workload": workload, "act": act, "L": int(L)}
+            for n in TARGET_STEPS:
+                tag = f"{n // 1000}k"
+                for what in ("out", "state"):
+                    b, r = at_step(base, n, f"{what}_err_median"), at_step(rep, n, f"{what}_err_median")
+                    row[f"{what} base {tag}"], row[f"{what} replay {tag}"] = b, r
+                    row[f"{what} base/replay {tag}"] = b / r if r > 0 else float("nan")
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def claim_verdict(df: pd.DataFrame | None) -> dict:
+    """{"verdict", "value", "rows"} for the fork's bf16-state claim (see the module docstring)."""
+    if df is None:
+        return {"verdict": NOT_MEASURED, "value": NOT_MEASURED, "rows": ""}
+    d = ok_rows(df)
+    d = d[(d["state_dtype"] == "bfloat16") & d["method"].isin(["baseline_ar", "replay_ar"])]
+    pairs = []
+    for (family, workload, act), g in d.groupby(["family", "workload", "act_dtype"], sort=True):
+        base = g[g["method"] == "baseline_ar"]
+        for L, rep in g[g["method"] == "replay_ar"].groupby("buffer_len"):
+            common = sorted(set(base["step"]) & set(rep["step"]))
+            if not common:
+                continue
+            step = common[-1]
+            b = float(base.loc[base["step"] == step, "out_err_median"].iloc[0])
+            r = float(rep.loc[rep["step"] == step, "out_err_median"].iloc[0])
+            pairs.append({"where": f"{family} {workload} act={act} L={int(L)}", "step": step, "ratio": b / r,
+                          "better": r < b})
+    if not pairs:
+        return {"verdict": NOT_MEASURED, "value": NOT_MEASURED, "rows": ""}
+    better = [p for p in pairs if p["better"]]
+    ratios = [p["ratio"] for p in pairs]
+    if len(better) == len(pairs):
+        verdict = "holds"
+    elif not better:
+        verdict = "does not hold"
+    else:
+        verdict = "holds for " + ", ".join(p["where"] for p in better) + "; not for " + \
+                  ", ".join(p["where"] for p in pairs if not p["better"])
+    value = (f"baseline/ReplaySSM output error {min(ratios):.2f}x-{max(ratios):.2f}x "
+             f"(>1: ReplaySSM more accurate) over {len(pairs)} pairs")
+    rows = "; ".join(f"{p['where']} @ {p['step']} steps: {p['ratio']:.2f}x" for p in pairs)
+    return {"verdict": verdict, "value": value, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", type=Path)
+    args = parser.parse_args(argv)
+    df = load_accuracy(args.run_dir)
+    if df is None:
+        print(f"{args.run_dir}: no accuracy.csv rows")
+        return 1
+    with pd.option_context("display.width", 200, "display.max_columns", 40):
+        print(bf16_table(df).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        print()
+        print(growth_exponents(df).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    v = claim_verdict(df)
+    print(f"\nfork claim ({CLAIM_TEXT}): {v['verdict']}\n  {v['value']}\n  {v['rows']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
