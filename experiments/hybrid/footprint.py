@@ -79,7 +79,8 @@ def footprint(spec: HybridSpec, mode: str, *, act_dtype: torch.dtype, state_dtyp
     params = sum(layer_params(spec, ch) for ch in spec.pattern) + 2 * spec.vocab * spec.hidden + spec.hidden
     attn = spec.attention_layers
     if with_mtp:
-        params += sum(layer_params(spec, ch) for ch in spec.mtp_pattern) + 2 * spec.hidden * spec.hidden + 2 * spec.hidden
+        params += sum(layer_params(spec, ch) for ch in spec.mtp_pattern)
+        params += 2 * spec.hidden * spec.hidden + 2 * spec.hidden          # eh_proj + its two norms
         attn += spec.mtp_pattern.count("*")
     kv = 0
     if attn:
@@ -102,7 +103,8 @@ def hbm_budget(hardware: dict, device: str, sweep: dict) -> tuple[float, str]:
     """(budget bytes, where it came from): sweep.hbm_bytes, else the hardware config's hbm_bytes, else the CUDA
     device's total memory, else sweep.hbm_fallback_bytes (documented in the sweep); x sweep.hbm_util."""
     util = float(sweep.get("hbm_util", 0.9))
-    for source, value in (("sweep.hbm_bytes", sweep.get("hbm_bytes")), ("hardware.hbm_bytes", hardware.get("hbm_bytes"))):
+    for source, value in (("sweep.hbm_bytes", sweep.get("hbm_bytes")),
+                          ("hardware.hbm_bytes", hardware.get("hbm_bytes"))):
         if value:
             return float(value) * util, source
     if device == "cuda":

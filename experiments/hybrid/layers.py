@@ -17,6 +17,7 @@ is exercised by the kernel experiments).
     MoE        router -> top-k (renormalised softmax) -> experts by torch.nn.functional.grouped_mm over
                expert-sorted tokens when torch has it, else an honest per-expert loop (`impl` says which);
                optional latent projection (LatentMoE) and shared expert.
+SSM outputs are allocated NaN-poisoned (a method that skips part of its output poisons the logits).
 """
 
 from __future__ import annotations
@@ -153,11 +154,11 @@ class SSMMixer:
                 raise ValueError(f"an AR method ({self.method.name}) decodes one token per row, got a window of {T}")
             kw = {k: (v[:, 0].contiguous() if isinstance(v, torch.Tensor) and v.dim() > 1 else v)
                   for k, v in kw.items()}
-            out = torch.empty(b, *out_shape, dtype=self.call.act_dtype, device=h.device)
+            out = torch.full((b, *out_shape), float("nan"), dtype=self.call.act_dtype, device=h.device)
             y = self.method.step(self.fns, self.cache, self.call, kw, None, out)
         else:
             kw = {k: (v.contiguous() if isinstance(v, torch.Tensor) and v.dim() > 1 else v) for k, v in kw.items()}
-            out = torch.empty(b, T, *out_shape, dtype=self.call.act_dtype, device=h.device)
+            out = torch.full((b, T, *out_shape), float("nan"), dtype=self.call.act_dtype, device=h.device)
             y = self.method.verify(self.fns, self.cache, self.call, kw, None, out)
         y = (out if y is None else y).reshape(b, T, self.inner)
         zg = z if spec.family == "gdn" or not spec.has_z else None     # with has_z the SSM already gated

@@ -22,7 +22,7 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 
-from experiments.hybrid.layers import MLP, SSMCall, SSMMixer, Attention, MoE, _w, rms_norm
+from experiments.hybrid.layers import MLP, Attention, MoE, SSMCall, SSMMixer, _w, rms_norm
 from experiments.hybrid.spec import HybridSpec
 
 
@@ -175,7 +175,7 @@ class MTPDrafter:
         """token [batch], hidden [batch, d] -> drafts int64 [batch, n]; the drafter's cursor is restored."""
         out = []
         bound = self.mtp.bound[0]
-        for i in range(n):
+        for _ in range(n):
             e = rms_norm(self.mtp.embed_tokens(token[:, None]), self.enorm)
             x = F.linear(torch.cat([e, rms_norm(hidden[:, None], self.hnorm)], dim=-1), self.eh_proj)
             h = self.mtp.run_layers(x)

@@ -69,7 +69,8 @@ def _time(cycle, work: int, p: HybridPoint, sweep: dict, settings: dict) -> timi
     if p.device == "cuda":
         return timing.time_gpu(cycle, work, timing_mode="eager", l2="warm", warmup_ms=float(settings["warmup_ms"]),
                                rep_ms=float(settings["rep_ms"]))
-    return timing.time_cpu(cycle, work, warmup=int(sweep.get("cpu_warmup", 1)), repeats=int(sweep.get("cpu_repeats", 5)),
+    return timing.time_cpu(cycle, work, warmup=int(sweep.get("cpu_warmup", 1)),
+                           repeats=int(sweep.get("cpu_repeats", 5)),
                            min_sample_us=0, clock=timing.cpu_clock(settings.get("cpu_clock", "auto")))
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 from experiments.harness.acceptance import parse_acceptance
-from experiments.harness.points import (DTYPES, _choice, _int, _int_list, load_model_config, resolve_device)
+from experiments.harness.points import DTYPES, _choice, _int, _int_list, load_model_config, resolve_device
 from experiments.harness.store import RunStore
 from experiments.hybrid import footprint as fpm
 from experiments.hybrid.spec import HybridSpec, hybrid_spec
@@ -119,7 +119,8 @@ def _models(sweep: dict) -> list[tuple[str, dict, int | None]]:
         match = _MODEL_ENTRY.match(entry) if isinstance(entry, str) else None
         if match is None:
             raise ValueError(f"sweep.models[{i}]: expected 'name' or 'name@tpN', got {entry!r}")
-        out.append((f"sweep.models[{i}]", load_model_config(match.group(1)), int(match.group(2)) if match.group(2) else None))
+        tp = int(match.group(2)) if match.group(2) else None
+        out.append((f"sweep.models[{i}]", load_model_config(match.group(1)), tp))
     return out
 
 
@@ -133,7 +134,8 @@ def _spec(key: str, cfg: dict, tp: int | None, sweep: dict) -> HybridSpec:
         spec = replace(spec, history_len=_int("sweep.history_len", sweep["history_len"]))
     cap = sweep.get("vocab_cap")
     if cap is not None and spec.vocab > _int("sweep.vocab_cap", cap):
-        spec = replace(spec, vocab=cap, assumed=spec.assumed + (f"vocab truncated to {cap} per rank (sweep.vocab_cap)",))
+        note = f"vocab truncated to {cap} per rank (sweep.vocab_cap)"
+        spec = replace(spec, vocab=cap, assumed=spec.assumed + (note,))
     return spec
 
 
@@ -291,7 +293,8 @@ class HybridStore:
             store = RunStore(run_dir, run_dir.name)
         else:
             root = Path(data["out_dir"]) if data.get("out_dir") else REPO_ROOT / "results"
-            store = RunStore.create(root, hardware, data.get("run_id") or new_run_id(), explicit=bool(data.get("run_id")))
+            store = RunStore.create(root, hardware, data.get("run_id") or new_run_id(),
+                                    explicit=bool(data.get("run_id")))
         return cls(store, experiment, columns)
 
     def done_hashes(self) -> set[str]:
