@@ -35,7 +35,7 @@ def plot_serving(run, out_dir: Path) -> list[Path]:
                   & (ar["context_len"] == setting["context_len"])]
         for mode in MODE_ORDER:
             g = base if mode == "ar" else group[group["mode"] == mode]
-            g = g[~g["at_max_concurrency"].astype(bool)] if "at_max_concurrency" in g else g
+            g = g[~g["at_max_concurrency"].astype(str).eq("True")] if "at_max_concurrency" in g else g
             if not g.empty:
                 _band(ax, g["batch"], g["tokens_per_s"], g["tps_lo"], g["tps_hi"], mode)
         _log2_batch(ax)
