@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 from aggregate import Run, describe_env, load_run, summarize
 from engine_rows import ENGINE_EXPERIMENT
+from hybrid_summary import WHOLE_MODEL_EXPERIMENTS, hybrid_ratios, whole_model_claim
 from published import CLAIMS, Claim
 from tables import bench_cpu_table, env_line, markdown_table
 
@@ -240,6 +241,8 @@ def evaluate(claim: Claim, ratios: pd.DataFrame, cpu: bool) -> dict:
     labels = [PROXY_NOTE[claim.level]] if claim.level in PROXY_NOTE else []
     if (near["experiment"] == ENGINE_EXPERIMENT).all():
         labels = [ENGINE_NOTE]
+    elif claim.experiment in WHOLE_MODEL_EXPERIMENTS:   # whole-model rows, not the SSM-layer proxy
+        labels = ["whole model, random weights"]
     labels += ["CPU torch backend"] if cpu else []
     row["measured"] = value + (f" ({'; '.join(labels)})" if labels else "")
     row["gap"] = gap_text(lo, hi, claim) + (" — CPU: not comparable" if cpu else "")
@@ -265,6 +268,8 @@ def accuracy_claim(claim: Claim, runs: list[Run], cpu: bool) -> dict:
 
 def render(runs: list[Run]) -> str:
     ratios = pd.concat([summarize(r.rows).ratios for r in runs], ignore_index=True)
+    whole = [hybrid_ratios(r.path) for r in runs]            # e2e_rows.csv / serving_rows.csv, where present
+    ratios = pd.concat([ratios] + [w for w in whole if not w.empty], ignore_index=True)
     envs = [describe_env(r.env, r.path) for r in runs]
     cpu = any(e["kind"] == "cpu" for e in envs)
     lines = ["# ReplaySSM Bench: published claims vs this run", ""]
@@ -282,8 +287,8 @@ def render(runs: list[Run]) -> str:
     lines += ["Our value is taken from the rows nearest to each claim's conditions (model, batch, buffer, T), "
               "ratios only between rows of one run; where the rows differ from the claim's conditions the "
               "details say so. Headline rows first.", ""]
-    evaluated = [accuracy_claim(c, runs, cpu) if c.metric == "bf16_state_accuracy" else evaluate(c, ratios, cpu)
-                 for c in CLAIMS]
+    evaluated = [accuracy_claim(c, runs, cpu) if c.metric == "bf16_state_accuracy"
+                 else evaluate(whole_model_claim(c, ratios), ratios, cpu) for c in CLAIMS]
     table = pd.DataFrame([{"#": i + 1, "claim": ("**" + e["claim"] + "**") if e["claim_obj"].headline else e["claim"],
                            "published": e["published"], "conditions": e["conditions"],
                            "measured here": e["measured"], "gap": e["gap"]}

@@ -199,8 +199,10 @@ def plot_run(run_dir: Path | str) -> list[Path]:
     out_dir = run.path / "plots"
     out_dir.mkdir(exist_ok=True)
     ratios = summarize(run.rows).ratios
+    from hybrid_plots import plot_hybrid  # whole-model experiments (e2e_rows.csv, serving_rows.csv)
+
     return (plot_ar_speedup(run, ratios, out_dir) + plot_spec_throughput(run, out_dir) + plot_bandwidth(run, out_dir)
-            + plot_accuracy(run, out_dir))
+            + plot_accuracy(run, out_dir) + plot_hybrid(run, out_dir))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,9 @@
 #   CPU: the embedded default: the CPU micro-benchmarks (make bench-cpu) and the CPU sweeps of both
 #       experiments (sweep=cpu, torch backend), then the same scripts. CPU numbers are labelled as such.
 #
-# Both experiments write into one run (kernel_spec resumes the kernel_decode run directory), so every ratio,
+# Then the whole-model experiments e2e_decode and serving (experiments/hybrid; GPU: sweep=paper_e2e /
+# paper_serving, CPU: e2e_cpu / serving_cpu, a few minutes) join the same run with resume=.
+# All experiments write into one run (kernel_spec resumes the kernel_decode run directory), so every ratio,
 # including "spec over standard decode", comes from rows of one run. The run lands in
 # results/<hardware>/<run-id>/ with rows.csv, env.json, summary.csv, TABLES.md, plots/ and REPORT.md; the
 # accuracy study (experiments/accuracy.py) joins it too, as accuracy.csv.
@@ -81,6 +83,30 @@ for experiment in kernel_decode kernel_spec; do
     find_run_dir
 done
 
+# ------------------------------------------------- whole-model experiments (experiments/hybrid), same run
+# e2e_decode (a hybrid model's decode step, baseline vs ReplaySSM AR) and serving (speculative serving with an
+# MTP drafter, modes ar / native / replayssm / commit_replay) join the run directory like kernel_spec does.
+# GPU: sweep=paper_e2e / paper_serving; CPU: e2e_cpu / serving_cpu (tiny models + Nemotron-3-Nano-4B TP8,
+# composed). HYBRID_EXTRA: extra Hydra overrides for these two (their sweep keys differ from the kernels').
+read -r -a HYBRID_ARGS <<< "${HYBRID_EXTRA:-}"
+for experiment in e2e_decode serving; do
+    if ! have_module "experiments.${experiment}"; then
+        skip_missing "sweep ${experiment}" "module experiments.${experiment}"
+        continue
+    fi
+    name="${experiment%_decode}"                     # e2e | serving
+    if [[ "$GPU" == "True" ]]; then hsweep="paper_${name}"; else hsweep="${name}_cpu"; fi
+    if [[ -z "$RUN_DIR" ]]; then
+        where=("out_dir=${RESULTS}" "run_id=${RUN_ID}")
+    else
+        where=("resume=${RUN_DIR}")
+    fi
+    stage "sweep: python -m experiments.${experiment} sweep=${hsweep} ${where[*]}"
+    "$PY" -m "experiments.${experiment}" "sweep=${hsweep}" "${where[@]}" progress=false \
+        "hydra.run.dir=outputs/reproduce/${RUN_ID}/${experiment}" ${HYBRID_ARGS[@]+"${HYBRID_ARGS[@]}"}
+    find_run_dir
+done
+
 if [[ -z "$RUN_DIR" ]]; then
     echo "reproduce: no run directory ${RESULTS}/*/${RUN_ID} was produced (stages missing: ${MISSING[*]:-none})" >&2
     exit 1
@@ -141,6 +167,8 @@ fi
 # ----------------------------------------------------------------------------- results -> report
 stage "aggregate: ${RUN_DIR}/summary.csv"
 "$PY" scripts/aggregate.py "$RUN_DIR"
+stage "whole-model ratios: ${RUN_DIR}/hybrid_summary.csv"
+"$PY" scripts/hybrid_summary.py "$RUN_DIR"
 stage "tables: ${RUN_DIR}/TABLES.md"
 "$PY" scripts/tables.py "$RUN_DIR"
 stage "plots: ${RUN_DIR}/plots/"

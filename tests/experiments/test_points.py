@@ -79,7 +79,7 @@ def test_model_configs_agree_with_geometry_and_cite_sources():
         layers = cfg["layers"]
         assert layers["ssm"] + layers["attention"] <= layers["total"], name
         if layers.get("pattern"):
-            assert layers["pattern"].count("M") == layers["ssm"], name
+            assert sum(layers["pattern"].count(c) for c in "MG") == layers["ssm"], name
         assert spec.family in ("mamba2", "gdn")
         if not name.startswith("tiny"):
             assert "Sources" in (CONF_DIR / "model" / f"{name}.yaml").read_text(), name

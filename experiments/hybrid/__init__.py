@@ -1,0 +1,14 @@
+"""A hybrid (SSM + attention + MLP/MoE) model's decode step at a production model's dimensions, random weights.
+
+    spec.py       HybridSpec: conf/model -> layer pattern, per-rank dims, composition (the block that is built)
+    layers.py     the layers as engines run them: SSM mixer (in_proj, conv1d state update, the SSM method under
+                  test through the harness registry, gated RMSNorm, out_proj), attention over a KV cache with a
+                  length cursor, dense MLP, MoE (grouped GEMM when torch has it)
+    model.py      HybridModel: embedding -> layers -> final norm -> LM head; decode / verify / commit / draft,
+                  per-layer-kind timers (the SSM share of the step)
+    footprint.py  analytic bytes (weights, KV cache, SSM caches, buffers/rings) and max concurrency
+    sweep.py      e2e_decode / serving config validation and points (ValueError before any work), row store
+
+The layers are workload; the SSM decode methods stay in replayssm/ and baselines/ and are reached through
+experiments/harness/methods.py (REGISTRY), so swapping the SSM method changes nothing else in the step.
+"""

@@ -1,0 +1,293 @@
+"""The e2e_decode and serving timing cores (plain functions; experiments/e2e_decode.py and serving.py are
+the Hydra entries). Per point: build the model (random weights, same seed for every method of a point's
+model so the methods see the same weights and inputs), check it, time whole cycles with the harness
+timers, profile one cycle per sub-layer kind, write one row; any exception becomes the row's status.
+
+e2e_decode: a cycle is `buffer_len` decode steps from a reset KV cursor (whole ReplaySSM flush cycles, the
+baseline the same number of steps); ms/step = cycle / steps. The gate: a replay point's logits over
+buffer_len + 1 steps (a flush included) against the baseline model with the same weights and tokens.
+serving: a cycle is `steps` speculative steps of draft (T-1 MTP steps) + verify (the whole model on T
+tokens) + commit (the acceptance model's counts), or `steps` AR decodes for mode `ar`.
+
+Composed (build=block): the step is built from one sub-layer per kind; its time is the block's measured
+step split by the profiled per-kind shares and re-weighted by the pattern's counts
+(other + sum_k count_k x t_k). The SSM share is ssm_us / step_us of the same composition.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+import zlib
+from pathlib import Path
+
+import torch
+
+from experiments.harness import memory, timing
+from experiments.harness.acceptance import parse_acceptance
+from experiments.harness.env import collect_env, resolve_hardware
+from experiments.harness.points import CONF_DIR, DTYPES
+from experiments.hybrid.footprint import footprint, max_concurrency
+from experiments.hybrid.layers import ATTENTION_IMPL, KV_LAYOUT, SSMCall
+from experiments.hybrid.model import HybridModel, MTPDrafter
+from experiments.hybrid.spec import KIND_GROUP, HybridSpec
+from experiments.hybrid.sweep import HybridPlan, HybridPoint, HybridStore, expand, serving_steps
+from replayssm.testing import rel_err, tolerance
+
+COMMON = ["experiment", "model", "tp", "family", "method", "batch", "context_len", "buffer_len", "route",
+          "state_dtype", "act_dtype", "backend", "weights", "composed", "composition", "built_layers", "attn_impl",
+          "kv_layout", "moe_impl", "vocab_per_rank", "threads", "median_us", "p20_us", "p80_us", "ms_per_step",
+          "tokens_per_s", "ssm_us", "attention_us", "mlp_us", "other_us", "ssm_share", "peak_mem_bytes",
+          "weight_bytes", "kv_bytes", "ssm_cache_bytes", "assumed", "rel_err"]
+E2E_COLUMNS = COMMON + ["status", "message", "config_hash", "run_id"]
+SERVING_COLUMNS = COMMON + ["mode", "spec_T", "history_len", "acceptance", "mean_accepted", "draft_us", "max_model_len",
+                            "footprint_weights_bytes", "footprint_per_seq_bytes", "hbm_budget_bytes", "hbm_source",
+                            "max_concurrency", "at_max_concurrency", "status", "message", "config_hash", "run_id"]
+
+
+def _call(p: HybridPoint, spec: HybridSpec) -> SSMCall:
+    return SSMCall(family=spec.family, backend=p.backend, geometry=spec.geometry, state_dtype=DTYPES[p.state_dtype],
+                   act_dtype=DTYPES[p.act_dtype], route=p.route, buffer_len=p.buffer_len or spec.buffer_len,
+                   spec_T=p.spec_T, history_len=p.history_len or spec.history_len)
+
+
+def build(p: HybridPoint, spec: HybridSpec, capacity: int, seed: int, moe_impl: str = "auto") -> HybridModel:
+    """The point's model: weights from `seed` only (identical across the methods of one model)."""
+    gen = torch.Generator().manual_seed(seed)
+    model = HybridModel(spec, ssm_method=p.method, call=_call(p, spec), num_slots=p.batch, capacity=capacity, gen=gen,
+                        device=p.device, build=p.build, moe_impl=moe_impl)
+    model.reset(p.context_len, torch.Generator().manual_seed(seed + 1))
+    return model
+
+
+def _tokens(p: HybridPoint, spec: HybridSpec, T: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed + 2)
+    return torch.randint(0, spec.vocab, (p.batch, T), generator=g).to(p.device)
+
+
+def _time(cycle, work: int, p: HybridPoint, sweep: dict, settings: dict) -> timing.Timing:
+    if p.device == "cuda":
+        return timing.time_gpu(cycle, work, timing_mode="eager", l2="warm", warmup_ms=float(settings["warmup_ms"]),
+                               rep_ms=float(settings["rep_ms"]))
+    return timing.time_cpu(cycle, work, warmup=int(sweep.get("cpu_warmup", 1)),
+                           repeats=int(sweep.get("cpu_repeats", 5)),
+                           min_sample_us=0, clock=timing.cpu_clock(settings.get("cpu_clock", "auto")))
+
+
+def _profile(model: HybridModel, cycle, steps: int) -> dict[str, float]:
+    model.kind_us.clear()
+    model.profile = True
+    try:
+        cycle()
+    finally:
+        model.profile = False
+    return {k: v / steps for k, v in model.kind_us.items()}
+
+
+def compose(spec: HybridSpec, p: HybridPoint, step_us: float, prof: dict[str, float]) -> dict:
+    """Per-group times per step (ssm / attention / mlp / other) and the composed step time."""
+    total = sum(prof.values()) or 1.0
+    scale = step_us / total                                       # profiled shares of the measured step
+    counts = spec.counts if p.build == "block" else {k: 1 for k in prof}
+    groups = {"ssm": 0.0, "attention": 0.0, "mlp": 0.0, "other": prof.get("other", 0.0) * scale}
+    for ch, us in prof.items():
+        if ch != "other":
+            groups[KIND_GROUP[ch]] += us * scale * (counts[ch] if p.build == "block" else 1)
+    step = sum(groups.values())
+    return {"ssm_us": groups["ssm"], "attention_us": groups["attention"], "mlp_us": groups["mlp"],
+            "other_us": groups["other"], "median_us": step, "ssm_share": groups["ssm"] / step if step else None}
+
+
+def _base_row(p: HybridPoint, spec: HybridSpec, run_id: str) -> dict:
+    row = {k: getattr(p, k, None) for k in ("experiment", "model", "tp", "family", "method", "batch", "context_len",
+                                             "buffer_len", "route", "state_dtype", "act_dtype", "backend", "mode",
+                                             "spec_T", "history_len", "acceptance", "at_max_concurrency")}
+    row.update(weights="random", composed=p.build == "block",
+               composition=spec.composition() if p.build == "block" else "full pattern " + "".join(spec.pattern),
+               built_layers=len(spec.block()) if p.build == "block" else len(spec.pattern), attn_impl=ATTENTION_IMPL,
+               kv_layout=KV_LAYOUT, vocab_per_rank=spec.vocab, threads=torch.get_num_threads(),
+               assumed=";".join(spec.assumed), config_hash=p.config_hash(), run_id=run_id, message="")
+    return row
+
+
+def _finish(row: dict, model: HybridModel, t: timing.Timing, groups: dict, tokens_per_step: float, batch: int) -> None:
+    k = groups["median_us"] / t.median_us if t.median_us else 1.0      # composed / measured block step
+    row.update(groups, p20_us=t.p20_us * k, p80_us=t.p80_us * k, ms_per_step=groups["median_us"] / 1e3,
+               tokens_per_s=batch * tokens_per_step / (groups["median_us"] * 1e-6), moe_impl=model.moe_impl,
+               weight_bytes=model.weight_bytes() + model.embed_head_bytes())
+    caches = model.cache_bytes()
+    row.update(kv_bytes=caches["kv"], ssm_cache_bytes=caches["ssm"])
+
+
+# ------------------------------------------------------------------------------------------------ e2e
+
+def e2e_point(p: HybridPoint, spec: HybridSpec, plan: HybridPlan, row: dict, notes: list[str]) -> str:
+    steps = spec.buffer_len
+    seed = p.seed * 1_000_003 + zlib.crc32(p.model_key.encode()) % 100_003
+    capacity = p.context_len + 2 * (steps + 1) + 1
+    moe = plan.sweep.get("moe_impl", "auto")
+    if p.method != "baseline_ar":       # the gate, on a few rows: same weights and tokens, baseline SSM method
+        small = HybridPoint(**{**p.__dict__, "batch": min(p.batch, int(plan.timing.get("check_max_batch", 4)))})
+        ref_point = HybridPoint(**{**small.__dict__, "method": "baseline_ar", "buffer_len": None, "route": None})
+        got_model, ref = build(small, spec, capacity, seed, moe), build(ref_point, spec, capacity, seed, moe)
+        tok = _tokens(small, spec, 1, seed)[:, 0]
+        got = torch.stack([got_model.decode(tok)[0] for _ in range(steps + 1)])
+        want = torch.stack([ref.decode(tok)[0] for _ in range(steps + 1)])
+        del got_model, ref
+        err = rel_err(got, want)
+        row["rel_err"] = err
+        tol = 20 * tolerance(DTYPES[p.act_dtype], DTYPES[p.state_dtype])
+        if not err <= tol:
+            notes.append(f"gate: logits rel_err {err:.2e} > {tol:.1e} vs baseline_ar over {steps + 1} steps")
+            return "wrong"
+        notes.append(f"gate ok: logits vs baseline_ar, {small.batch} rows, {steps + 1} steps, rel_err {err:.1e}")
+    model = build(p, spec, capacity, seed, moe)
+    tok = _tokens(p, spec, 1, seed)[:, 0]
+
+    def cycle():
+        model.set_lengths(p.context_len)
+        for _ in range(steps):
+            model.decode(tok)
+    t = _time(cycle, steps, p, plan.sweep, plan.timing)
+    groups = compose(spec, p, t.median_us, _profile(model, cycle, steps))
+    _finish(row, model, t, groups, 1.0, p.batch)
+    return "ok"
+
+
+# -------------------------------------------------------------------------------------------- serving
+
+def serving_point(p: HybridPoint, spec: HybridSpec, plan: HybridPlan, row: dict, notes: list[str]) -> str:
+    sweep = plan.sweep
+    T = p.spec_T or 1
+    steps = serving_steps(spec, p.spec_T or 2, int(sweep["spec_steps"])) if p.mode != "ar" else \
+        serving_steps(spec, min(int(v) for v in sweep["spec_T"]), int(sweep["spec_steps"]))
+    seed = p.seed * 1_000_003 + zlib.crc32(p.model_key.encode()) % 100_003
+    capacity = p.context_len + (steps + 2) * T + 1
+    model = build(p, spec, capacity, seed, sweep.get("moe_impl", "auto"))
+    fp = footprint(spec, p.mode, act_dtype=DTYPES[p.act_dtype], state_dtype=DTYPES[p.state_dtype],
+                   max_model_len=int(sweep["max_model_len"]), spec_T=p.spec_T)
+    budget, source = plan.budget[p.model_key]
+    row.update(max_model_len=int(sweep["max_model_len"]), footprint_weights_bytes=fp.weights,
+               footprint_per_seq_bytes=fp.per_seq, hbm_budget_bytes=budget, hbm_source=source,
+               max_concurrency=max_concurrency(budget, fp))
+    tok = _tokens(p, spec, 1, seed)[:, 0]
+    hidden = torch.randn(p.batch, spec.hidden, generator=torch.Generator().manual_seed(seed + 3)).to(
+        device=p.device, dtype=DTYPES[p.act_dtype])
+    if p.mode == "ar":
+        def cycle():
+            model.set_lengths(p.context_len)
+            for _ in range(steps):
+                model.decode(tok)
+        t = _time(cycle, steps, p, sweep, plan.timing)
+        groups = compose(spec, p, t.median_us, _profile(model, cycle, steps))
+        _finish(row, model, t, groups, 1.0, p.batch)
+        row.update(mean_accepted=1.0, draft_us=0.0)
+        return "ok"
+    acc = parse_acceptance(p.acceptance)
+    counts = acc.sample(T, p.batch, steps, torch.Generator().manual_seed(seed + 4)).to(p.device)
+    maxes = counts.max(dim=1).values.tolist()
+    drafter = MTPDrafter(model, torch.Generator().manual_seed(seed + 5), capacity)
+    drafter.reset(p.context_len, torch.Generator().manual_seed(seed + 6))
+
+    def draft():
+        return drafter.draft(tok, hidden, T - 1)
+
+    def cycle():
+        model.set_lengths(p.context_len)
+        drafter.sync_lengths()
+        for i in range(steps):
+            window = torch.cat([tok[:, None], draft()], dim=1)
+            model.forward(window)
+            model.advance(counts[i], maxes[i])
+            drafter.sync_lengths()
+    t = _time(cycle, steps, p, sweep, plan.timing)
+    d = _time(draft, 1, p, sweep, plan.timing)
+    prof = _profile(model, cycle, steps)
+    groups = compose(spec, p, t.median_us - d.median_us, prof)         # the model's share; the drafter apart
+    groups["median_us"] += d.median_us
+    groups["other_us"] += d.median_us
+    mean_acc = float(counts.float().mean())
+    _finish(row, model, t, groups, mean_acc, p.batch)
+    row.update(mean_accepted=mean_acc, draft_us=d.median_us,
+               weight_bytes=row["weight_bytes"] + drafter.weight_bytes())
+    row["kv_bytes"] += drafter.mtp.cache_bytes()["kv"]
+    notes.append("other_us includes the MTP drafter (draft_us)")
+    return "ok"
+
+
+# ------------------------------------------------------------------------------------------------ run
+
+def run_hybrid(cfg, experiment: str) -> tuple[Path, list[dict]]:
+    from omegaconf import OmegaConf
+
+    data = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)
+    data = {k: v for k, v in data.items() if k != "hydra"}
+    device = "cuda" if data.get("device", "auto") in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
+    hardware = resolve_hardware(data.get("hardware") or {}, device, CONF_DIR)
+    plan = expand(data, experiment, hardware)                     # every ValueError here, before any work
+    columns = E2E_COLUMNS if experiment == "e2e_decode" else SERVING_COLUMNS
+    store = HybridStore.open(data, hardware["name"], experiment, columns)
+    env = collect_env(device=plan.device, hardware=hardware, timing=plan.timing, sweep=data["sweep"])
+    env.update(run_id=store.run_id, points=len(plan.points), experiment=experiment)
+    store.store.write_json(f"env.{experiment}.json", env)
+    store.store.write_text(f"config.{experiment}.yaml", OmegaConf.to_yaml(data))
+    done = store.done_hashes()
+    threads = torch.get_num_threads()
+    if data["sweep"].get("threads"):
+        torch.set_num_threads(int(data["sweep"]["threads"]))
+    rows = []
+    from tqdm import tqdm
+
+    try:
+        for p in tqdm(plan.points, desc=experiment, unit="pt", disable=not data.get("progress", True)):
+            if p.config_hash() in done:
+                continue
+            rows.append(_run_point(p, plan, store.run_id))
+            store.append(rows[-1])
+    finally:
+        torch.set_num_threads(threads)
+    return store.run_dir, rows
+
+
+def _run_point(p: HybridPoint, plan: HybridPlan, run_id: str) -> dict:
+    spec = plan.specs[p.model_key]
+    row = _base_row(p, spec, run_id)
+    notes: list[str] = []
+    fn = e2e_point if p.experiment == "e2e_decode" else serving_point
+    try:
+        memory.reset_peak(p.device)
+        status = fn(p, spec, plan, row, notes)
+    except (torch.OutOfMemoryError, MemoryError) as exc:
+        status = "oom"
+        notes.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+    except Exception as exc:  # noqa: BLE001 - a failing point is recorded, the sweep goes on
+        status = "error"
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        notes.append(f"{type(exc).__name__}: {str(exc)[:300]} (at {Path(where.filename).name}:{where.lineno})")
+    finally:
+        row["peak_mem_bytes"] = memory.peak_bytes(p.device)
+        if p.device == "cuda":
+            torch.cuda.empty_cache()
+    row.update(status=status, message="; ".join(notes))
+    return row
+
+
+def summarize(rows: list[dict]) -> str:
+    head = ["model", "tp", "batch", "ctx", "method/mode", "T", "ms/step", "tok/s", "ssm%", "maxconc", "status"]
+    lines = [head]
+    for r in rows:
+        share = r.get("ssm_share")
+        lines.append([r["model"], r["tp"], r["batch"], r["context_len"], r.get("mode") or r["method"],
+                      r.get("spec_T") or "", f"{r['ms_per_step']:.3f}" if r.get("ms_per_step") else "",
+                      f"{r['tokens_per_s']:.1f}" if r.get("tokens_per_s") else "",
+                      f"{100 * share:.0f}" if share else "", r.get("max_concurrency") or "", r["status"]])
+    widths = [max(len(str(x)) for x in col) for col in zip(*lines)]
+    return "\n".join("  ".join(str(x).ljust(w) for x, w in zip(line, widths)) for line in lines)
+
+
+def hydra_main(cfg, experiment: str) -> str:
+    t0 = time.perf_counter()
+    run_dir, rows = run_hybrid(cfg, experiment)
+    print(summarize(rows))
+    print(f"{experiment}: {len(rows)} rows in {time.perf_counter() - t0:.1f} s -> {run_dir}")
+    return str(run_dir)

@@ -1,0 +1,171 @@
+"""HybridSpec: one model's layer pattern and the dims one tensor-parallel rank sees, from conf/model/<name>.yaml.
+
+Pattern characters (Nemotron-H's `hybrid_override_pattern` notation, extended with G for Gated DeltaNet):
+
+    M  Mamba-2 mixer      G  Gated DeltaNet mixer      *  attention      -  dense MLP      E  MoE
+
+Every character is one residual sub-layer (pre-norm, x + f(norm(x))). Qwen3.5 decoder layers are a mixer
+followed by an MLP/MoE, written as two characters ("G-" / "*E"). Under TP=N the heads, the MLP/expert
+intermediate size and the vocabulary (LM head) split N ways; the hidden size does not (activations are
+replicated between the row- and column-parallel halves; the all-reduce is not modelled).
+
+`composition`: when the whole model is not built (it does not fit), the block that is built holds one
+sub-layer of each kind, in order of first appearance, and the step time is composed from the measured
+per-kind times scaled by the pattern's counts (HybridSpec.counts).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from experiments.harness.points import model_spec
+from replayssm.geometry import GDNGeometry, Mamba2Geometry
+
+KINDS = {"M": "mamba2", "G": "gdn", "*": "attention", "-": "mlp", "E": "moe"}
+SSM_KINDS = ("M", "G")
+KIND_GROUP = {"M": "ssm", "G": "ssm", "*": "attention", "-": "mlp", "E": "mlp"}   # the breakdown's bars
+
+
+def parse_pattern(pattern: str, key: str = "model.layers.pattern") -> tuple[str, ...]:
+    """The pattern's characters, each a known kind; anything else is a ValueError naming it."""
+    if not isinstance(pattern, str) or not pattern:
+        raise ValueError(f"{key}: expected a non-empty layer pattern string, got {pattern!r}")
+    for i, ch in enumerate(pattern):
+        if ch not in KINDS:
+            raise ValueError(f"{key}: unknown layer kind {ch!r} at position {i} of {pattern!r}; known kinds: "
+                             + ", ".join(f"{k!r} ({v})" for k, v in KINDS.items()))
+    return tuple(pattern)
+
+
+@dataclass(frozen=True)
+class AttentionDims:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class MLPDims:
+    act: str                          # relu2 (Nemotron-H: up -> relu^2 -> down) | swiglu (Qwen: gate*up)
+    intermediate: int | None          # dense MLP, per rank
+    num_experts: int | None = None
+    top_k: int | None = None
+    expert_intermediate: int | None = None   # per rank
+    latent: int | None = None         # LatentMoE: experts run in a `latent`-wide space (Nemotron-3-Super)
+    shared_intermediate: int | None = None   # shared expert, per rank (None: none)
+
+
+@dataclass(frozen=True)
+class HybridSpec:
+    name: str
+    family: str
+    tp: int
+    geometry: Mamba2Geometry | GDNGeometry
+    has_z: bool
+    dt_softplus: bool
+    use_qk_l2norm: bool
+    hidden: int
+    vocab: int                        # per rank (TP-split LM head)
+    conv_kernel: int
+    pattern: tuple[str, ...]
+    attention: AttentionDims | None
+    mlp: MLPDims | None
+    mtp_pattern: tuple[str, ...]
+    buffer_len: int
+    history_len: int
+    assumed: tuple[str, ...] = field(default=())   # conf keys whose values are assumptions, not sourced
+
+    @property
+    def counts(self) -> Counter:
+        return Counter(self.pattern)
+
+    @property
+    def ssm_layers(self) -> int:
+        return sum(self.counts[k] for k in SSM_KINDS)
+
+    @property
+    def attention_layers(self) -> int:
+        return self.counts["*"]
+
+    def block(self) -> tuple[str, ...]:
+        """One sub-layer per kind in order of first appearance: what a composed step builds."""
+        return tuple(dict.fromkeys(self.pattern))
+
+    def composition(self) -> str:
+        c = self.counts
+        return " + ".join(f"{c[k]}x{k}" for k in self.block()) + " (per-kind times of one built block) + embed/head"
+
+
+def _need(cfg: dict, path: str, key: str):
+    node = cfg
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if node is None:
+        raise ValueError(f"{key}.{path}: not set for model {cfg.get('name')!r} (not in our sources); the e2e step "
+                         "needs it: add it to conf/model with its source, or mark it under `assumed`")
+    return node
+
+
+def _split(value: int, tp: int, key: str) -> int:
+    if value % tp:
+        raise ValueError(f"{key}: {value} is not divisible by TP={tp}")
+    return value // tp
+
+
+def hybrid_spec(cfg: dict, tp: int | None = None, key: str = "model") -> HybridSpec:
+    """Validate a conf/model dict for the e2e step and split it for TP. Raises ValueError naming the key."""
+    base = model_spec(cfg, tp, key)           # family, geometry (checked against replayssm.geometry), TP split
+    tp = base.tp
+    pattern = parse_pattern(_need(cfg, "layers.pattern", key), f"{key}.layers.pattern")
+    ssm_char = "M" if base.family == "mamba2" else "G"
+    wrong = {"M": "G", "G": "M"}[ssm_char]
+    if wrong in pattern:
+        raise ValueError(f"{key}.layers.pattern: layer kind {wrong!r} does not match family {base.family!r}")
+    layers = cfg.get("layers") or {}
+    counts = Counter(pattern)
+    for name, chars in (("ssm", "MG"), ("attention", "*"), ("mlp", "-E")):
+        want = layers.get(name)
+        got = sum(counts[c] for c in chars)
+        if want is not None and want != got:
+            raise ValueError(f"{key}.layers.{name}={want} disagrees with the pattern ({got} of {chars!r})")
+    hidden = int(_need(cfg, "hidden_size", key))
+    vocab = _split(int(_need(cfg, "vocab_size", key)), tp, f"{key}.vocab_size")
+    attention = None
+    if "*" in pattern or "*" in (cfg.get("mtp") or {}).get("pattern", ""):
+        heads = _split(int(_need(cfg, "attention.num_heads", key)), tp, f"{key}.attention.num_heads")
+        kv = int(_need(cfg, "attention.num_kv_heads", key))
+        kv = max(1, kv // tp)                   # fewer KV heads than ranks: each rank keeps a replica
+        if heads % kv:
+            raise ValueError(f"{key}.attention: {heads} query heads per rank not a multiple of {kv} KV heads")
+        attention = AttentionDims(heads, kv, int(_need(cfg, "attention.head_dim", key)))
+    mlp_cfg = cfg.get("mlp") or {}
+    mlp = None
+    uses_mlp = {"-", "E"} & (set(pattern) | set((cfg.get("mtp") or {}).get("pattern", "")))
+    if uses_mlp:
+        act = mlp_cfg.get("act", "relu2")
+        if act not in ("relu2", "swiglu"):
+            raise ValueError(f"{key}.mlp.act: unknown activation {act!r}; expected relu2 or swiglu")
+        inter = (_split(int(_need(cfg, "mlp.intermediate_size", key)), tp, f"{key}.mlp.intermediate_size")
+                 if "-" in uses_mlp else None)
+        moe = {}
+        if "E" in uses_mlp:
+            shared = mlp_cfg.get("shared_expert_intermediate_size")
+            moe = dict(num_experts=int(_need(cfg, "mlp.num_experts", key)),
+                       top_k=int(_need(cfg, "mlp.experts_per_token", key)),
+                       expert_intermediate=_split(int(_need(cfg, "mlp.moe_intermediate_size", key)), tp,
+                                                  f"{key}.mlp.moe_intermediate_size"),
+                       latent=mlp_cfg.get("latent"),
+                       shared_intermediate=_split(int(shared), tp, f"{key}.mlp.shared_expert_intermediate_size")
+                       if shared else None)
+            if not 1 <= moe["top_k"] <= moe["num_experts"]:
+                raise ValueError(f"{key}.mlp.experts_per_token={moe['top_k']} not in 1..{moe['num_experts']}")
+        mlp = MLPDims(act=act, intermediate=inter, **moe)
+    rs = cfg.get("replayssm") or {}
+    mtp = (cfg.get("mtp") or {}).get("pattern") or ("*E" if "E" in pattern else "*-")
+    return HybridSpec(name=base.name, family=base.family, tp=tp, geometry=base.geometry, has_z=base.has_z,
+                      dt_softplus=base.dt_softplus, use_qk_l2norm=base.use_qk_l2norm, hidden=hidden, vocab=vocab,
+                      conv_kernel=int(cfg.get("conv_kernel") or 4), pattern=pattern, attention=attention, mlp=mlp,
+                      mtp_pattern=parse_pattern(mtp, f"{key}.mtp.pattern"),
+                      buffer_len=int(rs.get("buffer_len") or 16), history_len=int(rs.get("history_len") or 16),
+                      assumed=tuple(cfg.get("assumed") or ()))

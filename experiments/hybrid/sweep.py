@@ -1,0 +1,310 @@
+"""Validation and points of the e2e_decode and serving experiments, and their row store.
+
+Everything is checked here, before any allocation (ValueError naming the key): models (pattern, dims),
+methods / modes, dtypes, devices, window T vs the ring (T > history_len is refused), context + decoded tokens
+vs max_model_len (the KV budget), and a batch that cannot fit the HBM budget (analytic footprint).
+
+Rows go to <run dir>/e2e_rows.csv or serving_rows.csv beside the kernel experiments' rows.csv (their columns
+differ); the run directory, env.json and resume work as in experiments/harness/store.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+from experiments.harness.acceptance import parse_acceptance
+from experiments.harness.points import DTYPES, _choice, _int, _int_list, load_model_config, resolve_device
+from experiments.harness.store import RunStore
+from experiments.hybrid import footprint as fpm
+from experiments.hybrid.spec import HybridSpec, hybrid_spec
+
+_MODEL_ENTRY = re.compile(r"^([A-Za-z0-9_]+)(?:@tp(\d+))?$")
+MODES = ("ar", "native", "replayssm", "commit_replay")
+E2E_METHODS = ("baseline_ar", "replay_ar")
+
+
+@dataclass
+class HybridSweepSchema:
+    """conf/sweep/{e2e_cpu,paper_e2e,serving_cpu,paper_serving}.yaml extend this (defaults: [hybrid_schema])."""
+
+    models: list[str] = field(default_factory=lambda: ["tiny_mamba2"])
+    batch: list[int] = field(default_factory=lambda: [1])
+    context_len: list[int] = field(default_factory=lambda: [256])
+    methods: list[str] = field(default_factory=lambda: list(E2E_METHODS))   # e2e_decode
+    modes: list[str] = field(default_factory=lambda: list(MODES))           # serving
+    buffer_len: int | None = None           # null: the model's replayssm.buffer_len
+    history_len: int | None = None          # null: the model's replayssm.history_len
+    spec_T: list[int] = field(default_factory=lambda: [4])
+    acceptance: list[Any] = field(default_factory=lambda: [{"kind": "rate", "p": 0.8}])
+    spec_steps: int = 8                     # verify+commit steps per timed cycle (raised to pass >= 3 flushes)
+    route: str = "output_only"              # Mamba-2 replay route (GDN: state_and_output)
+    state_dtype: str = "float32"
+    act_dtype: str = "float32"
+    backend: str = "torch"
+    build: str = "auto"                     # full | block (composed) | auto: block when weights > max_build_bytes
+    max_build_bytes: int = 2_000_000_000
+    max_model_len: int = 2048               # KV budget per sequence (context + decoded tokens must fit)
+    moe_impl: str = "auto"
+    hbm_bytes: int | None = None
+    hbm_fallback_bytes: int = 80_000_000_000   # no hardware HBM and no GPU: an 80 GB H100 (the paper's dense GPU)
+    hbm_util: float = 0.9                   # vLLM's gpu_memory_utilization default
+    at_concurrency: bool = False            # serving: add a point per mode at its max concurrency (capped)
+    concurrency_batch_cap: int = 1024
+    vocab_cap: int | None = None            # CPU: truncate the (per-rank) LM head to this many rows (recorded)
+    threads: int | None = None
+    cpu_repeats: int = 5
+    cpu_warmup: int = 1
+
+
+ConfigStore.instance().store(group="sweep", name="hybrid_schema", node=HybridSweepSchema)
+
+
+@dataclass(frozen=True)
+class HybridPoint:
+    experiment: str
+    model: str
+    tp: int
+    family: str
+    method: str                     # SSM method (registry name)
+    mode: str | None                # serving mode
+    batch: int
+    context_len: int
+    buffer_len: int | None
+    history_len: int | None
+    spec_T: int | None
+    acceptance: str | None
+    route: str | None
+    state_dtype: str
+    act_dtype: str
+    backend: str
+    build: str
+    device: str
+    seed: int
+    at_max_concurrency: bool = False
+
+    @property
+    def model_key(self) -> str:
+        return f"{self.model}@tp{self.tp}"
+
+    def config_hash(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class HybridPlan:
+    experiment: str
+    device: str
+    points: list[HybridPoint]
+    specs: dict[str, HybridSpec]
+    sweep: dict
+    timing: dict
+    budget: dict = field(default_factory=dict)     # model_key -> (bytes, source)
+
+
+def _models(sweep: dict) -> list[tuple[str, dict, int | None]]:
+    entries = sweep.get("models")
+    if not isinstance(entries, (list, tuple)) or not entries:
+        raise ValueError(f"sweep.models: expected a non-empty list of model names, got {entries!r}")
+    out = []
+    for i, entry in enumerate(entries):
+        match = _MODEL_ENTRY.match(entry) if isinstance(entry, str) else None
+        if match is None:
+            raise ValueError(f"sweep.models[{i}]: expected 'name' or 'name@tpN', got {entry!r}")
+        tp = int(match.group(2)) if match.group(2) else None
+        out.append((f"sweep.models[{i}]", load_model_config(match.group(1)), tp))
+    return out
+
+
+def _spec(key: str, cfg: dict, tp: int | None, sweep: dict) -> HybridSpec:
+    from dataclasses import replace
+
+    spec = hybrid_spec(cfg, tp, key)
+    if sweep.get("buffer_len") is not None:
+        spec = replace(spec, buffer_len=_int("sweep.buffer_len", sweep["buffer_len"]))
+    if sweep.get("history_len") is not None:
+        spec = replace(spec, history_len=_int("sweep.history_len", sweep["history_len"]))
+    cap = sweep.get("vocab_cap")
+    if cap is not None and spec.vocab > _int("sweep.vocab_cap", cap):
+        note = f"vocab truncated to {cap} per rank (sweep.vocab_cap)"
+        spec = replace(spec, vocab=cap, assumed=spec.assumed + (note,))
+    return spec
+
+
+def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPlan:
+    """Validate `cfg` (plain dict) and expand the points of `experiment` (e2e_decode | serving)."""
+    sweep = cfg.get("sweep")
+    if not isinstance(sweep, dict):
+        raise ValueError("sweep: missing config section")
+    unknown = sorted(set(sweep) - set(HybridSweepSchema.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"sweep.{unknown[0]}: unknown key for {experiment}; expected one of "
+                         f"{list(HybridSweepSchema.__dataclass_fields__)}")
+    device = resolve_device(cfg.get("device", "auto"))
+    seed = _int("seed", cfg.get("seed", 0), minimum=0)
+    backend = _choice("sweep.backend", sweep.get("backend"), ("torch", "triton"))
+    build = _choice("sweep.build", sweep.get("build", "auto"), ("auto", "full", "block"))
+    _choice("sweep.moe_impl", sweep.get("moe_impl", "auto"), ("auto", "grouped_mm", "loop"))
+    route = _choice("sweep.route", sweep.get("route"), ("output_only", "state_and_output"))
+    for key, allowed in (("state_dtype", ("float32", "float16")), ("act_dtype", ("float32", "float16", "bfloat16"))):
+        v = sweep.get(key)
+        if v not in DTYPES or str(DTYPES[v]).removeprefix("torch.") not in allowed:
+            raise ValueError(f"sweep.{key}: expected one of {list(allowed)}, got {v!r}")
+    sd, ad = (str(DTYPES[sweep[k]]).removeprefix("torch.") for k in ("state_dtype", "act_dtype"))
+    if device == "cpu":
+        if ad == "bfloat16":
+            raise ValueError("sweep.act_dtype: bfloat16 is not timed on CPU; use float32/float16")
+        if backend == "triton":
+            raise ValueError("sweep.backend=triton on CPU would time the Triton interpreter; use backend=torch")
+    batches = _int_list(sweep, "batch")
+    contexts = _int_list(sweep, "context_len", minimum=0)
+    max_len = _int("sweep.max_model_len", sweep.get("max_model_len"))
+    models = [(key, _spec(key, c, tp, sweep)) for key, c, tp in _models(sweep)]
+    points: list[HybridPoint] = []
+    common = dict(experiment=experiment, state_dtype=sd, act_dtype=ad, backend=backend, device=device, seed=seed)
+    budgets = {}
+    if experiment == "e2e_decode":
+        methods = sweep.get("methods") or []
+        for i, m in enumerate(methods):
+            _choice(f"sweep.methods[{i}]", m, E2E_METHODS)
+        if not methods:
+            raise ValueError("sweep.methods: expected a non-empty list of AR methods")
+        for key, spec in models:
+            steps = spec.buffer_len                    # one whole flush cycle per timed cycle
+            for ctx in contexts:
+                _check_context(ctx, steps, 1, max_len, key)
+                for b in batches:
+                    for m in methods:
+                        points.append(HybridPoint(
+                            **common, model=spec.name, tp=spec.tp, family=spec.family, method=m, mode=None, batch=b,
+                            context_len=ctx, buffer_len=spec.buffer_len if m == "replay_ar" else None, history_len=None,
+                            spec_T=None, acceptance=None, route=_route(spec, m, route),
+                            build=_build(spec, build, sweep, ad)))
+    elif experiment == "serving":
+        modes = sweep.get("modes") or []
+        for i, m in enumerate(modes):
+            _choice(f"sweep.modes[{i}]", m, MODES)
+        if not modes:
+            raise ValueError("sweep.modes: expected a non-empty list of serving modes")
+        Ts = _int_list(sweep, "spec_T", minimum=2)
+        accs = [parse_acceptance(a, f"sweep.acceptance[{i}]") for i, a in enumerate(sweep.get("acceptance") or [])]
+        if not accs:
+            raise ValueError("sweep.acceptance: serving needs at least one acceptance model")
+        steps_req = _int("sweep.spec_steps", sweep.get("spec_steps"))
+        for key, spec in models:
+            budget = fpm.hbm_budget(hardware or {}, device, sweep)
+            budgets[spec.name + f"@tp{spec.tp}"] = budget
+            for T in Ts:
+                if T > spec.history_len:
+                    raise ValueError(f"{key}: spec_T={T} > history_len (ring buffer) B={spec.history_len}; the ring "
+                                     "needs B >= T (raise sweep.history_len or lower sweep.spec_T)")
+                steps = serving_steps(spec, T, steps_req)
+                for ctx in contexts:
+                    _check_context(ctx, steps, T, max_len, key)
+                    for mode in modes:
+                        method = fpm.MODE_METHOD[mode]
+                        fp = fpm.footprint(spec, mode, act_dtype=DTYPES[ad], state_dtype=DTYPES[sd],
+                                           max_model_len=max_len, spec_T=T)
+                        cap = fpm.max_concurrency(budget[0], fp)
+                        bs = list(batches)
+                        if sweep.get("at_concurrency") and cap > 0:
+                            bs.append(-min(cap, int(sweep.get("concurrency_batch_cap", 1024))))
+                        for b in bs:
+                            at_cap, b = b < 0, abs(b)
+                            if b > cap:
+                                raise ValueError(
+                                    f"{key}: batch {b} cannot fit the HBM budget in mode {mode!r} (max concurrency "
+                                    f"{cap} at max_model_len={max_len}: weights {fp.weights / 1e9:.2f} GB + "
+                                    f"{fp.per_seq / 1e6:.2f} MB per sequence, budget {budget[0] / 1e9:.1f} GB from "
+                                    f"{budget[1]})")
+                            for acc in (accs if mode != "ar" else accs[:1]):
+                                points.append(HybridPoint(
+                                    **common, model=spec.name, tp=spec.tp, family=spec.family, method=method,
+                                    mode=mode, batch=b, context_len=ctx,
+                                    buffer_len=None, history_len=spec.history_len if mode == "replayssm" else None,
+                                    spec_T=T if mode != "ar" else None, acceptance=acc.label if mode != "ar" else None,
+                                    route=None, build=_build(spec, build, sweep, ad), at_max_concurrency=at_cap))
+        points = list(dict.fromkeys(points))          # `ar` rows repeat across T: keep one
+    else:
+        raise ValueError(f"experiment.name: unknown hybrid experiment {experiment!r}")
+    return HybridPlan(experiment=experiment, device=device, points=points,
+                      specs={f"{s.name}@tp{s.tp}": s for _, s in models}, sweep=sweep,
+                      timing=dict(cfg.get("timing") or {}), budget=budgets)
+
+
+def serving_steps(spec: HybridSpec, T: int, requested: int) -> int:
+    """Steps per timed cycle, shared by every mode: enough for 3 ring flushes at one accepted token per step."""
+    return max(requested, 3 * (spec.history_len - T + 2))
+
+
+def _check_context(ctx: int, steps: int, T: int, max_len: int, key: str) -> None:
+    need = ctx + steps * T + T
+    if need > max_len:
+        raise ValueError(f"{key}: context_len={ctx} + {steps} timed steps x {T} tokens needs {need} KV entries per "
+                         f"sequence, more than the KV budget sweep.max_model_len={max_len}")
+
+
+def _route(spec: HybridSpec, method: str, route: str) -> str | None:
+    if method != "replay_ar":
+        return None
+    return route if spec.family == "mamba2" else "state_and_output"
+
+
+def _build(spec: HybridSpec, build: str, sweep: dict, act: str) -> str:
+    if build != "auto":
+        return build
+    fp = fpm.footprint(spec, "ar", act_dtype=DTYPES[act], state_dtype=DTYPES[act], max_model_len=1)
+    return "full" if fp.weights <= int(sweep.get("max_build_bytes", 2e9)) else "block"
+
+
+# --------------------------------------------------------------------------------------------------- store
+
+class HybridStore:
+    """<run dir>/<experiment>_rows.csv in a run directory made (or resumed) by the harness's RunStore."""
+
+    def __init__(self, store: RunStore, experiment: str, columns: list[str]):
+        self.store, self.columns = store, columns
+        self.run_dir, self.run_id = store.run_dir, store.run_id
+        self.path = store.run_dir / f"{experiment.removesuffix('_decode')}_rows.csv"
+        if self.path.exists():
+            with open(self.path, newline="") as f:
+                if next(csv.reader(f), []) != columns:
+                    raise ValueError(f"resume: {self.path} has different columns than this harness writes")
+        else:
+            with open(self.path, "w", newline="") as f:
+                csv.DictWriter(f, fieldnames=columns).writeheader()
+
+    @classmethod
+    def open(cls, data: dict, hardware: str, experiment: str, columns: list[str]) -> HybridStore:
+        from experiments.harness.env import REPO_ROOT, new_run_id
+
+        if data.get("resume"):
+            run_dir = Path(data["resume"])
+            if not run_dir.is_dir():
+                raise ValueError(f"resume: {run_dir} is not a run directory")
+            store = RunStore(run_dir, run_dir.name)
+        else:
+            root = Path(data["out_dir"]) if data.get("out_dir") else REPO_ROOT / "results"
+            store = RunStore.create(root, hardware, data.get("run_id") or new_run_id(),
+                                    explicit=bool(data.get("run_id")))
+        return cls(store, experiment, columns)
+
+    def done_hashes(self) -> set[str]:
+        with open(self.path, newline="") as f:
+            return {r["config_hash"] for r in csv.DictReader(f)}
+
+    def append(self, row: dict) -> None:
+        from experiments.harness.store import _cell
+
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=self.columns).writerow({k: _cell(row.get(k)) for k in self.columns})
+            f.flush()
+            os.fsync(f.fileno())

@@ -1,0 +1,23 @@
+"""Speculative serving through a hybrid model: window T = 1 + drafts, modes ar / native / replayssm /
+commit_replay, the MTP drafter timed, acceptance from experiments/harness/acceptance.py.
+
+    python -m experiments.serving                                          # CPU default (sweep=serving_cpu)
+    python -m experiments.serving sweep=paper_serving                       # GPU: batch to 512, T = 4 and 6
+
+throughput = batch x mean accepted length / (draft + verify + commit time); max_concurrency is the number
+of sequences whose KV cache + SSM caches fit the HBM budget after the weights (analytic footprint,
+experiments/hybrid/footprint.py). Rows: <run dir>/serving_rows.csv; the work is experiments.hybrid.run.
+"""
+
+import hydra
+
+from experiments.hybrid.run import hydra_main
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="serving")
+def main(cfg) -> str:
+    return hydra_main(cfg, "serving")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""scripts/hybrid_summary.py, claims.py and plots.py on SYNTHETIC whole-model rows: the e2e and serving
+claims are answered from e2e_rows.csv / serving_rows.csv (labelled whole model), ratios pair rows of one
+run, and without those files the SSM-layer proxy (or "not measured") answers as before."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "scripts"), str(Path(__file__).resolve().parent)]
+
+import aggregate  # noqa: E402
+import claims  # noqa: E402
+import hybrid_summary  # noqa: E402
+import plots  # noqa: E402
+import synthetic_runs as syn  # noqa: E402
+
+from experiments.hybrid.run import E2E_COLUMNS, SERVING_COLUMNS  # noqa: E402
+
+COMMON = dict(model="qwen35_122b_a10b", tp=1, family="gdn", context_len=1024, state_dtype="float32",
+              act_dtype="bfloat16", backend="triton", status="ok", run_id="synthetic-run", composed=False)
+
+
+def _row(columns, **kw) -> dict:
+    row = {c: None for c in columns}
+    row.update(COMMON, **kw)
+    row.update(p20_us=row["median_us"] * 0.95, p80_us=row["median_us"] * 1.05)
+    return row
+
+
+def _write(run_dir: Path) -> None:
+    e2e = [_row(E2E_COLUMNS, method=m, batch=512, median_us=us, buffer_len=16 if m == "replay_ar" else None,
+                ssm_us=us / 2, attention_us=us / 4, mlp_us=us / 8, other_us=us / 8)
+           for m, us in (("baseline_ar", 3000.0), ("replay_ar", 2000.0))]
+    serving = []
+    for mode, method, us, acc, conc in (("ar", "baseline_ar", 1000.0, 1.0, 900),
+                                        ("native", "baseline_spec", 2500.0, 3.0, 233),
+                                        ("replayssm", "replay_spec", 1250.0, 3.0, 702)):
+        serving.append(_row(SERVING_COLUMNS, mode=mode, method=method, batch=512, median_us=us, mean_accepted=acc,
+                            spec_T=None if mode == "ar" else 4, acceptance=None if mode == "ar" else "rate:0.8",
+                            history_len=16 if mode == "replayssm" else None, max_concurrency=conc,
+                            tokens_per_s=512 * acc / (us * 1e-6), hbm_budget_bytes=1e11, hbm_source="test"))
+    pd.DataFrame(e2e, columns=E2E_COLUMNS).to_csv(run_dir / "e2e_rows.csv", index=False)
+    pd.DataFrame(serving, columns=SERVING_COLUMNS).to_csv(run_dir / "serving_rows.csv", index=False)
+
+
+def test_whole_model_ratios_and_claims(tmp_path):
+    run_dir = syn.write_run(tmp_path, syn.ar_rows() + syn.spec_rows())
+    before = claims.render([aggregate.load_run(run_dir)])
+    assert "e2e_ar" not in before and "not measured in this run" in before
+    _write(run_dir)
+    ratios = hybrid_summary.hybrid_ratios(run_dir).set_index("metric")["value"]
+    assert abs(ratios["ar_speedup"] - 1.5) < 1e-9
+    assert abs(ratios["spec_vs_native"] - 2.0) < 1e-9          # same accepted length, half the step time
+    assert abs(ratios["spec_vs_ar"] - 2.4) < 1e-9              # 3 tokens per 1.25 ms vs 1 per 1 ms
+    assert abs(ratios["concurrency"] - 702 / 233) < 1e-9
+    measured = {}
+    for line in claims.render([aggregate.load_run(run_dir)]).splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 6 and cells[1].isdigit():
+            measured[cells[2].strip("*")] = cells[5]
+    e2e = next(v for k, v in measured.items() if k.startswith("standard decode end-to-end"))
+    assert e2e.startswith("1.50x") and "whole model" in e2e
+    native = next(v for k, v in measured.items() if k.startswith("GDN spec: 2.10x over native"))
+    assert native.startswith("2.00x") and "whole model" in native
+    conc = next(v for k, v in measured.items() if k.startswith("3.0x-3.3x more concurrent"))
+    assert conc.startswith("3.01x") and "whole model" in conc
+    kernel = next(v for k, v in measured.items() if k.startswith("spec SSM kernel"))
+    assert "whole model" not in kernel                         # kernel claims stay on the kernel rows
+    names = [p.name for p in plots.plot_run(run_dir)]
+    assert any(n.startswith("serving_throughput_") for n in names)
+    assert any(n.startswith("serving_concurrency_") for n in names)
+    assert any(n.startswith("e2e_breakdown_") for n in names)
