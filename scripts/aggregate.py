@@ -14,7 +14,13 @@ Metrics (summary.csv, one tidy row per pair; value > 1 means the numerator metho
     step_cost_vs_ar   spec method median_us / baseline_ar median_us (lower is better)
     concurrency       baseline_spec footprint_bytes / replay_spec footprint_bytes (slots under one budget)
 lo/hi bound each ratio from the p20/p80 times of both rows (the pessimistic and optimistic pairing);
-bytes_ratio is the byte model's ratio for the same pair (bytes_model columns; per token for spec).
+bytes_ratio is the byte model's ratio for the same pair (bytes_model columns; per token for spec; the rows'
+byte_model_ratio where a row lacks bytes_model), measured_over_model = value / bytes_ratio.
+verdict (speedup metrics): "within byte model" when the measured speedup is at most BANDWIDTH_SLACK (10%)
+above its byte-model bound; "not bandwidth-bound" above that (the time is not set by the bytes the model counts:
+cache hits, overheads; such a value is no evidence for the bandwidth argument and is not reported as a
+speedup); "cache-resident" when either row's stack sat in the last-level cache (warm policy, or a cold stack
+capped below l2_factor x L2). Ratios of other kinds get "cache-resident" or "".
 
 CLI: python scripts/aggregate.py RUN_DIR [RUN_DIR ...]   (writes summary.csv and counts.csv into each run dir)
 """
@@ -35,14 +41,14 @@ from engine_rows import engine_ratios
 ROW_COLUMNS = (
     "experiment", "family", "model", "tp", "method", "route", "backend", "batch", "buffer_len", "spec_T",
     "history_len", "acceptance", "mean_accepted", "state_dtype", "act_dtype", "context_len", "timing_mode",
-    "l2", "compiled", "threads", "median_us", "p20_us", "p80_us", "flush_us", "bytes_model", "achieved_GBps",
-    "pct_peak_measured", "pct_peak_datasheet", "peak_mem_bytes", "footprint_bytes", "tokens_per_s", "rel_err",
-    "status", "message", "config_hash", "run_id",
+    "l2", "cache_resident", "compiled", "threads", "median_us", "p20_us", "p80_us", "flush_us", "bytes_model",
+    "byte_model_ratio", "achieved_GBps", "pct_peak_measured", "pct_peak_datasheet", "peak_mem_bytes",
+    "footprint_bytes", "tokens_per_s", "rel_err", "status", "message", "config_hash", "run_id",
 )
 NUMERIC_COLUMNS = (
     "tp", "batch", "buffer_len", "spec_T", "history_len", "mean_accepted", "context_len", "threads", "median_us",
-    "p20_us", "p80_us", "flush_us", "bytes_model", "achieved_GBps", "pct_peak_measured", "pct_peak_datasheet",
-    "peak_mem_bytes", "footprint_bytes", "tokens_per_s", "rel_err",
+    "p20_us", "p80_us", "flush_us", "bytes_model", "byte_model_ratio", "achieved_GBps", "pct_peak_measured",
+    "pct_peak_datasheet", "peak_mem_bytes", "footprint_bytes", "tokens_per_s", "rel_err",
 )
 # The point keys: everything that says *what* was measured (not the measures, not the method).
 POINT_KEYS = (
@@ -72,7 +78,16 @@ SUMMARY_COLUMNS = (
     "spec_T", "history_len", "acceptance", "mean_accepted", "state_dtype", "act_dtype", "context_len",
     "timing_mode", "l2", "backend", "threads", "num_method", "den_method", "value", "lo", "hi", "num_value",
     "den_value", "value_unit", "bytes_ratio", "num_backend", "den_backend", "num_compiled", "den_compiled",
+    "measured_over_model", "cache_resident", "verdict",
 )
+BANDWIDTH_SLACK = 1.10          # a speedup more than 10% above its byte-model bound is not bandwidth-bound
+NOT_BANDWIDTH_BOUND = "not bandwidth-bound"
+CACHE_RESIDENT = "cache-resident"
+WITHIN_MODEL = "within byte model"
+EXCLUDED_VERDICTS = (NOT_BANDWIDTH_BOUND, CACHE_RESIDENT)   # never reported as a speedup (tables, claims)
+SPEEDUP_KINDS = ("time", "tps_spec", "tps_ar")
+SPEEDUP_METRICS = ("ar_speedup", "ar_vs_peer", "baseline_vs_peer", "spec_vs_native", "spec_vs_commit",
+                   "commit_vs_native", "spec_vs_ar", "native_spec_vs_ar", "spec_vs_peer")
 
 
 @dataclass
@@ -298,8 +313,27 @@ def _ratio_frame(m: pd.DataFrame, metric: str, how: str) -> pd.DataFrame:
         out["bytes_ratio"] = (m["bytes_model_den"] / den_tok) / (m["bytes_model"] / num_tok)
     elif how == "cost":
         out["bytes_ratio"] = m["bytes_model"] / m["bytes_model_den"]
+    if how in ("time", "tps_spec") and "byte_model_ratio" in m:
+        # the row's own partner ratio (runner) where the pair's bytes_model is missing; equal otherwise
+        out["bytes_ratio"] = out["bytes_ratio"].fillna(pd.to_numeric(m["byte_model_ratio"], errors="coerce"))
+    if "bytes_ratio" not in out:
+        out["bytes_ratio"] = np.nan                            # footprint: no byte model
+    out["measured_over_model"] = out["value"] / out["bytes_ratio"]
+    resident = _truthy(m.get("cache_resident")) | _truthy(m.get("cache_resident_den"))
+    out["cache_resident"] = resident
+    above = (out["measured_over_model"] > BANDWIDTH_SLACK) if how in SPEEDUP_KINDS else False
+    within = np.isfinite(out["measured_over_model"].astype(float)) if how in SPEEDUP_KINDS else False
+    out["verdict"] = np.where(above, NOT_BANDWIDTH_BOUND, np.where(resident, CACHE_RESIDENT,
+                                                                   np.where(within, WITHIN_MODEL, "")))
     out = out[np.isfinite(out["value"].astype(float)) & (out["value"] > 0)]
     return out.reindex(columns=list(SUMMARY_COLUMNS))
+
+
+def _truthy(col) -> pd.Series | bool:
+    """A bool column read back from CSV ("True"/"true"/1) -> bool, NA -> False."""
+    if col is None:
+        return False
+    return col.map(lambda v: str(v).strip().lower() in ("true", "1", "1.0"))
 
 
 # (metric, numerator methods, denominator methods, strict keys, wild keys, preferred keys, ratio kind)

@@ -1,24 +1,36 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh OUT_DIR: the one command to run on a GPU box (or a lent machine with no registry).
+# scripts/gpu_check.sh [--dry-run] OUT_DIR: the one command to run on a GPU box (or a lent machine with no
+# registry). --dry-run runs every stage that needs no GPU on this machine (a CPU box) and prints the exact
+# GPU commands it skips, so a broken script is caught before it meets the GPU.
 #
 # Stages, each time-boxed and logged to OUT_DIR/logs/<stage>.log (the default limits fit a 10-minute window):
 #   env      nvidia-smi, torch / triton / CUDA versions, which Python deps import     -> OUT_DIR/env.json
-#   wheels   only with WHEELS=dir: pip install --no-index --find-links dir $WHEEL_PKGS (default hydra-core
-#            omegaconf; their antlr4 runtime must be in dir too)
+#   wheels   only with WHEELS=DIR (made by scripts/gpu_bundle.sh): every file of DIR/MANIFEST.tsv is checked
+#            (sha256, size) and installed offline (pip install --no-index --no-deps --target OUT_DIR/site);
+#            later stages import OUT_DIR/site first. In --dry-run, a wheel this Python cannot install (the
+#            cp312 binaries on a 3.11 box) is checked (hash, size, cp312 manylinux x86_64 tag) but not installed.
 #   tests    REPLAYSSM_TEST_DEVICE=cuda pytest tests -x -q, real kernels (TRITON_INTERPRET=0), bf16 included
+#            (--dry-run: skipped, printed)
 #   sweeps   python -m experiments.kernel_decode sweep=smoke, then kernel_spec into the same run
-#            -> OUT_DIR/results/<hardware>/<run-id>/{rows.csv, env.json}
+#            -> OUT_DIR/results/<hardware>/<run-id>/{rows.csv, env.json}   (--dry-run: sweep=smoke on the CPU,
+#            which picks the tiny models and the torch backend itself: conf/sweep/smoke.yaml on_cpu)
 #   scripts  aggregate, tables, claims, plots on that run (summary.csv, TABLES.md, REPORT.md, plots/)
-#   report   python scripts/kernel_report.py --csv OUT_DIR/kernel_report.csv (AOT build: registers, spills)
+#   report   python scripts/kernel_report.py --csv OUT_DIR/kernel_report.csv (AOT build: registers, spills; runs
+#            on a CPU too; --dry-run builds one geometry for sm_90 unless KR_ARGS says otherwise)
 # A failing or timed-out stage is recorded and the next one still runs; the exit code is 1 if any failed.
 #
 # Environment: PY (default python), STAGES (subset, e.g. "env tests"), T_ENV T_WHEELS T_TESTS T_SWEEP
 # T_SCRIPTS T_REPORT (seconds per stage), PYTEST_ARGS (default "-x -q"), SWEEP (default smoke), SWEEP_ARGS
-# (extra Hydra overrides for both sweeps, e.g. "sweep.batch=[1,256]"), WHEELS, WHEEL_PKGS.
+# (extra Hydra overrides for both sweeps, e.g. "sweep.batch=[1,256]"), WHEELS, KR_ARGS (kernel_report args).
 set -uo pipefail
 
+DRY_RUN=0
+if [[ "${1:-}" == "--dry-run" ]]; then
+    DRY_RUN=1
+    shift
+fi
 if [[ $# -ne 1 ]]; then
-    echo "usage: bash scripts/gpu_check.sh OUT_DIR" >&2
+    echo "usage: bash scripts/gpu_check.sh [--dry-run] OUT_DIR" >&2
     exit 2
 fi
 cd "$(dirname "$0")/.."
@@ -26,6 +38,14 @@ mkdir -p "$1/logs"
 OUT="$(cd "$1" && pwd)"
 PY="${PY:-python}"
 STAGES="${STAGES:-env wheels tests sweeps scripts report}"
+if (( DRY_RUN )); then
+    KR_ARGS="${KR_ARGS:---geometry nemotron3_super_120b --target 90 --fp32-state-only}"
+    # a shared CPU box is slower and noisier than the GPU box's host: wider limits unless given
+    T_SWEEP="${T_SWEEP:-180}" T_SCRIPTS="${T_SCRIPTS:-90}" T_REPORT="${T_REPORT:-150}"
+else
+    KR_ARGS="${KR_ARGS:-}"
+fi
+SKIPPED_GPU=()
 T_ENV="${T_ENV:-30}" T_WHEELS="${T_WHEELS:-60}" T_TESTS="${T_TESTS:-240}" T_SWEEP="${T_SWEEP:-75}"
 T_SCRIPTS="${T_SCRIPTS:-45}" T_REPORT="${T_REPORT:-60}"
 SWEEP="${SWEEP:-smoke}"
@@ -35,9 +55,17 @@ SWEEP_ARGS="${SWEEP_ARGS:-}"
 # The stages run in a child bash under `timeout` (which cannot run shell functions): export what they read.
 export OUT PY SWEEP SWEEP_ARGS RUN_ID PYTEST_ARGS
 
-# Real kernels, on the GPU, with the repo's packages importable without an install.
-export TRITON_INTERPRET=0 REPLAYSSM_TEST_DEVICE=cuda PYTHONHASHSEED=0
+# Real kernels, on the GPU, with the repo's packages importable without an install. A dry run on a CPU
+# box: no interpreter either (the CPU smoke sweep times the torch backend, the kernel report captures real
+# launches: both need TRITON_INTERPRET unset), no CUDA test device.
+if (( DRY_RUN )); then
+    export TRITON_INTERPRET=0 PYTHONHASHSEED=0
+    unset REPLAYSSM_TEST_DEVICE
+else
+    export TRITON_INTERPRET=0 REPLAYSSM_TEST_DEVICE=cuda PYTHONHASHSEED=0
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export DRY_RUN SITE="$OUT/site"
 
 FAILED=()
 printf 'stage\tstatus\tseconds\tlimit_s\n' > "$OUT/stages.tsv"
@@ -50,7 +78,7 @@ run_stage() {
     local name=$1 limit=$2 t0=$SECONDS rc status
     shift 2
     printf '\n==== [%s] limit %ss: %s\n' "$name" "$limit" "$*"
-    timeout -k 10 "$limit" bash -c "$(declare -f env_report pytest_stage sweep_stage scripts_stage); \"\$@\"" \
+    timeout -k 10 "$limit" bash -c "$(declare -f env_report wheels_stage pytest_stage sweep_stage scripts_stage); \"\$@\"" \
         stage "$@" 2>&1 | tee -a "$OUT/logs/$name.log"
     rc=${PIPESTATUS[0]}
     case $rc in
@@ -92,6 +120,64 @@ print(json.dumps(info, indent=2, default=str))
 PYEOF
 }
 
+wheels_stage() {   # wheels_stage DIR: check every file of DIR/MANIFEST.tsv, install it offline into $SITE
+    "$PY" - "$1" "$SITE" "$DRY_RUN" <<'PYEOF' || return 1
+import hashlib, subprocess, sys
+from pathlib import Path
+try:
+    from packaging.tags import sys_tags
+    from packaging.utils import parse_wheel_filename
+except ImportError:                       # pip vendors packaging
+    from pip._vendor.packaging.tags import sys_tags
+    from pip._vendor.packaging.utils import parse_wheel_filename
+bundle, site, dry = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "1"
+manifest = bundle / "MANIFEST.tsv"
+if not manifest.is_file():
+    sys.exit(f"wheels: {manifest} not found (make the bundle with scripts/gpu_bundle.sh DIR)")
+lines = [ln for ln in manifest.read_text().splitlines() if ln and not ln.startswith("#")]
+header, rows = lines[0].split("\t"), [dict(zip(lines[0].split("\t"), ln.split("\t"))) for ln in lines[1:]]
+if header[:5] != ["name", "version", "sha256", "size", "file"]:
+    sys.exit(f"wheels: unexpected manifest header {header}")
+here, install, checked, bad = set(sys_tags()), [], [], []
+listed = {r["file"] for r in rows}
+extra = sorted(p.name for p in bundle.glob("*.whl") if p.name not in listed)
+if extra:
+    bad.append(f"wheels in {bundle} but not in the manifest: {extra}")
+for r in rows:
+    path = bundle / r["file"]
+    if not path.is_file():
+        bad.append(f"{r['file']}: missing")
+        continue
+    data = path.read_bytes()
+    if len(data) != int(r["size"]) or hashlib.sha256(data).hexdigest() != r["sha256"]:
+        bad.append(f"{r['file']}: size/sha256 differ from the manifest")
+        continue
+    tags = parse_wheel_filename(r["file"])[3]
+    if tags & here:
+        install.append(path)
+    elif dry and all(t.interpreter == "cp312" and "x86_64" in t.platform for t in tags):
+        checked.append(r["file"])          # for the GPU box's CPython 3.12: hash and tag checked only
+    else:
+        bad.append(f"{r['file']}: no tag this Python can install ({sorted(map(str, tags))[:2]} ...)")
+if bad:
+    sys.exit("wheels: " + "; ".join(bad))
+print(f"wheels: {len(rows)} manifest entries verified (sha256, size)")
+for name in checked:
+    print(f"  checked only (cp312 binary, not installable on this Python): {name}")
+if install:
+    cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--disable-pip-version-check",
+           "--target", str(site), "--upgrade", *map(str, install)]
+    print("  " + " ".join(cmd))
+    subprocess.run(cmd, check=True)
+print(f"wheels: installed {len(install)} into {site}")
+PYEOF
+    # the bundle's copies must be the ones imported (OUT/site is first on PYTHONPATH for later stages)
+    if [[ -d "$SITE/hydra" ]]; then
+        PYTHONPATH="$SITE:$PYTHONPATH" "$PY" -c "import hydra, omegaconf; assert hydra.__file__.startswith('$SITE'), \
+hydra.__file__; print('wheels: hydra', hydra.__version__, 'omegaconf', omegaconf.__version__, 'from', '$SITE')"
+    fi
+}
+
 pytest_stage() {
     local extra=() args
     read -r -a args <<< "$PYTEST_ARGS"
@@ -122,20 +208,50 @@ scripts_stage() {
     grep '^|' "$run_dir/REPORT.md"       # the claims table: what this GPU measured against the paper
 }
 
+# skip_gpu NAME CMD: --dry-run's record of a GPU-only stage: the exact command, printed and in stages.tsv
+skip_gpu() {
+    local name=$1
+    shift
+    SKIPPED_GPU+=("[$name] $*")
+    printf '\n==== [%s] skipped (needs a GPU): %s\n' "$name" "$*"
+    printf '%s\t%s\t%s\t%s\n' "$name" "skipped-gpu" 0 0 >> "$OUT/stages.tsv"
+}
+
 want env && run_stage env "$T_ENV" env_report
 if want wheels && [[ -n "${WHEELS:-}" ]]; then
-    read -r -a pkgs <<< "${WHEEL_PKGS:-hydra-core omegaconf}"
-    run_stage wheels "$T_WHEELS" "$PY" -m pip install --no-index --find-links "$WHEELS" "${pkgs[@]}"
+    WHEELS="$(cd "$WHEELS" && pwd)"
+    run_stage wheels "$T_WHEELS" wheels_stage "$WHEELS"
+    [[ -d "$SITE" ]] && export PYTHONPATH="$SITE:$PYTHONPATH"
 fi
-want tests && run_stage tests "$T_TESTS" pytest_stage
+if want tests; then
+    if (( DRY_RUN )); then
+        skip_gpu tests "TRITON_INTERPRET=0 REPLAYSSM_TEST_DEVICE=cuda $PY -m pytest tests -p no:randomly" \
+            "-p no:cacheprovider --junitxml=$OUT/pytest.xml $PYTEST_ARGS"
+    else
+        run_stage tests "$T_TESTS" pytest_stage
+    fi
+fi
 if want sweeps; then
+    if (( DRY_RUN )); then
+        for experiment in kernel_decode kernel_spec; do
+            skip_gpu "gpu_sweep_$experiment" "TRITON_INTERPRET=0 $PY -m experiments.$experiment sweep=$SWEEP" \
+                "out_dir=$OUT/results (on a GPU: the large models, backend=triton, CUDA graphs, cold L2)"
+        done
+    fi
     run_stage sweep_kernel_decode "$T_SWEEP" sweep_stage kernel_decode
     run_stage sweep_kernel_spec "$T_SWEEP" sweep_stage kernel_spec
 fi
 want scripts && run_stage scripts "$T_SCRIPTS" scripts_stage
-want report && run_stage kernel_report "$T_REPORT" "$PY" scripts/kernel_report.py --csv "$OUT/kernel_report.csv" \
-    --json "$OUT/kernel_report.json"
+if want report; then
+    read -r -a kr_args <<< "$KR_ARGS"
+    run_stage kernel_report "$T_REPORT" "$PY" scripts/kernel_report.py ${kr_args[@]+"${kr_args[@]}"} \
+        --csv "$OUT/kernel_report.csv" --json "$OUT/kernel_report.json"
+fi
 
+if (( ${#SKIPPED_GPU[@]} )); then
+    printf '\n==== dry run: GPU commands skipped here (run them on the GPU box: bash scripts/gpu_check.sh OUT)\n'
+    printf '  %s\n' "${SKIPPED_GPU[@]}"
+fi
 printf '\n==== summary (%s)\n' "$OUT/stages.tsv"
 column -t -s $'\t' "$OUT/stages.tsv" 2>/dev/null || cat "$OUT/stages.tsv"
 if (( ${#FAILED[@]} )); then

@@ -48,12 +48,20 @@ GPU="$("$PY" -c 'import torch; print(torch.cuda.is_available())')"
 if [[ "$GPU" == "True" ]]; then
     SWEEP="${SWEEP:-paper}"
     MODEL_ARGS=("sweep.models=${PAPER_MODELS}")
+    CPU_DECODE_ARGS=() CPU_SPEC_ARGS=()
     # Real kernels on the GPU: never the interpreter.
     export TRITON_INTERPRET=0
     stage "GPU: $("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))'); sweep=${SWEEP}; run ${RUN_ID}"
 else
     SWEEP="${SWEEP:-cpu}"
     MODEL_ARGS=()           # sweep=cpu lists its own models (tiny ones and TP8 splits of the large ones)
+    # Cold CPU points stream 100+ MB per step from DRAM, so one sample is already long: fewer samples (7 for
+    # decode, 5 after 1 warm-up for spec, not 11) and 18 spec steps (the 3 flushes history 8 needs) keep the
+    # run within a few minutes on 2 cores, and the spec experiment runs batch 8 only (DRAM-bound there;
+    # batch 32 alone would take ~5 minutes, batch 1 is cache-resident). Recorded in each run's env.json
+    # (timing) and config.yaml like every other setting.
+    CPU_DECODE_ARGS=("timing.cpu_repeats=7")
+    CPU_SPEC_ARGS=("timing.cpu_repeats=5" "timing.cpu_warmup=1" "timing.spec_steps=18" "sweep.batch=[8]")
     stage "CPU: no CUDA device; the embedded CPU default (torch backend, sweep=${SWEEP}); run ${RUN_ID}"
 fi
 
@@ -78,8 +86,14 @@ for experiment in kernel_decode kernel_spec; do
     fi
     stage "sweep: python -m experiments.${experiment} sweep=${SWEEP} ${where[*]}"
     # ${a[@]+"${a[@]}"}: an empty array expands to nothing under set -u on every bash
+    if [[ "$experiment" == kernel_spec ]]; then
+        cpu_args=(${CPU_SPEC_ARGS[@]+"${CPU_SPEC_ARGS[@]}"})
+    else
+        cpu_args=(${CPU_DECODE_ARGS[@]+"${CPU_DECODE_ARGS[@]}"})
+    fi
     "$PY" -m "experiments.${experiment}" "sweep=${SWEEP}" ${MODEL_ARGS[@]+"${MODEL_ARGS[@]}"} "${where[@]}" \
-        progress=false "hydra.run.dir=outputs/reproduce/${RUN_ID}/${experiment}" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+        progress=false "hydra.run.dir=outputs/reproduce/${RUN_ID}/${experiment}" ${cpu_args[@]+"${cpu_args[@]}"} \
+        ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
     find_run_dir
 done
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from aggregate import SPEC_METHODS, Run, describe_env, load_run, summarize
+from aggregate import EXCLUDED_VERDICTS, SPEC_METHODS, SPEEDUP_METRICS, Run, describe_env, load_run, summarize
 from engine_rows import ENGINE_LEVEL, engine_table
 
 
@@ -104,8 +104,29 @@ def _fill_text(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
 
 
 def _ratio_cell(row) -> str:
+    """"1.42x [1.38-1.47]"; a ratio the byte model does not bound (aggregate's verdict) is not shown as a
+    speedup: "not bandwidth-bound (3.09x vs byte model 1.57x)"."""
+    verdict = row.get("verdict")
+    if isinstance(verdict, str) and verdict in EXCLUDED_VERDICTS:
+        model = f" vs byte model {row['bytes_ratio']:.2f}x" if pd.notna(row.get("bytes_ratio")) else ""
+        return f"{verdict} ({row['value']:.2f}x{model})"
     band = f" [{row['lo']:.2f}-{row['hi']:.2f}]" if pd.notna(row["lo"]) and pd.notna(row["hi"]) else ""
     return f"{row['value']:.2f}x{band}"
+
+
+def bound_table(ratios: pd.DataFrame) -> str:
+    """Every speedup of the run beside its byte-model bound: measured, byte model, measured / byte model and
+    aggregate's verdict (within byte model / not bandwidth-bound / cache-resident)."""
+    r = ratios[ratios["metric"].isin(SPEEDUP_METRICS)]
+    if r.empty:
+        return "_(no speedups in this run)_\n"
+    cols = ["metric", "model", "tp", "batch", "buffer_len", "route", "spec_T", "acceptance", "num_method",
+            "den_method", "value", "bytes_ratio", "measured_over_model", "verdict"]
+    table = r[cols].rename(columns={"value": "measured", "bytes_ratio": "byte model",
+                                    "measured_over_model": "measured / model"})
+    table = table.sort_values(["metric", "model", "tp", "batch", "buffer_len", "spec_T"], na_position="first")
+    return markdown_table(table.dropna(axis=1, how="all"),
+                          {"measured": ".2f", "byte model": ".2f", "measured / model": ".2f"})
 
 
 def ar_speedup_table(ratios: pd.DataFrame) -> str:
@@ -221,6 +242,11 @@ def render(run: Run) -> str:
                  "median_us per decode step (ReplaySSM: mean over whole flush cycles); p20/p80 band; "
                  "flush_us: the flush step alone; GB/s decimal."),
         _section("AR decode speedup: baseline_ar / replay_ar [p20/p80 band]", run, ar_speedup_table(summary.ratios)),
+        _section("Speedups vs their byte-model bounds", run, bound_table(summary.ratios),
+                 "byte model: the traffic model's partner / method bytes per token for the same pair (the speedup a "
+                 "purely bandwidth-bound method reaches). A speedup more than 10% above it is *not bandwidth-bound* "
+                 "and a pair whose stack sat in the last-level cache is *cache-resident*: neither is reported as "
+                 "a speedup (tables, REPORT.md)."),
         _section("Speculative decoding: medians, achieved bandwidth, % of peak", run, medians_table(run, spec=True)),
         _section("Speculative decoding: tokens/s, mean accepted length and ratios", run,
                  spec_table(run, summary.ratios),

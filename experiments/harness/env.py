@@ -69,6 +69,41 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def cpu_llc(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> dict:
+    """The CPU's last-level data cache from sysfs: {"llc_bytes", "llc_level", "llc_source"}, or llc_bytes
+    None when sysfs does not say (then os.sysconf's LEVEL3/LEVEL2 size, where the libc knows it).
+
+    The CPU timing path sizes its layer stack from this exactly as the GPU path does from L2, so a cold
+    CPU point streams its state from DRAM rather than from a cache that holds it."""
+    best: tuple[int, int] | None = None
+    for index in sorted(cache_dir.glob("index*")):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip().upper()
+        except (OSError, ValueError):
+            continue
+        match = re.fullmatch(r"(\d+)([KMG]?)B?", size)
+        if kind == "Instruction" or match is None:
+            continue
+        nbytes = int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+        if best is None or level > best[0]:
+            best = (level, nbytes)
+    if best is not None:
+        return {"llc_bytes": best[1], "llc_level": best[0], "llc_source": str(cache_dir)}
+    for level, name in ((3, "SC_LEVEL3_CACHE_SIZE"), (2, "SC_LEVEL2_CACHE_SIZE")):
+        try:
+            nbytes = os.sysconf(name)
+        except (ValueError, OSError):
+            continue
+        if nbytes and nbytes > 0:
+            return {"llc_bytes": int(nbytes), "llc_level": level, "llc_source": f"os.sysconf({name})"}
+    return {"llc_bytes": None, "llc_level": None, "llc_source": None}
+
+
 def _clock_event_reasons(pynvml):
     """nvmlDeviceGetCurrentClocksEventReasons (newer name) or ...ThrottleReasons (older): a bitmask."""
     return getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
@@ -150,7 +185,15 @@ def resolve_hardware(hw: dict, device: str, conf_dir: Path) -> dict:
     if device == "cpu":
         if name not in ("auto", "cpu"):
             raise ValueError(f"hardware={name} but this run is on the CPU; use hardware=auto or hardware=cpu")
-        return dict(profiles.get("cpu", {"name": "cpu"}) if name == "auto" else hw, l2_source=None)
+        # The CPU's "L2" of the stack rule is its last-level cache, read from the machine (a profile's
+        # l2_bytes is the fallback where sysfs / sysconf do not say).
+        hw = dict(profiles.get("cpu", {"name": "cpu"}) if name == "auto" else hw)
+        llc = cpu_llc()
+        hw.update(llc)
+        hw["l2_source"] = f"cpu llc (L{llc['llc_level']}, {llc['llc_source']})" if llc["llc_bytes"] else \
+            ("config" if hw.get("l2_bytes") else None)
+        hw["l2_bytes"] = llc["llc_bytes"] or hw.get("l2_bytes")
+        return hw
     gpu = torch.cuda.get_device_properties(0).name
     if name == "auto":
         found = [p for p in profiles.values() if _matches(p, gpu)]
@@ -174,6 +217,7 @@ def collect_env(*, device: str, hardware: dict, timing: dict, sweep: dict) -> di
         "python": sys.version.split()[0],
         "cpu_name": cpu_name(),
         "cpu_count": os.cpu_count(),
+        **{f"cpu_{k}": v for k, v in cpu_llc().items()},
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "triton": package_version("triton"),

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -29,9 +30,13 @@ def peak_bytes(device: str) -> float:
 
 
 def free_bytes(device: str) -> int | None:
-    """Free device memory (cuda) or None (CPU: the layer stack is not budgeted there)."""
+    """Free device memory (cuda), or the memory the OS can hand out now (CPU: os.sysconf SC_AVPHYS_PAGES x
+    page size; None where the libc does not say). The layer stack may use hbm_budget_frac of it."""
     if device != "cuda":
-        return None
+        try:
+            return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError):
+            return None
     free, _total = torch.cuda.mem_get_info()
     return int(free)
 
@@ -66,12 +71,14 @@ def max_concurrency(hbm_budget_bytes: float, footprint_bytes: float, ssm_layers:
 
 
 def stack_layers(layer_bytes: int, *, l2: str, l2_bytes: int | None, l2_factor: float, max_layers: int,
-                 budget_bytes: int | None) -> tuple[int, str]:
+                 budget_bytes: int | None, unreachable_one: bool = False) -> tuple[int, str]:
     """Layers in the timed stack, each with its own state pool, and a note.
 
     cold: enough layers that their working set is >= l2_factor x L2 (the state then streams from HBM), at
     most max_layers and within the memory budget. warm: one layer. Raises MemoryError when not even one
-    layer fits the budget (recorded as status=oom).
+    layer fits the budget (recorded as status=oom). unreachable_one (the CPU path): when the cap keeps the
+    stack below l2_factor x L2 anyway, time one layer rather than a capped stack that still sits in the
+    cache (on a CPU every extra layer is Python dispatch time, and the row is cache-resident either way).
     """
     if budget_bytes is not None and layer_bytes > budget_bytes:
         raise MemoryError(f"one layer needs {layer_bytes / 2**30:.2f} GiB, budget {budget_bytes / 2**30:.2f} GiB")
@@ -85,4 +92,17 @@ def stack_layers(layer_bytes: int, *, l2: str, l2_bytes: int | None, l2_factor: 
         layers = min(layers, max(1, budget_bytes // max(layer_bytes, 1)))
     note = "" if layers >= want else (f"cold L2 not reached: {layers} layers x {layer_bytes} B < "
                                       f"{l2_factor} x L2 ({l2_bytes} B)")
+    if note and unreachable_one:
+        return 1, note + ": timed as 1 layer, cache-resident"
     return int(layers), note
+
+
+def cache_resident(layers: int, layer_bytes: int, *, l2: str, l2_bytes: int | None, l2_factor: float) -> bool | None:
+    """Whether the timed stack may sit in the last-level cache: warm policy, or a cold stack whose working
+    set stayed below l2_factor x L2 (capped by max_layers or the memory budget). None: cache size unknown.
+    Such a row measures cache bandwidth, not the DRAM/HBM traffic the byte model is about."""
+    if l2 != "cold":
+        return True
+    if not l2_bytes:
+        return None
+    return bool(layers * layer_bytes < l2_factor * l2_bytes)

@@ -69,6 +69,9 @@ class Method:
     uses_buffer: bool = False              # buffer_len applies (and the gate runs L+1 steps)
     uses_history: bool = False             # history_len applies (spec ring)
     modules: dict[str, str] = {}
+    # The method a speedup of this one is measured against (aggregate's pairing); rows carry the byte
+    # model's partner/self ratio for it, the ceiling a purely bandwidth-bound speedup can reach.
+    partner: str | None = None
 
     def backend_for(self, backend: str) -> str:
         return backend
@@ -163,7 +166,7 @@ class BaselineAR(Method):
 
 
 class ReplayAR(Method):
-    name, kind, uses_buffer = "replay_ar", "ar", True
+    name, kind, uses_buffer, partner = "replay_ar", "ar", True, "baseline_ar"
     modules = {"mamba2": "replayssm.mamba2.decode", "gdn": "replayssm.gdn.decode"}
 
     def routes(self, family):
@@ -261,7 +264,7 @@ class BaselineSpec(SpecMethod):
 
 
 class CommitReplaySpec(SpecMethod):
-    name = "commit_replay_spec"
+    name, partner = "commit_replay_spec", "baseline_spec"
     modules = {"mamba2": "baselines.mamba2_commit_replay", "gdn": "baselines.gdn_commit_replay"}
     cache_modules = {"mamba2": ("baselines.mamba2_commit_replay", "CommitReplayCache"),
                      "gdn": ("baselines.gdn_commit_replay", "CommitReplayCache")}
@@ -285,7 +288,7 @@ class CommitReplaySpec(SpecMethod):
 
 
 class ReplaySpec(SpecMethod):
-    name, uses_history = "replay_spec", True
+    name, uses_history, partner = "replay_spec", True, "baseline_spec"
     modules = {"mamba2": "replayssm.mamba2.spec", "gdn": "replayssm.gdn.spec"}
     cache_modules = {"mamba2": ("replayssm.mamba2.cache", "SpecRing"), "gdn": ("replayssm.gdn.ring", "SpecRing")}
 

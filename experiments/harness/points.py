@@ -32,7 +32,7 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float3
 STATE_DTYPES = ("float32", "float16", "bfloat16")
 ACT_DTYPES = ("float32", "float16", "bfloat16")
 ROUTES = ("output_only", "state_and_output")
-TIMING_MODES = ("graph", "eager")
+TIMING_MODES = ("graph", "eager", "auto")   # auto: graph on a GPU (Triton backend), else eager
 L2_MODES = ("cold", "warm")
 BACKENDS = ("triton", "torch")
 SLOT_LAYOUTS = ("identity", "permuted")
@@ -63,6 +63,9 @@ class SweepSchema:
     torch_compile: Any = False                   # true | false | auto
     slot_layout: str = "identity"
     threads: int | None = None
+    # Sweep keys that replace the ones above when the run is on a CPU (device chosen at run time), so one
+    # sweep (smoke) runs anywhere: e.g. {models: [tiny_mamba2, tiny_gdn], backend: torch, act_dtype: [float32]}
+    on_cpu: dict[str, Any] | None = None
 
 
 @dataclass
@@ -279,6 +282,19 @@ def _methods(cfg: dict, kind: str) -> list[Method]:
     return chosen
 
 
+def device_sweep(sweep: dict, device: str) -> dict:
+    """The sweep as it applies on `device`: on a CPU, `on_cpu`'s keys replace the sweep's own."""
+    over = sweep.get("on_cpu")
+    if over is None:
+        return sweep
+    if not isinstance(over, dict):
+        raise ValueError(f"sweep.on_cpu: expected null or a mapping of sweep keys, got {over!r}")
+    bad = sorted(set(over) - set(SWEEP_KEYS) | ({"on_cpu"} & set(over)))
+    if bad:
+        raise ValueError(f"sweep.on_cpu.{bad[0]}: not a sweep key that can be replaced on a CPU")
+    return {**sweep, **over} if device == "cpu" else sweep
+
+
 # ------------------------------------------------------------------------------------------------ expand
 
 def expand(cfg) -> Plan:
@@ -297,10 +313,14 @@ def expand(cfg) -> Plan:
     kind = _choice("experiment.kind", exp.get("kind"), EXPERIMENT_KINDS)
     device = resolve_device(cfg.get("device", "auto"))
     seed = _int("seed", cfg.get("seed", 0), minimum=0)
+    sweep = device_sweep(sweep, device)
+    cfg = dict(cfg, sweep=sweep)
     _choice("timing.cpu_clock", cfg["timing"].get("cpu_clock", "auto"), ("auto", "wall", "cpu"))
 
     backend = _choice("sweep.backend", sweep.get("backend"), BACKENDS)
     timing_mode = _choice("sweep.timing_mode", sweep.get("timing_mode"), TIMING_MODES)
+    if timing_mode == "auto":            # the row records what was used, never "auto"
+        timing_mode = "graph" if device == "cuda" and backend == "triton" else "eager"
     l2 = _choice("sweep.l2", sweep.get("l2"), L2_MODES)
     compile_flag = _compile_flag(sweep.get("torch_compile", False))
     slot_layout = _choice("sweep.slot_layout", sweep.get("slot_layout", "identity"), SLOT_LAYOUTS)
@@ -322,8 +342,6 @@ def expand(cfg) -> Plan:
     if device == "cpu":
         if timing_mode == "graph":
             raise ValueError("sweep.timing_mode=graph needs a CUDA device; use eager on CPU (sweep=cpu)")
-        if l2 == "cold":
-            raise ValueError("sweep.l2=cold needs a CUDA device (a stack of layers in HBM); use warm on CPU")
         if "bfloat16" in state_dtypes:
             raise ValueError("sweep.state_dtype: a bfloat16 state is not timed on CPU (the Triton interpreter computes "
                              "bf16 on raw bits); experiments.accuracy measures its error on CPU")

@@ -22,7 +22,7 @@ from experiments.harness import memory, timing
 from experiments.harness.check import gate
 from experiments.harness.env import REPO_ROOT, collect_env, new_run_id, resolve_hardware
 from experiments.harness.methods import REGISTRY, Method, MethodUnavailable
-from experiments.harness.points import CONF_DIR, Plan, Point, expand
+from experiments.harness.points import CONF_DIR, Plan, Point, device_sweep, expand
 from experiments.harness.store import COLUMNS, RunStore
 from experiments.harness.workload import Workload
 from replayssm.checks import interpreter_active
@@ -68,8 +68,9 @@ def run_experiment(cfg, *, progress: bool | None = None) -> RunResult:
     data = _as_dict(cfg)
     plan = expand(data)                                   # every ValueError happens here, before any work
     threads_before = torch.get_num_threads()
-    if data["sweep"].get("threads"):
-        torch.set_num_threads(int(data["sweep"]["threads"]))
+    threads = device_sweep(data["sweep"], plan.device).get("threads")
+    if threads:
+        torch.set_num_threads(int(threads))
     try:
         return _run(data, plan, progress)
     finally:
@@ -177,6 +178,7 @@ def _measure(p: Point, method: Method, ctx: Context, row: dict, notes: list[str]
 
     stack = Stack(method, wl, p, acc, settings, ctx.hardware)
     notes.append(stack.note)
+    row["cache_resident"] = stack.cache_resident
     best, flush = _time_variants(stack, method, wl, p, settings, notes, row)
     row.update(median_us=best.median_us, p20_us=best.p20_us, p80_us=best.p80_us,
                flush_us=flush.median_us if flush else None)
@@ -195,12 +197,30 @@ def _measure(p: Point, method: Method, ctx: Context, row: dict, notes: list[str]
             notes.append("bytes_model: not modelled (replayssm.traffic missing or no entry)")
     else:
         row["bytes_model"] = traffic.total * p.batch
+        row["byte_model_ratio"] = _partner_ratio(method, p, wl, stack.counts, traffic, notes)
         gbps = row["bytes_model"] / (best.median_us * 1e3)
         row["achieved_GBps"] = gbps
         row["pct_peak_measured"] = 100 * gbps / ctx.copy_GBps if ctx.copy_GBps else None
         peak = ctx.hardware.get("peak_hbm_TBps")
         row["pct_peak_datasheet"] = 100 * gbps / (peak * 1e3) if peak else None
     return "ok"
+
+
+def _partner_ratio(method: Method, p: Point, wl: Workload, counts, traffic, notes: list[str]) -> float | None:
+    """The byte model's partner / method bytes per step at this point (the partner is what aggregate pairs
+    the method with: replay_ar -> baseline_ar, replay_spec -> baseline_spec, ...): the speedup a purely
+    bandwidth-bound method would reach. Both see the same acceptance schedule, so per step = per token.
+    None for a method without a partner (the baselines, peers)."""
+    if method.partner is None:
+        return None
+    try:
+        other = REGISTRY[method.partner].traffic(p, wl, counts.cpu() if counts is not None else None)
+    except Exception as exc:  # noqa: BLE001 - derived data: a note, not a failed point
+        notes.append(f"byte_model_ratio failed: {type(exc).__name__}: {str(exc)[:120]}")
+        return None
+    if other is None or not traffic.total:
+        return None
+    return float(other.total / traffic.total)
 
 
 class Stack:
@@ -214,8 +234,13 @@ class Stack:
         budget = int(budget * float(settings["hbm_budget_frac"])) if budget is not None else None
         self.layers, note = memory.stack_layers(method.footprint(first), l2=p.l2, l2_bytes=hardware.get("l2_bytes"),
                                                 l2_factor=float(settings["l2_factor"]),
-                                                max_layers=int(settings["max_layers"]), budget_bytes=budget)
+                                                max_layers=int(settings["max_layers"]), budget_bytes=budget,
+                                                unreachable_one=p.device == "cpu")
         self.caches = [first] + [self._layer() for _ in range(self.layers - 1)]
+        # a stack that stayed under l2_factor x L2 (LLC on a CPU) is timed from cache: the row says so
+        self.cache_resident = memory.cache_resident(self.layers, method.footprint(first), l2=p.l2,
+                                                    l2_bytes=hardware.get("l2_bytes"),
+                                                    l2_factor=float(settings["l2_factor"]))
         self.note = f"layers={self.layers}" + (f" ({note})" if note else "")
         self.slots = wl.slots(p.batch, self.num_slots, p.slot_layout)
         self.A = wl.params.get("A")
@@ -376,6 +401,8 @@ def hydra_entry(cfg) -> str:
             and not any(o.startswith("sweep.models=") for o in task):
         with open_dict(cfg):
             cfg.sweep.models = None
+            if cfg.sweep.get("on_cpu") and "models" in cfg.sweep.on_cpu:
+                del cfg.sweep.on_cpu["models"]        # the explicit model wins on a CPU too
     t0 = time.perf_counter()
     result = run_experiment(cfg)
     elapsed = time.perf_counter() - t0

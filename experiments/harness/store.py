@@ -19,9 +19,9 @@ from pathlib import Path
 COLUMNS = [
     "experiment", "family", "model", "tp", "method", "route", "backend", "batch", "buffer_len", "spec_T",
     "history_len", "acceptance", "mean_accepted", "state_dtype", "act_dtype", "context_len", "timing_mode", "l2",
-    "compiled", "threads", "median_us", "p20_us", "p80_us", "flush_us", "bytes_model", "achieved_GBps",
-    "pct_peak_measured", "pct_peak_datasheet", "peak_mem_bytes", "footprint_bytes", "tokens_per_s", "rel_err",
-    "status", "message", "config_hash", "run_id",
+    "cache_resident", "compiled", "threads", "median_us", "p20_us", "p80_us", "flush_us", "bytes_model",
+    "byte_model_ratio", "achieved_GBps", "pct_peak_measured", "pct_peak_datasheet", "peak_mem_bytes",
+    "footprint_bytes", "tokens_per_s", "rel_err", "status", "message", "config_hash", "run_id",
 ]
 STATUSES = ("ok", "wrong", "oom", "error", "skipped")
 __doc__ += "    " + ", ".join(COLUMNS) + "\n"

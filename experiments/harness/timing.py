@@ -160,15 +160,26 @@ def bench_gpu(fn: Callable[[], None], *, l2: str, warmup_ms: float, rep_ms: floa
 
 def time_gpu(cycle: Callable[[], None], work_per_cycle: int, *, timing_mode: str, l2: str, warmup_ms: float,
              rep_ms: float) -> Timing:
-    """Per-unit time of `cycle` on the GPU, graph-replayed or eager."""
-    if timing_mode == "graph":
-        graph = capture_graph(cycle)
-        fn = graph.replay
-    else:
-        cycle()
-        torch.cuda.synchronize()
-        fn = cycle
-    return bench_gpu(fn, l2=l2, warmup_ms=warmup_ms, rep_ms=rep_ms).scaled(1.0 / work_per_cycle)
+    """Per-unit time of `cycle` on the GPU, graph-replayed or eager.
+
+    Streams, explicitly: everything (capture's warm-up side stream aside) runs on one dedicated timing
+    stream, which first waits for the stream that built the caches and inputs; do_bench's L2 flush, the
+    graph replays or eager launches and the timing events are all issued on it, so no other work of this
+    process lands between an event pair; the caller's stream waits for it at the end."""
+    caller = torch.cuda.current_stream()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(caller)
+    with torch.cuda.stream(stream):
+        if timing_mode == "graph":
+            graph = capture_graph(cycle)
+            fn = graph.replay
+        else:
+            cycle()
+            torch.cuda.synchronize()
+            fn = cycle
+        result = bench_gpu(fn, l2=l2, warmup_ms=warmup_ms, rep_ms=rep_ms).scaled(1.0 / work_per_cycle)
+    caller.wait_stream(stream)
+    return result
 
 
 def time_gpu_prepared(prepare: Callable[[], None], step: Callable[[], None], work: int, *, timing_mode: str,
