@@ -197,6 +197,49 @@ def counts_table(counts: pd.DataFrame) -> str:
     return markdown_table(counts.sort_values(["experiment", "method", "status"]))
 
 
+def whole_model_tables(run: Run) -> list[str]:
+    """The e2e_decode and serving sections (e2e_rows.csv / serving_rows.csv of the run; none when absent):
+    per row ms/step, tokens/s and the SSM layers' share, with the same-run ratio beside ReplaySSM's rows
+    (scripts/hybrid_summary.py pairs them)."""
+    import hybrid_summary
+
+    ratios = hybrid_summary.hybrid_ratios(run.path)
+    keys = ["model", "tp", "batch", "context_len"]
+    parts = []
+    e2e = hybrid_summary.load(run.path, "e2e_rows.csv")
+    if not e2e.empty:
+        t = e2e[keys + ["method", "buffer_len", "composed", "ms_per_step", "tokens_per_s", "ssm_share"]].copy()
+        sp = ratios[ratios["metric"] == "ar_speedup"] if not ratios.empty else pd.DataFrame(columns=keys + ["value"])
+        t = t.merge(sp[keys + ["value"]].assign(method="replay_ar").rename(columns={"value": "speedup"}),
+                    on=keys + ["method"], how="left")
+        parts.append(_section("Whole model: decode step (e2e_decode, random weights)", run,
+                              markdown_table(t.sort_values(keys + ["method"]),
+                                             {"ms_per_step": ".3f", "tokens_per_s": ".1f", "ssm_share": ".2f",
+                                              "speedup": ".2f"}),
+                              "ms/step of the whole decode step (SSM mixers, attention over the KV cache, MLP/MoE, "
+                              "LM head); ssm_share = the SSM layers' share of the step; speedup = baseline_ar "
+                              "ms/step / replay_ar ms/step of this run. composed = the step is built from one "
+                              "block per layer kind and scaled by the pattern's counts."))
+    sv = hybrid_summary.load(run.path, "serving_rows.csv")
+    if not sv.empty:
+        t = sv[keys + ["mode", "spec_T", "mean_accepted", "ms_per_step", "tokens_per_s", "ssm_share",
+                       "max_concurrency", "at_max_concurrency"]].copy()
+        for metric, name in (("spec_vs_native", "vs native"), ("spec_vs_ar", "vs ar"),
+                             ("concurrency", "concurrency vs native")):
+            r = ratios[ratios["metric"] == metric] if not ratios.empty else pd.DataFrame(columns=keys + ["value"])
+            r = r[keys + ["value"]].drop_duplicates(keys).rename(columns={"value": name})
+            t = t.merge(r.assign(mode="replayssm"), on=keys + ["mode"], how="left")
+        parts.append(_section("Whole model: speculative serving (serving, random weights)", run,
+                              markdown_table(t.sort_values(keys + ["mode"]),
+                                             {"mean_accepted": ".2f", "ms_per_step": ".3f", "tokens_per_s": ".1f",
+                                              "ssm_share": ".2f", "vs native": ".2f", "vs ar": ".2f",
+                                              "concurrency vs native": ".2f"}),
+                              "tokens/s = batch x mean accepted / (draft + verify + commit); max_concurrency = "
+                              "sequences that fit the HBM budget by the analytic footprint (weights + KV + SSM "
+                              "states + buffers/rings); the ratios are ReplaySSM's over native / ar rows of this run."))
+    return parts
+
+
 def accuracy_tables(run: Run) -> list[str]:
     """The accuracy study's sections (accuracy.csv of the run; none when absent): the bf16-state table
     "ReplaySSM vs baseline error at 1k / 10k steps" and the growth exponents (scripts/accuracy.py)."""
@@ -261,6 +304,7 @@ def render(run: Run) -> str:
                               "output tok/s, TTFT/TPOT (ms) and acceptance length as vLLM reported them; "
                               "max_concurrency from the engine's KV-cache log; engine ratios (experiment vllm_bench) "
                               "are in summary.csv and the AR speedup table."))
+    parts += whole_model_tables(run)
     parts += accuracy_tables(run)
     bench = bench_cpu_table(run)
     if bench is not None:

@@ -17,6 +17,7 @@ import claims  # noqa: E402
 import hybrid_summary  # noqa: E402
 import plots  # noqa: E402
 import synthetic_runs as syn  # noqa: E402
+import tables  # noqa: E402
 
 from experiments.hybrid.run import E2E_COLUMNS, SERVING_COLUMNS  # noqa: E402
 
@@ -74,3 +75,23 @@ def test_whole_model_ratios_and_claims(tmp_path):
     assert any(n.startswith("serving_throughput_") for n in names)
     assert any(n.startswith("serving_concurrency_") for n in names)
     assert any(n.startswith("e2e_breakdown_") for n in names)
+
+
+def _md_rows(section: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("|") and not line.startswith("|-")]
+
+
+def test_whole_model_tables(tmp_path):
+    """TABLES.md gets the e2e and serving sections, each ratio beside ReplaySSM's row and nowhere else."""
+    run_dir = syn.write_run(tmp_path, syn.ar_rows() + syn.spec_rows())
+    assert "Whole model" not in tables.render(aggregate.load_run(run_dir))
+    _write(run_dir)
+    text = tables.render(aggregate.load_run(run_dir))
+    e2e = _md_rows(text.split("### Whole model: decode step")[1].split("###")[0])
+    serving = _md_rows(text.split("### Whole model: speculative serving")[1].split("###")[0])
+    by_method = {r[e2e[0].index("method")]: r for r in e2e[1:]}
+    assert by_method["replay_ar"][-1] == "1.50" and by_method["baseline_ar"][-1] == ""
+    by_mode = {r[serving[0].index("mode")]: r for r in serving[1:]}
+    assert by_mode["replayssm"][-3:] == ["2.00", "2.40", "3.01"]     # vs native, vs ar, concurrency vs native
+    assert by_mode["native"][-3:] == ["", "", ""] and by_mode["ar"][-3:] == ["", "", ""]
