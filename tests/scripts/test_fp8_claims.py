@@ -40,3 +40,15 @@ def test_fp8_claims_rows(tmp_path):
     far = syn.write_run(tmp_path / "b", syn.ar_rows())
     _write_fp8(far, 0.1)                                   # the right exponent, ten times the coefficient
     assert "not consistent" in claims.render([aggregate.load_run(far)])
+
+
+def test_tables_have_the_fp8_section_only_with_fp8_rows(tmp_path):
+    import tables
+
+    run_dir = syn.write_run(tmp_path / "a", syn.ar_rows())
+    syn.write_accuracy(run_dir)
+    title = "Experimental fp8 checkpoint"
+    assert title not in tables.render(aggregate.load_run(run_dir))
+    _write_fp8(run_dir, 0.01)
+    text = tables.render(aggregate.load_run(run_dir))
+    assert title in text and "**consistent**" in text
