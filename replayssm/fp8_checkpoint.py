@@ -15,7 +15,10 @@ ReplaySSM rounds the checkpoint once per flush, not once per token, which is wha
 checkpoint thinkable at all; the buffer entries (x, B / u, k) stay in the activation dtype.
 
 The ref backend quantises with the same rule in float64 (scale rounded to its float32 storage first, then
-S / scale rounded to e4m3), so the float64 oracle models the rounding instead of hiding it.
+S / scale rounded to e4m3), so the float64 oracle models the rounding instead of hiding it: an oracle that
+dequantised exactly would need a tolerance wide enough to hide a wrong scale. (torch converts float64 to
+e4m3 through float32, so a value within float32 rounding of an e4m3 tie may round the other way: immaterial
+next to e4m3's 2^-4 half-ulp.)
 """
 
 from __future__ import annotations
