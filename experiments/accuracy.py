@@ -18,6 +18,11 @@ scripts/accuracy.py (log-log least squares), not here.
 Rows: <run dir>/accuracy.csv (experiments/harness/store.RunTable), beside the kernel sweeps' rows.csv in the
 same run directory, with the same env.json / config.yaml provenance. A failing series is one row with
 status=error and the sweep goes on; `resume=` skips series already recorded.
+
+state_dtype float8_e4m3fn is the experimental fp8 checkpoint (e4m3 + per-head scale,
+replayssm/fp8_checkpoint.py): planned for replay_ar only (the other methods refuse it), torch / ref backends
+only, rows marked experimental=True. Its initial state is quantised too (set_state writes it like a flush),
+so unlike the other dtypes its error includes the prefill state's rounding.
 """
 
 from __future__ import annotations
@@ -41,14 +46,17 @@ from experiments.harness.env import REPO_ROOT, collect_env, new_run_id, resolve_
 from experiments.harness.points import CONF_DIR, DTYPES, Point, _models, resolve_device
 from experiments.harness.store import RunStore, RunTable
 from replayssm.checks import interpreter_active
+from replayssm.fp8_checkpoint import FP8_STATE_DTYPE, is_fp8
 
 COLUMNS = [
     "experiment", "family", "model", "heads", "workload", "method", "route", "backend", "buffer_len", "spec_T",
     "history_len", "acceptance", "state_dtype", "act_dtype", "rows", "steps", "step", "window",
     "out_err_median", "out_err_p99", "out_err_max", "state_err_median", "state_err_p99", "state_err_max",
-    "status", "message", "series_hash", "run_id",
+    "status", "message", "series_hash", "run_id", "experimental",
 ]
 BACKENDS = ("torch", "ref", "triton")
+FP8_NAME = "float8_e4m3fn"
+STATE_DTYPES = {**DTYPES, FP8_NAME: FP8_STATE_DTYPE}   # + the experimental fp8 checkpoint (replay_ar only)
 
 
 @dataclass
@@ -127,12 +135,19 @@ def validate(data: dict) -> dict:
     if sweep.get("route") not in ("output_only", "state_and_output"):
         raise ValueError(f"sweep.route: expected output_only or state_and_output, got {sweep.get('route')!r}")
     parse_acceptance(sweep.get("acceptance"), "sweep.acceptance")
-    for key in ("state_dtype", "act_dtype"):
-        names = _subset(key, sweep.get(key), DTYPES)
-        sweep[key] = [str(DTYPES[n]).removeprefix("torch.") for n in names]
+    for key, allowed in (("state_dtype", STATE_DTYPES), ("act_dtype", DTYPES)):
+        names = _subset(key, sweep.get(key), allowed)
+        sweep[key] = [str(allowed[n]).removeprefix("torch.") for n in names]
     backend = sweep.get("backend")
     if backend not in BACKENDS:
         raise ValueError(f"sweep.backend: unknown backend {backend!r}; expected one of {list(BACKENDS)}")
+    if FP8_NAME in sweep["state_dtype"]:
+        if backend == "triton":
+            raise ValueError("sweep.state_dtype: the experimental fp8 checkpoint (float8_e4m3fn) has no Triton "
+                             "kernels; use backend=torch or ref, or drop it from state_dtype")
+        if "replay_ar" not in sweep["methods"]:
+            raise ValueError("sweep.state_dtype: float8_e4m3fn is the ReplaySSM AR checkpoint option; "
+                             "sweep.methods has no replay_ar")
     device = resolve_device(data.get("device", "auto"))
     if backend == "triton" and device == "cpu":
         if not interpreter_active():
@@ -158,6 +173,8 @@ def plan_series(sweep: dict, specs) -> list[Series]:
                     lens = sweep["buffer_len"] if entry.uses_buffer else [None]
                     route = (sweep["route"] if spec.family == "mamba2" else None) if entry.uses_buffer else None
                     for sd in sweep["state_dtype"]:
+                        if sd == FP8_NAME and not acs.METHODS[name].fp8_checkpoint:
+                            continue            # the other methods refuse an fp8 state
                         out += [Series(spec.key, workload, ad, name, sd, L, route) for L in lens]
     return out
 
@@ -217,12 +234,14 @@ def _stats(prefix: str, errs: np.ndarray) -> dict:
 def run_series(s: Series, group: Group, sweep: dict, seed: int) -> list[dict]:
     """The checkpoint rows of one series (raises on failure; the caller records it)."""
     am = acs.METHODS[s.method]
-    method, spec, wl = am.entry, group.spec, acs.with_state_dtype(group.wl, DTYPES[s.state_dtype])
+    method, spec, wl = am.entry, group.spec, acs.with_state_dtype(group.wl, STATE_DTYPES[s.state_dtype])
     p = _point(spec, s, sweep, seed)
     rows, device, backend = sweep["rows"], sweep["device"], sweep["backend"]
     fns = method.api(spec.family)
     cache = method.allocate(p, wl, rows, device)
-    method.set_state(cache, group.S0.to(device=device, dtype=wl.state_dtype))
+    # fp8: set_state quantises the float32 state with its per-head scale (a cast alone would drop the scale)
+    S0_dtype = torch.float32 if is_fp8(wl.state_dtype) else wl.state_dtype
+    method.set_state(cache, group.S0.to(device=device, dtype=S0_dtype))
     A = wl.params.get("A")
     out_rows, pending = [], []
     if method.kind == "ar":
@@ -261,7 +280,7 @@ def _base_row(s: Series, spec, sweep: dict, key: str, run_id: str) -> dict:
                history_len=sweep["history_len"] if spec_kind and entry.uses_history else None,
                acceptance=sweep["acceptance"] if spec_kind else None, state_dtype=s.state_dtype,
                act_dtype=s.act_dtype, rows=sweep["rows"], steps=sweep["steps"], status="ok", message="",
-               series_hash=key, run_id=run_id)
+               series_hash=key, run_id=run_id, experimental=s.state_dtype == FP8_NAME)
     return row
 
 

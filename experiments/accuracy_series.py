@@ -75,6 +75,7 @@ class AccuracyMethod:
 
     harness: str
     committed_state: Callable
+    fp8_checkpoint: bool = False    # implements the experimental fp8 checkpoint (replayssm/fp8_checkpoint.py)
 
     @property
     def entry(self):
@@ -84,7 +85,7 @@ class AccuracyMethod:
 # name -> entry. Tests add a deliberately wrong method here (and its harness entry) to check detection.
 METHODS: dict[str, AccuracyMethod] = {
     "baseline_ar": AccuracyMethod("baseline_ar", _tensor_state),
-    "replay_ar": AccuracyMethod("replay_ar", _replay_state),
+    "replay_ar": AccuracyMethod("replay_ar", _replay_state, fp8_checkpoint=True),
     "baseline_spec": AccuracyMethod("baseline_spec", _snapshot_state),
     "commit_replay_spec": AccuracyMethod("commit_replay_spec", _checkpoint_state),
     "replay_spec": AccuracyMethod("replay_spec", _ring_state),

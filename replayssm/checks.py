@@ -17,6 +17,10 @@ ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # bf16 state: kernels load the state, compute in fp32 and store with .to(state_ptr.dtype.element_ty), so a
 # bf16 pool is one more storage format (the Triton interpreter cannot run it: check_backend refuses).
 STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Experimental fp8 checkpoint (replayssm/fp8_checkpoint.py): only the ReplaySSM AR caches, torch/ref backends.
+FP8_STATE_DTYPES = (torch.float8_e4m3fn,)
+FP8_SCOPE = ("an fp8 (float8_e4m3fn) state is experimental and exists only for the ReplaySSM AR caches "
+             "(replayssm.mamba2 / replayssm.gdn ReplayCache) on backend 'torch' or 'ref'")
 
 
 def interpreter_active() -> bool:
@@ -60,23 +64,28 @@ def check_backend(backend: str, *tensors: torch.Tensor | None) -> None:
         if interpreter_active() and any(t is not None and t.dtype == torch.bfloat16 for t in tensors):
             raise ValueError("bfloat16 is not supported by the Triton interpreter (TRITON_INTERPRET=1): "
                              "it computes on the raw bit patterns; use float16/float32 on CPU")
+        if any(t is not None and t.dtype in FP8_STATE_DTYPES for t in tensors):
+            raise ValueError(f"backend='triton' has no fp8 state kernels: {FP8_SCOPE}")
 
 
 def check_dtype(name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]) -> None:
     if t.dtype not in allowed:
-        raise ValueError(f"{name} has dtype {t.dtype}; expected one of {[str(d) for d in allowed]}")
+        hint = f" ({FP8_SCOPE})" if t.dtype in FP8_STATE_DTYPES else ""
+        raise ValueError(f"{name} has dtype {t.dtype}; expected one of {[str(d) for d in allowed]}{hint}")
 
 
 def check_pool_alloc(geometry, geometry_type: type, state_dtype: torch.dtype, act_dtype: torch.dtype | None = None,
-                     **sizes: int) -> None:
+                     allow_fp8: bool = False, **sizes: int) -> None:
     """The arguments every cache allocation shares: the geometry's type, its sizes (num_slots, buffer_len,
-    history_len, window, ...: ints >= 1, bools refused) and the state / activation dtypes."""
+    history_len, window, ...: ints >= 1, bools refused) and the state / activation dtypes. `allow_fp8`: the
+    cache implements the experimental fp8 checkpoint (ReplaySSM AR caches only)."""
     if not isinstance(geometry, geometry_type):
         raise ValueError(f"expected a {geometry_type.__name__}, got {type(geometry).__name__}")
     for name, value in sizes.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    check_dtype("state_dtype", torch.empty(0, dtype=state_dtype), STATE_DTYPES)
+    state_dtypes = STATE_DTYPES + (FP8_STATE_DTYPES if allow_fp8 else ())
+    check_dtype("state_dtype", torch.empty(0, dtype=state_dtype), state_dtypes)
     if act_dtype is not None:
         check_dtype("act_dtype", torch.empty(0, dtype=act_dtype), ACT_DTYPES)
 

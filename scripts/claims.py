@@ -295,6 +295,27 @@ def _bound_text(rows: pd.DataFrame) -> str:
             f"(measured / model {share.min():.2f}-{share.max():.2f})")
 
 
+def fp8_claims(claim: Claim, runs: list[Run], cpu: bool) -> dict:
+    """The third-party fp8-checkpoint claims: drift verdict from the runs' accuracy.csv (scripts/accuracy.py
+    fp8_claim_verdict); the end-to-end logprob claim is never measured by this harness."""
+    import accuracy
+
+    frames = [df for df in (accuracy.load_accuracy(r.path) for r in runs) if df is not None]
+    if claim.metric == "fp8_checkpoint_drift":
+        verdict = accuracy.fp8_claim_verdict(pd.concat(frames, ignore_index=True) if frames else None)
+    else:
+        verdict = {"verdict": NOT_MEASURED, "value": NOT_MEASURED, "rows": ""}   # needs a whole model's logits
+    measured = verdict["value"] + (" (CPU torch backend)" if cpu and verdict["verdict"] != NOT_MEASURED else "")
+    return {"claim": claim.text, "published": "1% x sqrt(flushes)" if claim.metric == "fp8_checkpoint_drift"
+            else f"{claim.lo:g}-{claim.hi:g}", "conditions": short_conditions(claim), "measured": measured,
+            "gap": verdict["verdict"] if verdict["verdict"] != NOT_MEASURED else "-", "rows": verdict["rows"],
+            "claim_obj": claim}
+
+
+ACCURACY_CLAIMS = {"bf16_state_accuracy": accuracy_claim, "fp8_checkpoint_drift": fp8_claims,
+                   "fp8_checkpoint_logprob": fp8_claims}
+
+
 def render(runs: list[Run]) -> str:
     ratios = pd.concat([summarize(r.rows).ratios for r in runs], ignore_index=True)
     whole = [hybrid_ratios(r.path) for r in runs]            # e2e_rows.csv / serving_rows.csv, where present
@@ -319,7 +340,7 @@ def render(runs: list[Run]) -> str:
               "Every measured speedup stands beside its byte-model bound (the traffic model's bytes ratio for the "
               "same pairs). A pair more than 10% above its bound (not bandwidth-bound) or timed from a "
               "cache-resident stack never answers a claim; the details name it.", ""]
-    evaluated = [accuracy_claim(c, runs, cpu) if c.metric == "bf16_state_accuracy"
+    evaluated = [ACCURACY_CLAIMS[c.metric](c, runs, cpu) if c.metric in ACCURACY_CLAIMS
                  else evaluate(whole_model_claim(c, ratios), ratios, cpu) for c in CLAIMS]
     table = pd.DataFrame([{"#": i + 1, "claim": ("**" + e["claim"] + "**") if e["claim_obj"].headline else e["claim"],
                            "published": e["published"], "conditions": e["conditions"],

@@ -14,6 +14,8 @@ A claim's `metric` names a summary.csv metric (see scripts/aggregate.py):
     byte_model        analytic: replayssm.traffic baseline bytes / ReplaySSM bytes (not a measurement)
     bf16_state_accuracy  baseline_ar / replay_ar output error vs float64 with a bf16 state  accuracy.csv
                          (experiments/accuracy.py; verdict by scripts/accuracy.py claim_verdict)
+    fp8_checkpoint_drift    fp8-checkpoint replay_ar state error vs flushes  accuracy.csv (fp8_claim_verdict)
+    fp8_checkpoint_logprob  end-to-end logprob deltas: never measured by this harness (single layers)
 """
 
 from __future__ import annotations
@@ -196,6 +198,28 @@ CLAIMS += (
         source="official fork's test docstring (replayssm-method.md §7, [READ])", level="kernel",
         note="published as a qualitative statement; ours: baseline/ReplaySSM output error ratio vs float64 "
              "(> 1 means ReplaySSM is more accurate)",
+    ),
+)
+
+# The third-party FP8 variant's accuracy numbers (replayssm-method.md §6.3): drift from accuracy.csv's
+# experimental fp8-checkpoint rows (scripts/accuracy.py fp8_claim_verdict); the logprob one needs a model.
+CLAIMS += (
+    Claim(
+        key="fp8_checkpoint_drift", kind="point", hi=0.01, family="gdn",
+        text='"FP8 checkpoint drift ~ 1% x sqrt(flushes)"',
+        metric="fp8_checkpoint_drift", experiment="accuracy",
+        hardware="RTX 4090 (third party)", conditions="GDN, Qwen3.5-4B layer, FP8 checkpoint",
+        source="zz774ever/fp8-replayssm-gdn-kernel REPORT.md (replayssm-method.md §6.3)", level="kernel",
+        note="ours: exponent of the materialised-state error vs flushes and err/sqrt(flushes) of the "
+             "experimental e4m3 + per-head-scale checkpoint (the third party's drift metric is not defined)",
+    ),
+    Claim(
+        key="fp8_checkpoint_logprob", kind="range", lo=0.155, hi=0.267, family="gdn",
+        text='"2048-token teacher-forced p95 abs(delta logprob) 0.155-0.267 (FP8 checkpoint)"',
+        metric="fp8_checkpoint_logprob", experiment="accuracy",
+        hardware="RTX 4090 (third party)", conditions="Qwen3.5-4B end to end, teacher forced, 2048 tokens",
+        source="zz774ever/fp8-replayssm-gdn-kernel REPORT.md (replayssm-method.md §6.3)", level="e2e",
+        note="needs a whole model's logits; this harness decodes single layers",
     ),
 )
 

@@ -268,7 +268,23 @@ def accuracy_tables(run: Run) -> list[str]:
                  markdown_table(growth, {c: ".3g" for c in growth.columns if c.endswith(("_last", "_exponent"))}),
                  f"Slope of log(error median) on log(step) over checkpoints with step >= {accuracy.FIT_FROM}: "
                  "0 = flat, 0.5 = random-walk accumulation, 1 = linear drift."),
-    ]
+    ] + fp8_drift_tables(run, df)
+
+
+def fp8_drift_tables(run: Run, df: pd.DataFrame) -> list[str]:
+    """The experimental fp8 checkpoint's drift vs flushes (scripts/accuracy.py fp8_drift); none without its rows."""
+    import accuracy
+
+    drift = accuracy.fp8_drift(df)
+    if drift.empty:
+        return []
+    verdict = accuracy.fp8_claim_verdict(df)
+    return [_section("Experimental fp8 checkpoint (e4m3 + per-head scale): state error vs flushes", run,
+                     markdown_table(drift, {c: ".3g" for c in ("state_err", "drift_exponent", "coef")}),
+                     "replay_ar with a float8_e4m3fn checkpoint (torch/ref backends only; experimental): the "
+                     "materialised state's error median at the last checkpoint, its log-log slope against flushes "
+                     "(step // L, checkpoints with >= 4 flushes) and coef = error / sqrt(flushes). Third-party claim "
+                     f"({accuracy.FP8_CLAIM_TEXT}, GDN rows): **{verdict['verdict']}**; {verdict['value']}.")]
 
 
 def render(run: Run) -> str:

@@ -12,6 +12,10 @@ AR protocol, per slot with h = write_pos[slot], L = buffer_len:
     h <  L-1: output from checkpoint + h cached entries + current token; append (u, k, g) at h; h += 1
     h == L-1: flush: fold the L-1 entries and the current token into the checkpoint; h = 0
 L = 1 flushes every step, which is exactly the baseline fused recurrent step.
+
+Experimental fp8 checkpoint (torch / ref backends): state_dtype=torch.float8_e4m3fn stores the checkpoint
+in e4m3 with a float32 per-(slot, value head) scale `state_scale`, quantised at every flush with
+scale = absmax(head) / 448 (replayssm/fp8_checkpoint.py has the rule and why). The spec ring refuses fp8.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import ClassVar
 import torch
 
 from replayssm.checks import NULL_SLOT, check_pool_alloc
+from replayssm.fp8_checkpoint import allocate_scale
 from replayssm.geometry import GDNGeometry
 from replayssm.slot_pool import SlotPool
 
@@ -35,6 +40,7 @@ class ReplayCache(SlotPool):
     k         [num_slots, H, buffer_len, K]  cached keys, L2-normalised if the step asked for it (act_dtype)
     g         [num_slots, HV, buffer_len]    cached log decays (fp32)
     write_pos [num_slots] int32              entries cached since the checkpoint
+    state_scale [num_slots, HV] fp32         fp8 checkpoint only (else None): S0 = state * scale
     """
 
     ACT_FIELD: ClassVar[str] = "u"
@@ -47,15 +53,17 @@ class ReplayCache(SlotPool):
     g: torch.Tensor
     write_pos: torch.Tensor
     null_slot: int = NULL_SLOT
+    state_scale: torch.Tensor | None = None
 
     @classmethod
     def allocate(cls, geometry: GDNGeometry, num_slots: int, buffer_len: int, state_dtype=torch.float32,
                  act_dtype=torch.float32, device="cpu") -> ReplayCache:
-        check_pool_alloc(geometry, GDNGeometry, state_dtype, act_dtype, num_slots=num_slots, buffer_len=buffer_len)
+        check_pool_alloc(geometry, GDNGeometry, state_dtype, act_dtype, allow_fp8=True, num_slots=num_slots,
+                         buffer_len=buffer_len)
         gm, n, L = geometry, num_slots, buffer_len
+        state = torch.zeros(n, gm.HV, gm.V, gm.K, dtype=state_dtype, device=device)
         return cls(
-            geometry=gm, buffer_len=L,
-            state=torch.zeros(n, gm.HV, gm.V, gm.K, dtype=state_dtype, device=device),
+            geometry=gm, buffer_len=L, state=state, state_scale=allocate_scale(state),
             u=torch.zeros(n, gm.HV, L, gm.V, dtype=act_dtype, device=device),
             k=torch.zeros(n, gm.H, L, gm.K, dtype=act_dtype, device=device),
             g=torch.zeros(n, gm.HV, L, dtype=torch.float32, device=device),

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import torch
 
+from replayssm.fp8_checkpoint import read_checkpoint, write_checkpoint
 from replayssm.gdn.ref import expand_key_heads, l2norm
 
 
 def rebuild_state_ref(cache, slot: int) -> torch.Tensor:
     """S_h of one slot, [HV, V, K] float64: the checkpoint with the write_pos cached entries replayed."""
     HV = cache.geometry.HV
-    S = cache.state[slot].double()
+    S = read_checkpoint(cache, slot, torch.float64)
     for j in range(int(cache.write_pos[slot])):
         k_j = expand_key_heads(cache.k[slot, :, j].double(), HV)             # [HV, K]
         u_j = cache.u[slot, :, j].double()                                   # [HV, V]
@@ -48,7 +49,7 @@ def replay_step_ref(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, 
         h = int(cache.write_pos[slot])
         if h == L - 1:
             S_new = alpha[:, None, None] * S_h + u[:, :, None] * k_hv[:, None, :]
-            cache.state[slot] = S_new.to(cache.state_dtype)
+            write_checkpoint(cache, slot, S_new)   # fp8: quantised in float64 by the same rule
             cache.write_pos[slot] = 0
         else:
             cache.u[slot, :, h] = u.to(cache.act_dtype)

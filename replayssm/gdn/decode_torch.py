@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from replayssm.fp8_checkpoint import is_fp8, read_checkpoint, write_checkpoint
 from replayssm.gdn.ref import L2NORM_EPS
 
 
@@ -102,6 +103,8 @@ def replay_step_torch(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: bool
     qf, kf = prepare_qk_fp32(q, k, scale, use_qk_l2norm)                       # [n, H, K]
     h = cache.write_pos[sl].long()                                              # [n]
     S0 = cache.state if whole_pool else cache.state[sl]
+    if is_fp8(cache.state_dtype):                                               # experimental e4m3 + scale
+        S0 = read_checkpoint(cache, sl)
     u_buf, k_buf, g_buf = (cache.u, cache.k, cache.g) if whole_pool else (cache.u[sl], cache.k[sl], cache.g[sl])
 
     # S_h [k, q] = exp(G_tot) S0 [k, q] + sum_j w_j u_j (k_j . [k, q])
@@ -137,7 +140,7 @@ def replay_step_torch(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: bool
         f = int(s_f.shape[0])
         in_place = (whole_pool and all_flush and cache.state_dtype == torch.float32
                     and cache.state.is_contiguous())
-        S = cache.state if in_place else cache.state[s_f].float()
+        S = cache.state if in_place else read_checkpoint(cache, s_f)
         buf = {}
         if L > 1:
             buf = dict(u_buf=u_buf[pick].reshape(f * HV, L, gm.V),
@@ -146,7 +149,7 @@ def replay_step_torch(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: bool
         fold_into_state_(S.view(f * HV, gm.V, gm.K), (alpha[pick] * decay0[pick]).reshape(-1),
                          u[pick].reshape(f * HV, gm.V), kf[pick].reshape(f * H, gm.K), **buf)
         if not in_place:
-            cache.state[s_f] = S.to(cache.state_dtype)
+            write_checkpoint(cache, s_f, S)
     cache.write_pos[sl] = torch.where(flush, 0, h + 1).to(torch.int32)
 
 
@@ -159,5 +162,5 @@ def materialize_torch(cache, slots: torch.Tensor, out: torch.Tensor) -> None:
     decay0, w = buffer_weights(cache.g[sl], h)
     k_hv = cache.k[sl].float().repeat_interleave(gm.HV // gm.H, dim=1)          # [n, HV, L, K]
     uw = cache.u[sl].float() * w[..., None]                                     # [n, HV, L, V]
-    S = decay0[..., None, None] * cache.state[sl].float() + torch.matmul(uw.transpose(-1, -2), k_hv)
+    S = decay0[..., None, None] * read_checkpoint(cache, sl) + torch.matmul(uw.transpose(-1, -2), k_hv)
     out[rows] = S

@@ -8,6 +8,11 @@ AR protocol (replayssm-method.md §3.1), per slot with h = write_pos[slot], L = 
     h == L-1: flush: fold the L-1 entries and the current token into the checkpoint; h = 0
 L = 1 flushes every step, which is exactly the baseline selective state update.
 
+Experimental fp8 checkpoint (ReplayCache only; torch / ref backends): state_dtype=torch.float8_e4m3fn stores
+the checkpoint in e4m3 with a float32 per-(slot, head) scale `state_scale`, quantised at every flush with
+scale = absmax(head) / 448 (replayssm/fp8_checkpoint.py has the rule and why). SpecRing refuses fp8: its
+flush path (spec_torch / spec_ref / the Triton verify) writes the checkpoint in places not yet taught the scale.
+
 Spec protocol (§3.2, §3.3), history B, window T, logical length L = B + T, physical ring next_pow2(L):
     verify: window token s sits at ring row (origin + write_pos + s) & (ring_len - 1); all T outputs come
             from one checkpoint. Rows with is_flush first fold the committed history into the checkpoint.
@@ -28,6 +33,7 @@ from replayssm.checks import (
     check_ring_lengths,
     next_pow2,
 )
+from replayssm.fp8_checkpoint import allocate_scale
 from replayssm.geometry import Mamba2Geometry
 from replayssm.slot_pool import SlotPool
 
@@ -42,6 +48,7 @@ class ReplayCache(SlotPool):
     dt        [num_slots, nheads, buffer_len]          cached processed dt (fp32, after bias + softplus)
     write_pos [num_slots] int32                        entries cached since the checkpoint
     bc        [num_slots, ngroups, buffer_len] fp32    scratch: B_j . C_t of the output-only route
+    state_scale [num_slots, nheads] fp32               fp8 checkpoint only (else None): S0 = state * scale
     """
 
     ACT_FIELD: ClassVar[str] = "x"
@@ -55,15 +62,17 @@ class ReplayCache(SlotPool):
     write_pos: torch.Tensor
     bc: torch.Tensor
     null_slot: int = NULL_SLOT
+    state_scale: torch.Tensor | None = None
 
     @classmethod
     def allocate(cls, geometry: Mamba2Geometry, num_slots: int, buffer_len: int, state_dtype=torch.float32,
                  act_dtype=torch.float32, device="cpu") -> ReplayCache:
-        check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, num_slots=num_slots, buffer_len=buffer_len)
+        check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, allow_fp8=True, num_slots=num_slots,
+                         buffer_len=buffer_len)
         g, n, L = geometry, num_slots, buffer_len
+        state = torch.zeros(n, g.nheads, g.headdim, g.dstate, dtype=state_dtype, device=device)
         return cls(
-            geometry=g, buffer_len=L,
-            state=torch.zeros(n, g.nheads, g.headdim, g.dstate, dtype=state_dtype, device=device),
+            geometry=g, buffer_len=L, state=state, state_scale=allocate_scale(state),
             x=torch.zeros(n, g.nheads, L, g.headdim, dtype=act_dtype, device=device),
             B=torch.zeros(n, g.ngroups, L, g.dstate, dtype=act_dtype, device=device),
             dt=torch.zeros(n, g.nheads, L, dtype=torch.float32, device=device),

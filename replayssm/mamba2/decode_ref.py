@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from replayssm.fp8_checkpoint import read_checkpoint, write_checkpoint
 from replayssm.mamba2.ref import gate_output, process_dt
 
 
@@ -63,11 +64,11 @@ def replay_step_ref(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, ou
         Bs = torch.cat([B_buf, B[b].double().repeat_interleave(hpg, dim=0)[:, None]], dim=1)  # [nheads, h+1, dstate]
         Ch = C[b].double().repeat_interleave(hpg, dim=0)                                   # [nheads, dstate]
         s, abar = _weights(A64, dts)
-        S0 = cache.state[slot].double()                                                   # [nheads, headdim, dstate]
+        S0 = read_checkpoint(cache, slot, torch.float64)                                  # [nheads, headdim, dstate]
         if h == L - 1:
             S = abar[:, None, None] * S0 + torch.einsum("hj,hjp,hjn->hpn", s, xs, Bs)
             y = torch.einsum("hpn,hn->hp", S, Ch)
-            cache.state[slot] = S.to(cache.state_dtype)
+            write_checkpoint(cache, slot, S)       # fp8: quantised in float64 by the same rule
             cache.write_pos[slot] = 0
         else:
             bc = torch.einsum("hjn,hn->hj", Bs, Ch)
@@ -90,5 +91,6 @@ def materialize_ref(cache, A, slots, out) -> None:
         h = _cursor(cache, slot)
         dt_buf, x_buf, B_buf = _entries(cache, slot, h)
         s, abar = _weights(A64, dt_buf)
-        S = abar[:, None, None] * cache.state[slot].double() + torch.einsum("hj,hjp,hjn->hpn", s, x_buf, B_buf)
+        S0 = read_checkpoint(cache, slot, torch.float64)
+        S = abar[:, None, None] * S0 + torch.einsum("hj,hjp,hjn->hpn", s, x_buf, B_buf)
         out[b] = S.float()

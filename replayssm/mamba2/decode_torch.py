@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from replayssm.fp8_checkpoint import dequantize, is_fp8, write_checkpoint
 from replayssm.mamba2.ref import SOFTPLUS_THRESHOLD
 
 
@@ -36,6 +37,11 @@ class _Slots:
             t[: self.n].copy_(value)
         else:
             t.index_copy_(0, self.index, value.to(t.dtype))
+
+    @property
+    def key(self) -> slice | torch.Tensor:
+        """What indexes these slots' rows of a cache tensor."""
+        return slice(None, self.n) if self.index is None else self.index
 
     def ids(self, device) -> torch.Tensor:
         return torch.arange(self.n, device=device) if self.index is None else self.index
@@ -67,6 +73,9 @@ def _buffer_weights(cache, sel: _Slots, h: torch.Tensor, A: torch.Tensor, dt_cur
 
 
 def _read_state(cache, sel: _Slots) -> torch.Tensor:
+    """The rows' checkpoint in fp32 (dequantised from the experimental fp8 storage with its per-head scale)."""
+    if is_fp8(cache.state.dtype):
+        return dequantize(sel.read(cache.state), sel.read(cache.state_scale))
     state = sel.read(cache.state)
     return state if state.dtype == torch.float32 else state.float()
 
@@ -100,9 +109,12 @@ def _flush_rows(cache, sel, h, dtp, x, B, C, A) -> torch.Tensor:
         S = cache.state[:n]
         S.mul_(abar[..., None, None]).view(n * G, k * P, N).baddbmm_(xsT, Bs)
     else:
-        S = sel.read(cache.state).to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+        S = _read_state(cache, sel).to(torch.float32, memory_format=torch.contiguous_format, copy=True)
         S.mul_(abar[..., None, None]).view(n * G, k * P, N).baddbmm_(xsT, Bs)
-        sel.write(cache.state, S.to(cache.state_dtype))
+        if is_fp8(cache.state.dtype):
+            write_checkpoint(cache, sel.key, S)        # quantised with a fresh per-head scale
+        else:
+            sel.write(cache.state, S.to(cache.state_dtype))
     return torch.einsum("bgkpn,bgn->bgkp", S.view(n, G, k, P, N), C.float()).reshape(n, g.nheads, P)
 
 
@@ -171,7 +183,7 @@ def materialize_torch(cache, A, slots, out) -> None:
     h = sel.read(cache.write_pos).long()
     s, abar = _buffer_weights(cache, sel, h, A, None)
     xsT = (s[..., None] * sel.read(cache.x).float()).view(n, G, k, L, P).permute(0, 1, 2, 4, 3).reshape(n * G, k * P, L)
-    S = sel.read(cache.state).float() * abar[..., None, None]
+    S = _read_state(cache, sel) * abar[..., None, None]
     S.view(n * G, k * P, N).baddbmm_(xsT, sel.read(cache.B).float().reshape(n * G, L, N))
     if rows is None:
         out.copy_(S)
