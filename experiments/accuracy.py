@@ -42,7 +42,7 @@ from hydra.core.config_store import ConfigStore
 
 from experiments import accuracy_series as acs
 from experiments.harness.acceptance import parse_acceptance
-from experiments.harness.env import REPO_ROOT, collect_env, new_run_id, resolve_hardware
+from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.points import CONF_DIR, DTYPES, Point, _models, resolve_device
 from experiments.harness.store import RunStore, RunTable
 from replayssm.checks import interpreter_active
@@ -305,9 +305,9 @@ def run_accuracy(cfg, *, progress: bool | None = None) -> AccuracyResult:
 def _run(cfg, progress: bool | None) -> AccuracyResult:
     from omegaconf import OmegaConf
 
-    from experiments.harness.runner import _as_dict
+    from experiments.harness.runner import config_dict
 
-    data = _as_dict(cfg)
+    data = config_dict(cfg)
     sweep = validate(data)
     seed = data.get("seed", 0)
     specs = {s.key: acs.few_heads(s, sweep["heads"]) for s in _models(data)}
@@ -315,12 +315,7 @@ def _run(cfg, progress: bool | None) -> AccuracyResult:
     hardware = resolve_hardware(data.get("hardware") or {}, sweep["device"], CONF_DIR)
     if sweep["device"] == "cpu":
         torch.set_num_threads(1)
-    if data.get("resume"):
-        store = RunStore.resume(Path(data["resume"]))
-    else:
-        root = Path(data["out_dir"]) if data.get("out_dir") else REPO_ROOT / "results"
-        store = RunStore.create(root, hardware["name"], data.get("run_id") or new_run_id(),
-                                explicit=bool(data.get("run_id")))
+    store = RunStore.open(data, hardware["name"])
     table = RunTable(store, "accuracy.csv", COLUMNS, key="series_hash")
     env = collect_env(device=sweep["device"], hardware=hardware, timing=data.get("timing") or {}, sweep=sweep)
     env.update(run_id=store.run_id, experiment="accuracy", series=len(series), threads=torch.get_num_threads())

@@ -20,7 +20,7 @@ import torch
 
 from experiments.harness import memory, timing
 from experiments.harness.check import gate
-from experiments.harness.env import REPO_ROOT, collect_env, new_run_id, resolve_hardware
+from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.methods import REGISTRY, Method, MethodUnavailable
 from experiments.harness.points import CONF_DIR, Plan, Point, device_sweep, expand
 from experiments.harness.store import COLUMNS, RunStore
@@ -45,7 +45,7 @@ def load_config(config_name: str = "kernel_decode", overrides=(), return_hydra_c
         return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
 
 
-def _as_dict(cfg) -> dict:
+def config_dict(cfg) -> dict:
     if isinstance(cfg, dict):
         return {k: v for k, v in cfg.items() if k != "hydra"}
     from omegaconf import OmegaConf
@@ -65,7 +65,7 @@ class Context:
 
 def run_experiment(cfg, *, progress: bool | None = None) -> RunResult:
     """Validate, then check and time every point of `cfg`, appending rows to the run directory."""
-    data = _as_dict(cfg)
+    data = config_dict(cfg)
     plan = expand(data)                                   # every ValueError happens here, before any work
     threads_before = torch.get_num_threads()
     threads = device_sweep(data["sweep"], plan.device).get("threads")
@@ -82,12 +82,7 @@ def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
 
     settings = plan.timing
     hardware = resolve_hardware(data.get("hardware") or {}, plan.device, CONF_DIR)
-    if data.get("resume"):
-        store = RunStore.resume(Path(data["resume"]))
-    else:
-        root = Path(data["out_dir"]) if data.get("out_dir") else REPO_ROOT / "results"
-        store = RunStore.create(root, hardware["name"], data.get("run_id") or new_run_id(),
-                                explicit=bool(data.get("run_id")))
+    store = RunStore.open(data, hardware["name"])
     copy_bytes = int(settings.get("copy_bytes", 1 << 30))
     copy_GBps = timing.measure_copy_GBps(plan.device, copy_bytes if plan.device == "cuda" else copy_bytes // 16)
     env = collect_env(device=plan.device, hardware=hardware, timing=settings, sweep=data["sweep"])

@@ -68,6 +68,17 @@ class RunStore:
         return store
 
     @classmethod
+    def open(cls, data: dict, hardware: str) -> RunStore:
+        """The run a composed config asks for: `resume=<run dir>` joins it, else a new run under `out_dir`
+        (default <repo>/results) named `run_id` (explicit: refused if taken) or a fresh id."""
+        if data.get("resume"):
+            return cls.resume(Path(data["resume"]))
+        from experiments.harness.env import REPO_ROOT, new_run_id
+
+        root = Path(data["out_dir"]) if data.get("out_dir") else REPO_ROOT / "results"
+        return cls.create(root, hardware, data.get("run_id") or new_run_id(), explicit=bool(data.get("run_id")))
+
+    @classmethod
     def resume(cls, run_dir: Path) -> RunStore:
         run_dir = Path(run_dir)
         rows = run_dir / "rows.csv"

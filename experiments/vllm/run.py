@@ -19,8 +19,9 @@ from pathlib import Path
 
 import torch
 
-from experiments.harness.env import REPO_ROOT, collect_env, new_run_id, resolve_hardware
+from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.points import CONF_DIR
+from experiments.harness.runner import config_dict
 from experiments.harness.store import COLUMNS, RunStore
 from experiments.vllm import results
 from experiments.vllm.commands import (
@@ -122,32 +123,17 @@ class EngineRun:
     engine: dict = field(default_factory=dict)
 
 
-def _as_dict(cfg) -> dict:
-    if isinstance(cfg, dict):
-        return {k: v for k, v in cfg.items() if k != "hydra"}
-    from omegaconf import OmegaConf
-
-    data = OmegaConf.to_container(cfg, resolve=True)
-    data.pop("hydra", None)
-    return data
-
-
 def run_engine_bench(cfg, *, progress: bool | None = None) -> EngineRun:
     """Validate, probe the engine, then run (or skip with the reason) every point."""
     from omegaconf import OmegaConf
     from tqdm import tqdm
 
-    data = _as_dict(cfg)
+    data = config_dict(cfg)
     plan = expand(data)                                  # every ValueError happens here, before any process
     engine = probe_engine(plan.engine)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     hardware = resolve_hardware(data.get("hardware") or {}, device, CONF_DIR)
-    if data.get("resume"):
-        store = EngineStore.resume(Path(data["resume"]))
-    else:
-        root = Path(data["out_dir"]) if data.get("out_dir") else REPO_ROOT / "results"
-        store = EngineStore.create(root, hardware["name"], data.get("run_id") or new_run_id(),
-                                   explicit=bool(data.get("run_id")))
+    store = EngineStore.open(data, hardware["name"])
     env = collect_env(device=device, hardware=hardware, timing={}, sweep={})
     env.update(run_id=store.run_id, points=len(plan.points), level=LEVEL, engine=engine.describe())
     name = store.env_name()
