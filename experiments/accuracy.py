@@ -31,7 +31,6 @@ import hashlib
 import json
 import math
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -305,7 +304,7 @@ def run_accuracy(cfg, *, progress: bool | None = None) -> AccuracyResult:
 def _run(cfg, progress: bool | None) -> AccuracyResult:
     from omegaconf import OmegaConf
 
-    from experiments.harness.runner import config_dict
+    from experiments.harness.runner import config_dict, failure
 
     data = config_dict(cfg)
     sweep = validate(data)
@@ -340,9 +339,8 @@ def _run(cfg, progress: bool | None) -> AccuracyResult:
                 groups = {gkey: Group(spec, s.workload, s.act_dtype, sweep, seed)}   # one group's truth at a time
             rows = [{**base, **r} for r in run_series(s, groups[gkey], sweep, seed)]
         except Exception as exc:  # noqa: BLE001 - a failing series is recorded, the sweep goes on
-            where = traceback.extract_tb(exc.__traceback__)[-1]
-            message = f"{type(exc).__name__}: {str(exc)[:300]} (at {Path(where.filename).name}:{where.lineno})"
-            rows = [{**base, "status": "error", "message": message}]
+            status, message = failure(exc)
+            rows = [{**base, "status": status, "message": message}]
         table.append_many(rows)
         written += rows
     return AccuracyResult(store.run_dir, store.run_id, written, skipped)

@@ -45,6 +45,15 @@ def load_config(config_name: str = "kernel_decode", overrides=(), return_hydra_c
         return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
 
 
+def failure(exc: BaseException) -> tuple[str, str]:
+    """(status, message) of a point that raised: `oom` for an allocator failure, else `error` with where it was
+    raised. Every runner records a failing point this way and goes on with the sweep."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return "oom", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    return "error", f"{type(exc).__name__}: {str(exc)[:300]} (at {Path(where.filename).name}:{where.lineno})"
+
+
 def config_dict(cfg) -> dict:
     if isinstance(cfg, dict):
         return {k: v for k, v in cfg.items() if k != "hydra"}
@@ -138,13 +147,9 @@ def run_point(p: Point, ctx: Context) -> dict:
         status = _measure(p, method, ctx, row, notes)
     except MethodUnavailable as exc:
         status, notes = "skipped", [str(exc)]
-    except (torch.OutOfMemoryError, MemoryError) as exc:
-        status = "oom"
-        notes.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     except Exception as exc:  # noqa: BLE001 - a failing point is recorded, the sweep goes on
-        status = "error"
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        notes.append(f"{type(exc).__name__}: {str(exc)[:300]} (at {Path(where.filename).name}:{where.lineno})")
+        status, note = failure(exc)
+        notes.append(note)
     finally:
         row["peak_mem_bytes"] = memory.peak_bytes(p.device)
         if p.device == "cuda":

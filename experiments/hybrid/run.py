@@ -17,7 +17,6 @@ step split by the profiled per-kind shares and re-weighted by the pattern's coun
 from __future__ import annotations
 
 import time
-import traceback
 import zlib
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from experiments.harness import memory, timing
 from experiments.harness.acceptance import parse_acceptance
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.points import CONF_DIR, DTYPES
+from experiments.harness.runner import failure
 from experiments.hybrid.footprint import footprint, max_concurrency
 from experiments.hybrid.layers import ATTENTION_IMPL, KV_LAYOUT, SSMCall
 from experiments.hybrid.model import HybridModel, MTPDrafter
@@ -257,13 +257,9 @@ def _run_point(p: HybridPoint, plan: HybridPlan, run_id: str) -> dict:
     try:
         memory.reset_peak(p.device)
         status = fn(p, spec, plan, row, notes)
-    except (torch.OutOfMemoryError, MemoryError) as exc:
-        status = "oom"
-        notes.append(f"{type(exc).__name__}: {str(exc)[:200]}")
     except Exception as exc:  # noqa: BLE001 - a failing point is recorded, the sweep goes on
-        status = "error"
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        notes.append(f"{type(exc).__name__}: {str(exc)[:300]} (at {Path(where.filename).name}:{where.lineno})")
+        status, note = failure(exc)
+        notes.append(note)
     finally:
         row["peak_mem_bytes"] = memory.peak_bytes(p.device)
         if p.device == "cuda":
