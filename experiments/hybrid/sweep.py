@@ -139,6 +139,17 @@ def _spec(key: str, cfg: dict, tp: int | None, sweep: dict) -> HybridSpec:
     return spec
 
 
+
+def _names(sweep: dict, key: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    """sweep.<key>: a non-empty list, each entry one of `allowed` (the ValueError names the bad index)."""
+    names = sweep.get(key) or []
+    for i, name in enumerate(names):
+        _choice(f"sweep.{key}[{i}]", name, allowed)
+    if not names:
+        raise ValueError(f"sweep.{key}: expected a non-empty list of {what}")
+    return list(names)
+
+
 def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPlan:
     """Validate `cfg` (plain dict) and expand the points of `experiment` (e2e_decode | serving)."""
     sweep = cfg.get("sweep")
@@ -172,11 +183,7 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
     common = dict(experiment=experiment, state_dtype=sd, act_dtype=ad, backend=backend, device=device, seed=seed)
     budgets = {}
     if experiment == "e2e_decode":
-        methods = sweep.get("methods") or []
-        for i, m in enumerate(methods):
-            _choice(f"sweep.methods[{i}]", m, E2E_METHODS)
-        if not methods:
-            raise ValueError("sweep.methods: expected a non-empty list of AR methods")
+        methods = _names(sweep, "methods", E2E_METHODS, "AR methods")
         for key, spec in models:
             steps = spec.buffer_len                    # one whole flush cycle per timed cycle
             for ctx in contexts:
@@ -189,11 +196,7 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
                             spec_T=None, acceptance=None, route=_route(spec, m, route),
                             build=_build(spec, build, sweep, ad)))
     elif experiment == "serving":
-        modes = sweep.get("modes") or []
-        for i, m in enumerate(modes):
-            _choice(f"sweep.modes[{i}]", m, MODES)
-        if not modes:
-            raise ValueError("sweep.modes: expected a non-empty list of serving modes")
+        modes = _names(sweep, "modes", MODES, "serving modes")
         Ts = _int_list(sweep, "spec_T", minimum=2)
         accs = [parse_acceptance(a, f"sweep.acceptance[{i}]") for i, a in enumerate(sweep.get("acceptance") or [])]
         if not accs:
