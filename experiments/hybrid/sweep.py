@@ -139,7 +139,6 @@ def _spec(key: str, cfg: dict, tp: int | None, sweep: dict) -> HybridSpec:
     return spec
 
 
-
 def _names(sweep: dict, key: str, allowed: tuple[str, ...], what: str) -> list[str]:
     """sweep.<key>: a non-empty list, each entry one of `allowed` (the ValueError names the bad index)."""
     names = sweep.get(key) or []
