@@ -12,6 +12,7 @@ far above its bound (and one cache-resident pair) for the bandwidth-verdict test
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -141,3 +142,13 @@ def write_accuracy(run_dir: Path, base_scale: float = 1e-3, replay_scale: float 
                 out_err_median=err, out_err_p99=2 * err, out_err_max=3 * err, state_err_median=err,
                 state_err_p99=2 * err, state_err_max=3 * err, series_hash=method, run_id="synthetic-run"))
     pd.DataFrame(rows, columns=ACCURACY_COLUMNS).to_csv(run_dir / "accuracy.csv", index=False)
+
+
+def measured_by_claim(report: str) -> dict[str, str]:
+    """REPORT.md's summary table: claim text (bold stripped) -> its "measured here" cell."""
+    out = {}
+    for line in report.splitlines():
+        if re.match(r"^\|\s+\d+ \|", line):
+            cells = [c.strip() for c in line.split("|")]
+            out[cells[2].strip("*")] = cells[5]
+    return out

@@ -27,15 +27,6 @@ def _table_rows(report: str) -> list[str]:
     return [line.split("|")[2].strip().strip("*") for line in rows]
 
 
-def _measured(report: str) -> dict[str, str]:
-    out = {}
-    for line in report.splitlines():
-        if re.match(r"^\|\s+\d+ \|", line):
-            cells = [c.strip() for c in line.split("|")]
-            out[cells[2].strip("*")] = cells[5]
-    return out
-
-
 def test_published_claims_are_complete_data():
     assert HEADLINE_KEYS == ("headline_decode", "headline_spec")
     assert [c.key for c in CLAIMS[:2]] == list(HEADLINE_KEYS)
@@ -59,7 +50,7 @@ def test_report_has_every_claim_headlines_first_and_cpu_label(tmp_path):
     report = (run_dir / "REPORT.md").read_text()
     assert _table_rows(report) == [c.text for c in CLAIMS]
     assert "**CPU run.**" in report and "NOT comparable" in report
-    measured = _measured(report)
+    measured = syn.measured_by_claim(report)
     # the synthetic run has no e2e experiment: that claim has no number
     e2e = next(c for c in CLAIMS if c.key == "e2e_ar")
     assert measured[e2e.text] == claims.NOT_MEASURED
@@ -71,7 +62,7 @@ def test_report_has_every_claim_headlines_first_and_cpu_label(tmp_path):
 def test_claims_without_rows_say_not_measured_and_invent_nothing(tmp_path):
     run_dir = syn.write_run(tmp_path, syn.ar_rows())             # no spec experiment in this run
     report = claims.render([aggregate.load_run(run_dir)])
-    measured = _measured(report)
+    measured = syn.measured_by_claim(report)
     for c in CLAIMS:
         value = measured[c.text]
         if c.metric in ("ar_speedup", "best_buffer_len") and c.experiment == "kernel_decode":
@@ -84,7 +75,7 @@ def test_claims_without_rows_say_not_measured_and_invent_nothing(tmp_path):
 
 def test_failed_rows_leave_claims_unmeasured(tmp_path):
     rows = [dict(r, status="error", message="synthetic failure") for r in syn.ar_rows() + syn.spec_rows()]
-    measured = _measured(claims.render([aggregate.load_run(syn.write_run(tmp_path, rows))]))
+    measured = syn.measured_by_claim(claims.render([aggregate.load_run(syn.write_run(tmp_path, rows))]))
     for c in CLAIMS:
         if c.metric != "byte_model":
             assert measured[c.text] == claims.NOT_MEASURED, c.key
@@ -115,7 +106,7 @@ def test_gpu_run_is_not_labelled_cpu(tmp_path):
     run_dir = syn.write_run(tmp_path, syn.ar_rows(), hardware="h200", env=GPU_ENV)
     report = claims.render([aggregate.load_run(run_dir)])
     assert "CPU run" not in report and "NVIDIA H200" in report
-    assert "CPU torch backend" not in _measured(report)[CLAIMS[0].text]
+    assert "CPU torch backend" not in syn.measured_by_claim(report)[CLAIMS[0].text]
 
 
 def test_byte_model_row_is_analytic_or_not_measured(tmp_path, monkeypatch):
@@ -135,7 +126,7 @@ def test_report_over_two_runs_names_each_run(tmp_path):
     assert claims.main([str(ar_dir), str(spec_dir), "--out", str(out)]) == 0
     report = out.read_text()
     assert "run `ar-run`" in report and "run `spec-run`" in report
-    measured = _measured(report)
+    measured = syn.measured_by_claim(report)
     assert measured[CLAIMS[0].text] != claims.NOT_MEASURED and measured[CLAIMS[1].text] != claims.NOT_MEASURED
     # spec over standard decode needs baseline_ar in the SAME run: the spec run has none, so no number
     spec_vs_standard = next(c for c in CLAIMS if c.key == "spec_vs_standard")
@@ -145,10 +136,10 @@ def test_report_over_two_runs_names_each_run(tmp_path):
 def test_bf16_state_claim_verdict_comes_from_accuracy_rows(tmp_path):
     claim = next(c for c in CLAIMS if c.metric == "bf16_state_accuracy")
     run_dir = syn.write_run(tmp_path / "a", syn.ar_rows())
-    assert _measured(claims.render([aggregate.load_run(run_dir)]))[claim.text] == claims.NOT_MEASURED
+    assert syn.measured_by_claim(claims.render([aggregate.load_run(run_dir)]))[claim.text] == claims.NOT_MEASURED
     syn.write_accuracy(run_dir, base_scale=1e-3, replay_scale=1e-4)
     report = claims.render([aggregate.load_run(run_dir)])
-    assert "10.00x-10.00x" in _measured(report)[claim.text] and "| holds" in report
+    assert "10.00x-10.00x" in syn.measured_by_claim(report)[claim.text] and "| holds" in report
     worse = syn.write_run(tmp_path / "b", syn.ar_rows())
     syn.write_accuracy(worse, base_scale=1e-4, replay_scale=1e-3)
     assert "does not hold" in claims.render([aggregate.load_run(worse)])

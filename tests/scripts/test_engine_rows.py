@@ -5,7 +5,6 @@ claims (engine > e2e/serving > SSM-layer proxy) while kernel claims never use th
 from __future__ import annotations
 
 import random
-import re
 import sys
 from pathlib import Path
 
@@ -81,15 +80,6 @@ def test_engine_pairs_never_cross_runs(tmp_path):
     assert list(ar["run_id"]) == ["run-b"]
 
 
-def _measured(report: str) -> dict[str, str]:
-    out = {}
-    for line in report.splitlines():
-        if re.match(r"^\|\s+\d+ \|", line):
-            cells = [c.strip() for c in line.split("|")]
-            out[cells[2].strip("*")] = cells[5]
-    return out
-
-
 def test_claims_prefer_engine_rows_for_e2e_and_serving_claims(tmp_path):
     rng = random.Random()
     rows, tps = engine_rows("eng", rng)
@@ -98,7 +88,7 @@ def test_claims_prefer_engine_rows_for_e2e_and_serving_claims(tmp_path):
     eng = syn.write_run(tmp_path / "e", rows, hardware="h200", run_id="eng", env=GPU_ENV)
     out = tmp_path / "REPORT.md"
     assert claims.main([str(kernel), str(eng), "--out", str(out)]) == 0
-    measured = _measured(out.read_text())
+    measured = syn.measured_by_claim(out.read_text())
     by_key = {c.key: measured[c.text] for c in CLAIMS}
     expect = tps[("replayssm_spec", 512)] / tps[("native_spec", 512)]
     assert by_key["spec_vs_native"].startswith(f"{expect:.2f}x") and claims.ENGINE_NOTE in by_key["spec_vs_native"]
@@ -109,5 +99,5 @@ def test_claims_prefer_engine_rows_for_e2e_and_serving_claims(tmp_path):
         assert claims.ENGINE_NOTE not in by_key[key], key
     # without engine rows the same serving claim falls back to the SSM-layer proxy of the kernel run
     assert claims.main([str(kernel), "--out", str(out)]) == 0
-    assert claims.ENGINE_NOTE not in _measured(out.read_text())[next(c.text for c in CLAIMS
+    assert claims.ENGINE_NOTE not in syn.measured_by_claim(out.read_text())[next(c.text for c in CLAIMS
                                                                      if c.key == "spec_vs_native")]

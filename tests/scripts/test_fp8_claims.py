@@ -15,7 +15,6 @@ import aggregate  # noqa: E402
 import claims  # noqa: E402
 import synthetic_runs as syn  # noqa: E402
 from published import CLAIMS  # noqa: E402
-from test_claims import _measured  # noqa: E402
 
 
 def _write_fp8(run_dir: Path, coef: float) -> None:
@@ -32,11 +31,11 @@ def test_fp8_claims_rows(tmp_path):
     drift = next(c for c in CLAIMS if c.metric == "fp8_checkpoint_drift")
     logprob = next(c for c in CLAIMS if c.metric == "fp8_checkpoint_logprob")
     run_dir = syn.write_run(tmp_path / "a", syn.ar_rows())
-    measured = _measured(claims.render([aggregate.load_run(run_dir)]))
+    measured = syn.measured_by_claim(claims.render([aggregate.load_run(run_dir)]))
     assert measured[drift.text] == claims.NOT_MEASURED and measured[logprob.text] == claims.NOT_MEASURED
     _write_fp8(run_dir, 0.01)
     report = claims.render([aggregate.load_run(run_dir)])
-    assert "e 0.50..0.50" in _measured(report)[drift.text] and "| consistent" in report
+    assert "e 0.50..0.50" in syn.measured_by_claim(report)[drift.text] and "| consistent" in report
     far = syn.write_run(tmp_path / "b", syn.ar_rows())
     _write_fp8(far, 0.1)                                   # the right exponent, ten times the coefficient
     assert "not consistent" in claims.render([aggregate.load_run(far)])

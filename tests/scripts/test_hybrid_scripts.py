@@ -58,11 +58,7 @@ def test_whole_model_ratios_and_claims(tmp_path):
     assert abs(ratios["spec_vs_native"] - 2.0) < 1e-9          # same accepted length, half the step time
     assert abs(ratios["spec_vs_ar"] - 2.4) < 1e-9              # 3 tokens per 1.25 ms vs 1 per 1 ms
     assert abs(ratios["concurrency"] - 702 / 233) < 1e-9
-    measured = {}
-    for line in claims.render([aggregate.load_run(run_dir)]).splitlines():
-        cells = [c.strip() for c in line.split("|")]
-        if len(cells) > 6 and cells[1].isdigit():
-            measured[cells[2].strip("*")] = cells[5]
+    measured = syn.measured_by_claim(claims.render([aggregate.load_run(run_dir)]))
     e2e = next(v for k, v in measured.items() if k.startswith("standard decode end-to-end"))
     assert e2e.startswith("1.50x") and "whole model" in e2e
     native = next(v for k, v in measured.items() if k.startswith("GDN spec: 2.10x over native"))
