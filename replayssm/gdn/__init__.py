@@ -8,3 +8,6 @@ from replayssm.gdn.spec import spec_commit, spec_materialize, spec_reset, spec_v
 
 __all__ = ["ReplayCache", "SpecRing", "materialize", "replay_step", "spec_commit", "spec_materialize", "spec_reset",
            "spec_verify"]
+from replayssm.gdn.tree import tree_commit, tree_verify  # noqa: E402
+
+__all__ += ["tree_commit", "tree_verify"]

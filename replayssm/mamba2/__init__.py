@@ -7,3 +7,6 @@ from replayssm.mamba2.spec import spec_commit, spec_materialize, spec_reset, spe
 
 __all__ = ["ReplayCache", "SpecRing", "materialize", "replay_step", "spec_commit", "spec_materialize", "spec_reset",
            "spec_verify"]
+from replayssm.mamba2.tree import tree_commit, tree_verify  # noqa: E402
+
+__all__ += ["tree_commit", "tree_verify"]

@@ -1,0 +1,66 @@
+"""Tree speculation for Gated DeltaNet on the ReplaySSM ring: verify a draft tree from one committed state.
+
+The ring is a SpecRing (replayssm.gdn.ring) allocated with window = N, the number of tree nodes. A step is
+    o = tree_verify(ring, q, k, v, g, beta, parents=parents)    # o [batch, N, HV, V]
+    tree_commit(ring, path, num_accepted)                        # the accepted branch, 1..depth nodes
+Every node's output is a function of S_h and the inputs on its own root-to-node path: the chunked delta-rule
+system of spec_verify restricted to ancestors (A[s, c] nonzero only for c a strict ancestor of s) is solved
+by forward substitution in topological order, and on any root-to-leaf path it is exactly the chain system.
+The commit moves the accepted nodes' (u, k, g) into chain order and advances the cursors, never a state
+(replayssm/tree_ring.py: protocol and the tree early-flush rule write_pos + depth + N > L). A chain tree is
+exactly spec_verify / spec_commit.
+
+Backends: "triton" (tree_kernels.py), "torch" (tree_torch.py), "ref" (tree_ref.py, float64 path recurrence).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm import tree_ring
+from replayssm.checks import check_backend, check_slots
+from replayssm.gdn import tree_ref, tree_torch
+from replayssm.gdn.ring import SpecRing
+from replayssm.gdn.spec import _check_cache_device, _check_ring, check_window
+
+RING_FIELDS = ("u", "k", "g")
+
+
+def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False, *,
+                parents: torch.Tensor, slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                backend: str = "triton") -> torch.Tensor:
+    """Outputs of every node of a draft tree from the committed state; the N nodes go into the ring.
+
+    q, k [batch, N, H, K]; v [batch, N, HV, V]; g, beta [batch, N, HV] fp32; parents int32 [batch, N] or
+    [N]: parents[0] = -1, parents[s] < s. slots int32 [batch] (NULL_SLOT rows skipped). Rows with is_flush
+    fold their history into the checkpoint first. Returns o [batch, N, HV, V] in the activation dtype.
+    """
+    _check_ring(ring)
+    batch, scale = check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend)
+    _check_cache_device(ring, q)
+    check_backend(backend, ring.state)
+    slots = check_slots(slots, batch, ring.num_slots, ring.device, ring.null_slot)
+    parents = tree_ring.check_parents(parents, batch, ring.window, ring.device, slots != ring.null_slot)
+    if out is None:
+        gm = ring.geometry
+        out = torch.empty(batch, ring.window, gm.HV, gm.V, dtype=ring.act_dtype, device=ring.device)
+    setattr(ring, tree_ring.PARENTS_ATTR, parents)
+    if batch == 0:
+        return out
+    if backend == "ref":
+        return tree_ref.tree_verify_ref(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), parents, slots, out)
+    if backend == "torch":
+        return tree_torch.tree_verify_torch(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), parents, slots, out)
+    from replayssm.gdn.tree_kernels import tree_verify_triton
+
+    return tree_verify_triton(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), parents, slots, out)
+
+
+def tree_commit(ring: SpecRing, path: torch.Tensor, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
+                backend: str = "triton", *, parents: torch.Tensor | None = None) -> None:
+    """Keep the accepted branch: path int32 [batch, depth] from node 0 down, num_accepted [batch] in
+    1..depth. Moves path[i]'s (u, k, g) to position h + i, then the cursors (is_flush = h + depth + N > L)."""
+    _check_ring(ring)
+    path, num_accepted, slots = tree_ring.check_tree_commit(ring, path, num_accepted, slots, backend, parents)
+    tree_ring.commit(ring, RING_FIELDS, path, num_accepted, slots, backend)

@@ -1,0 +1,117 @@
+"""Tree speculation for Mamba-2 on the ReplaySSM ring: verify a draft tree from one checkpoint, commit a branch.
+
+The ring is a SpecRing allocated with window = N (the number of tree nodes). A step is
+    y = tree_verify(ring, x, dt, A, B, C, ..., parents=parents)    # y [batch, N, nheads, headdim]
+    tree_commit(ring, path, num_accepted)                           # the accepted branch, 1..depth nodes
+Node s's output depends on the checkpoint and the inputs on its own root-to-node path only, so the whole
+tree verifies from one checkpoint: the chain kernel with the causal mask replaced by the ancestor mask and
+the prefix sums of dt by tree prefix sums (cum_s = cum_parent(s) + dt_s). The commit moves the accepted
+nodes' ring entries (x, B, dt) into chain order and advances the cursors; it never writes a state. Tree
+protocol and the early-flush rule restated for trees (write_pos + depth + N > L): replayssm/tree_ring.py.
+A chain (parents = [-1, 0, 1, ...], path = [0, 1, ...]) is exactly spec_verify / spec_commit.
+
+Backends: "triton" (tree_kernels.py), "torch" (tree_torch.py, vectorised, CPU timing), "ref" (tree_ref.py,
+float64 path recurrence: the oracle). Every entry point validates its inputs before touching the ring.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm import tree_ring
+from replayssm.checks import (
+    check_backend,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_same_device,
+    check_shape,
+    check_slots,
+)
+from replayssm.mamba2 import tree_ref, tree_torch
+from replayssm.mamba2.cache import SpecRing
+from replayssm.mamba2.spec import _A_ATTR, PARAM_DTYPES, _check_kernel_geometry
+
+RING_FIELDS = ("x", "B", "dt")  # what a tree commit moves: the cached inputs of the accepted nodes
+
+
+def _check_ring(ring) -> SpecRing:
+    if not isinstance(ring, SpecRing):
+        raise ValueError(f"expected a replayssm.mamba2.SpecRing, got {type(ring).__name__}")
+    return ring
+
+
+def check_tree_window(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, out, backend: str) -> tuple[int, torch.device]:
+    """Shapes, dtypes and devices of one tree window (as spec_verify's, N = ring.window nodes).
+    Returns (batch, device)."""
+    check_backend(backend, x, dt, A, B, C, D, z, dt_bias, out, ring.state)
+    _check_kernel_geometry(ring, backend)
+    geo, N = ring.geometry, ring.window
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        raise ValueError(f"x must be [batch, N, nheads, headdim], got {getattr(x, 'shape', type(x).__name__)}")
+    if x.shape[1] != N:
+        raise ValueError(f"tree size {x.shape[1]} != ring.window N={N} (allocate the ring with window = N)")
+    batch = x.shape[0]
+    check_shape("x", x, (batch, N, geo.nheads, geo.headdim))
+    check_shape("z", z, (batch, N, geo.nheads, geo.headdim))
+    check_shape("dt", dt, (batch, N, geo.nheads))
+    check_shape("B", B, (batch, N, geo.ngroups, geo.dstate))
+    check_shape("C", C, (batch, N, geo.ngroups, geo.dstate))
+    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+        check_shape(name, t, (geo.nheads,))
+    check_shape("out", out, (batch, N, geo.nheads, geo.headdim))
+    for name, t in (("x", x), ("z", z), ("B", B), ("C", C), ("out", out)):
+        if t is not None and t.dtype != ring.act_dtype:
+            raise ValueError(f"{name} has dtype {t.dtype}; the ring caches activations in {ring.act_dtype}")
+    for name, t in (("dt", dt), ("A", A), ("D", D), ("dt_bias", dt_bias)):
+        if t is not None:
+            check_dtype(name, t, PARAM_DTYPES)
+    for name, t in (("x", x), ("z", z), ("dt", dt), ("B", B), ("C", C), ("out", out)):
+        check_last_dim_contiguous(name, t)
+    device = check_same_device(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, out=out, state=ring.state)
+    return batch, device
+
+
+def tree_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                dt_bias: torch.Tensor | None = None, dt_softplus: bool = True, *, parents: torch.Tensor,
+                slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                backend: str = "triton") -> torch.Tensor:
+    """Outputs of every node of a draft tree, all from the slot's checkpoint.
+
+    x, z [batch, N, nheads, headdim]; dt [batch, N, nheads] raw; B, C [batch, N, ngroups, dstate];
+    A, D, dt_bias [nheads]; parents int32 [batch, N] or [N] (a tree shared by the batch): parents[0] = -1,
+    parents[s] < s. slots int32 [batch]; NULL_SLOT rows are skipped. Writes the N nodes' inputs after the
+    committed history (and, on is_flush rows, the folded checkpoint). Returns y [batch, N, nheads, headdim].
+    """
+    ring = _check_ring(ring)
+    batch, device = check_tree_window(ring, x, dt, A, B, C, D, z, dt_bias, out, backend)
+    slots_in = slots
+    slots = check_slots(slots, batch, ring.num_slots, device, ring.null_slot)
+    parents = tree_ring.check_parents(parents, batch, ring.window, device, slots != ring.null_slot)
+    geo = ring.geometry
+    if out is None:
+        out = torch.empty(batch, ring.window, geo.nheads, geo.headdim, dtype=ring.act_dtype, device=device)
+    setattr(ring, _A_ATTR, A)
+    setattr(ring, tree_ring.PARENTS_ATTR, parents)
+    if batch == 0:
+        return out
+    if backend == "ref":
+        return tree_ref.tree_verify_ref(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, parents, slots, out)
+    if backend == "torch":
+        torch_slots = None if slots_in is None else slots
+        return tree_torch.tree_verify_torch(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, parents,
+                                            torch_slots, out)
+    from replayssm.mamba2.tree_kernels import launch_tree_verify
+
+    return launch_tree_verify(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, parents, slots, out)
+
+
+def tree_commit(ring: SpecRing, path: torch.Tensor, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
+                backend: str = "triton", *, parents: torch.Tensor | None = None) -> None:
+    """Keep the accepted branch of each row: path int32 [batch, depth] (node indices from node 0 down the
+    branch), num_accepted [batch] in 1..depth (bonus token included). The path must be a branch of `parents`
+    (default: the tree of this ring's last tree_verify). Moves path[i]'s ring entries to position h + i,
+    then advances the cursors; is_flush = write_pos + depth + N > L."""
+    ring = _check_ring(ring)
+    path, num_accepted, slots = tree_ring.check_tree_commit(ring, path, num_accepted, slots, backend, parents)
+    tree_ring.commit(ring, RING_FIELDS, path, num_accepted, slots, backend)

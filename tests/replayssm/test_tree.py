@@ -1,0 +1,226 @@
+"""Tree speculation on the ring, both families: tree_verify / tree_commit against the float64 path recurrence,
+a chain tree against spec_verify / spec_commit bit for bit (torch), long random runs with ring wrap and early
+flushes, and bad input refused before anything is written."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from replayssm.checks import NULL_SLOT
+from replayssm.testing import rel_err, tolerance
+from tests.replayssm.tree_cases import (
+    FAMILIES,
+    SHAPES,
+    chain,
+    depth_of,
+    full_binary,
+    random_commit,
+    random_tree,
+    star,
+)
+
+TOL = tolerance(torch.float32)
+
+
+def _snapshot(ring, fam) -> dict:
+    names = (*fam.fields, "write_pos", "origin", "is_flush")
+    return {n: getattr(ring, n).clone() for n in names}
+
+
+def _assert_caches_close(a, b, fam, what: str) -> None:
+    for n in fam.fields:
+        err = rel_err(getattr(a, n), getattr(b, n))
+        assert err <= TOL, f"{what}: ring.{n} differs, rel err {err:.2e}"
+    for n in ("write_pos", "origin", "is_flush"):
+        assert torch.equal(getattr(a, n), getattr(b, n)), f"{what}: cursor {n} differs"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_chain_tree_is_spec_bit_for_bit(family, gen):
+    """parents = [-1, 0, 1, ...] and path = [0, 1, ...]: the torch tree path equals spec_verify / spec_commit
+    exactly, outputs and every cache entry, over a run long enough to wrap the ring and flush."""
+    fam = FAMILIES[family](gen)
+    T, batch = 4, 3
+    chain_ring = fam.ring(4, history_len=8, window=T)
+    tree_ring_ = fam.ring(4, history_len=8, window=T)
+    tree_ring_.state.copy_(chain_ring.state)
+    slots = torch.tensor([2, NULL_SLOT, 0], dtype=torch.int32)
+    parents = torch.tensor(chain(T), dtype=torch.int32)
+    path = torch.arange(T, dtype=torch.int32).expand(batch, T).contiguous()
+    flushed = 0
+    for _ in range(14):
+        w = fam.window(batch, T)
+        flushed += int(chain_ring.is_flush[[2, 0]].sum())
+        y_chain = fam.chain_verify(chain_ring, w, "torch", slots=slots)
+        y_tree = fam.verify(tree_ring_, w, parents, "torch", slots=slots)
+        live = slots != NULL_SLOT
+        assert torch.equal(y_chain[live], y_tree[live])
+        acc = torch.randint(1, T + 1, (batch,), generator=gen, dtype=torch.int32)
+        fam.mod.spec_commit(chain_ring, acc, slots, backend="torch")
+        fam.mod.tree_commit(tree_ring_, path, acc, slots, backend="torch")
+        for n in (*fam.fields, "write_pos", "origin", "is_flush"):
+            assert torch.equal(getattr(chain_ring, n), getattr(tree_ring_, n)), n
+    assert flushed > 0
+
+
+def _run_trees(fam, backends, trees, steps, gen, history_len=8, null_row=True):
+    """Drive one ring per backend and the ref ring in lockstep with the same random windows and branches;
+    compare every node's output and the caches to the ref, and each row's committed state to a float64
+    serial replay of the accepted tokens. Returns the number of flush steps taken."""
+    N = len(trees[0])
+    batch = len(trees)
+    depth = max(depth_of(t) for t in trees)
+    num_slots = batch + 1
+    rings = {b: fam.ring(num_slots, history_len, N) for b in ("ref", *backends)}
+    for b in backends:
+        rings[b].state.copy_(rings["ref"].state)
+    # desynchronised rows: slots in a shuffled order, one padding row
+    slots = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32)
+    if null_row:
+        slots[batch // 2] = NULL_SLOT
+    live = slots != NULL_SLOT
+    parents = torch.tensor(trees, dtype=torch.int32)
+    expected = fam.committed(rings["ref"], slots)
+    flushes = 0
+    for step in range(steps):
+        w = fam.window(batch, N)
+        flushes += int(rings["ref"].is_flush[slots[live].long()].sum())
+        y_ref = fam.verify(rings["ref"], w, parents, "ref", slots=slots)
+        for b in backends:
+            out = torch.full_like(y_ref, float("nan"))
+            y = fam.verify(rings[b], w, parents, b, slots=slots, out=out)
+            assert torch.isnan(y[~live]).all(), "a padding row was written"
+            err = rel_err(y[live], y_ref[live])
+            assert err <= TOL, f"{b} step {step}: node outputs differ from the path recurrence, rel err {err:.2e}"
+        path, acc = random_commit(trees, depth, gen)
+        for b in ("ref", *backends):
+            fam.mod.tree_commit(rings[b], path, acc, slots, backend=b)
+        for b in backends:
+            _assert_caches_close(rings[b], rings["ref"], fam, f"{b} step {step}")
+        for r in range(batch):
+            if live[r]:
+                nodes = path[r, : int(acc[r])].tolist()
+                expected[r] = fam.serial(expected[r], w, r, nodes)
+        got = fam.committed(rings["ref"], slots)
+        err = rel_err(got[live], expected[live])
+        assert err <= TOL, f"step {step}: committed state != serial replay of the accepted tokens ({err:.2e})"
+    return flushes
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_tree_matches_path_recurrence(family, shape, gen):
+    """Random trees of each shape (random shapes differ per row), torch vs the float64 path recurrence."""
+    fam = FAMILIES[family](gen)
+    N = 7 if shape == "binary" else 5
+    trees = [SHAPES[shape](N, gen) for _ in range(3)]
+    flushes = _run_trees(fam, ("torch",), trees, steps=8, gen=gen)
+    assert flushes > 0 or shape in ("star", "binary")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_long_random_run_wraps_and_flushes(family, gen):
+    """A long run of random trees per row on a small ring: the ring wraps, rows flush at different steps."""
+    fam = FAMILIES[family](gen, **({"nheads": 2, "headdim": 4, "dstate": 8, "ngroups": 1} if family == "mamba2"
+                                   else {"H": 1, "HV": 2, "K": 8, "V": 4}))
+    trees = [random_tree(4, gen) for _ in range(3)] + [chain(4)]
+    flushes = _run_trees(fam, ("torch",), trees, steps=24, gen=gen, history_len=4)
+    assert flushes >= 3
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tree_flush_rule_boundary(family, gen):
+    """is_flush = write_pos + depth + N > L: a star of N = 4 (depth 2) on B = 8 (L = 12) flushes from
+    write_pos 7 on, not at 6; a full-depth path (depth = N) gives the chain rule write_pos + 2N > L."""
+    fam = FAMILIES[family](gen)
+    N = 4
+    ring = fam.ring(1, history_len=8, window=N)
+    parents = torch.tensor(star(N), dtype=torch.int32)
+    path = torch.tensor([[0, 2]], dtype=torch.int32)
+    seen = []
+    for _ in range(4):
+        fam.verify(ring, fam.window(1, N), parents, "torch")
+        fam.mod.tree_commit(ring, path, torch.tensor([2], dtype=torch.int32), backend="torch")
+        seen.append((int(ring.write_pos[0]), int(ring.is_flush[0])))
+    assert seen[:4] == [(2, 0), (4, 0), (6, 0), (8, 1)], seen
+    ring2 = fam.ring(1, history_len=8, window=N)
+    ring2.write_pos[0] = 3
+    full = torch.tensor([[0, 1, 2, 3]], dtype=torch.int32)
+    fam.verify(ring2, fam.window(1, N), torch.tensor(chain(N), dtype=torch.int32), "torch")
+    fam.mod.tree_commit(ring2, full, torch.tensor([1], dtype=torch.int32), backend="torch")
+    assert (int(ring2.write_pos[0]), int(ring2.is_flush[0])) == (4, 0)          # 4 + 8 = 12: fits
+    fam.verify(ring2, fam.window(1, N), torch.tensor(chain(N), dtype=torch.int32), "torch")
+    fam.mod.tree_commit(ring2, full, torch.tensor([1], dtype=torch.int32), backend="torch")
+    assert (int(ring2.write_pos[0]), int(ring2.is_flush[0])) == (5, 1)          # 5 + 8 > 12: flush
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_bad_input_refused_before_any_write(family, gen):
+    fam = FAMILIES[family](gen)
+    N = 4
+    ring = fam.ring(3, history_len=8, window=N)
+    w = fam.window(2, N)
+    good = torch.tensor(full_binary(N), dtype=torch.int32)
+    fam.verify(ring, w, good, "torch")
+    before = _snapshot(ring, fam)
+    bad_parents = {
+        "parent not earlier": ([-1, 0, 3, 1], "earlier node"),
+        "root parent": ([0, 0, 1, 1], r"parents\[:, 0\] must be -1"),
+        "self parent": ([-1, 1, 0, 0], "earlier node"),
+    }
+    for par, msg in bad_parents.values():
+        with pytest.raises(ValueError, match=msg):
+            fam.verify(ring, w, torch.tensor(par, dtype=torch.int32), "torch")
+    with pytest.raises(ValueError, match="parents must be"):
+        fam.verify(ring, w, torch.tensor([good.tolist()] * 3, dtype=torch.int32), "torch")
+    with pytest.raises(ValueError, match="ring.window|window"):
+        fam.verify(ring, fam.window(2, N + 1), torch.tensor(chain(N + 1), dtype=torch.int32), "torch")
+    acc = torch.tensor([2, 2], dtype=torch.int32)
+    bad_commits = [
+        (torch.tensor([[0, 3, -1], [0, 1, 3]], dtype=torch.int32), acc, "not a branch"),   # 3's parent is 1
+        (torch.tensor([[1, 3, -1], [0, 1, 3]], dtype=torch.int32), acc, r"path\[:, 0\] must be 0"),
+        (torch.tensor([[0, 1, 3, 0, 0]], dtype=torch.int32).expand(2, 5), acc, "depth 5 must be in 1..N=4"),
+        (torch.tensor([[0, 1, 3], [0, 1, 3]], dtype=torch.int32), torch.tensor([4, 1], dtype=torch.int32),
+         "num_accepted must be in 1..depth=3"),
+        (torch.tensor([[0, 1, 9], [0, 1, 3]], dtype=torch.int32), torch.tensor([3, 3], dtype=torch.int32),
+         "node indices in 0..N-1"),
+    ]
+    for path, a, msg in bad_commits:
+        for backend in ("torch", "ref", "triton"):
+            with pytest.raises(ValueError, match=msg):
+                fam.mod.tree_commit(ring, path, a, backend=backend)
+    for n, t in before.items():
+        assert torch.equal(getattr(ring, n), t), f"a refused call wrote ring.{n}"
+    # a valid branch is accepted (3 is a child of 1 in the full binary tree of 4 nodes)
+    fam.mod.tree_commit(ring, torch.tensor([[0, 1, 3], [0, 2, -1]], dtype=torch.int32), acc, backend="torch")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_commit_backends_move_the_same_entries(family, gen):
+    """The Triton move + cursor kernels (interpreter), torch and ref leave the same ring after a tree commit
+    of random branches on rows with random cursors, one padding row and one flushed row."""
+    fam = FAMILIES[family](gen)
+    N = 7
+    trees = [full_binary(N), random_tree(N, gen), star(N), random_tree(N, gen)]
+    rings = {b: fam.ring(5, history_len=8, window=N) for b in ("ref", "torch", "triton")}
+    for n in fam.fields:
+        src = getattr(rings["ref"], n)
+        src.copy_(torch.randn(src.shape, generator=gen).to(src.dtype))
+    wp = torch.randint(0, 8, (5,), generator=gen, dtype=torch.int32)
+    org = torch.randint(0, 16, (5,), generator=gen, dtype=torch.int32)
+    fl = torch.tensor([0, 1, 0, 0, 1], dtype=torch.int32)
+    for b in ("torch", "triton"):
+        for n in fam.fields:
+            getattr(rings[b], n).copy_(getattr(rings["ref"], n))
+    slots = torch.tensor([3, 1, NULL_SLOT, 4], dtype=torch.int32)
+    path, acc = random_commit(trees, 4, gen)
+    acc[0] = int((path[0] >= 0).sum())                                                 # one full branch
+    for b, ring in rings.items():
+        ring.write_pos.copy_(wp)
+        ring.origin.copy_(org)
+        ring.is_flush.copy_(fl)
+        fam.mod.tree_commit(ring, path, acc, slots, backend=b, parents=torch.tensor(trees, dtype=torch.int32))
+    for b in ("torch", "triton"):
+        for n in (*fam.fields, "write_pos", "origin", "is_flush"):
+            assert torch.equal(getattr(rings[b], n), getattr(rings["ref"], n)), f"{b}: ring.{n}"
