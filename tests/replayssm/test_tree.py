@@ -214,7 +214,7 @@ def test_commit_backends_move_the_same_entries(family, gen):
         for n in fam.fields:
             getattr(rings[b], n).copy_(getattr(rings["ref"], n))
     slots = torch.tensor([3, 1, NULL_SLOT, 4], dtype=torch.int32)
-    path, acc = random_commit(trees, 4, gen)
+    path, acc = random_commit(trees, max(depth_of(t) for t in trees), gen)
     acc[0] = int((path[0] >= 0).sum())                                                 # one full branch
     for b, ring in rings.items():
         ring.write_pos.copy_(wp)
@@ -224,3 +224,49 @@ def test_commit_backends_move_the_same_entries(family, gen):
     for b in ("torch", "triton"):
         for n in (*fam.fields, "write_pos", "origin", "is_flush"):
             assert torch.equal(getattr(rings[b], n), getattr(rings["ref"], n)), f"{b}: ring.{n}"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("backend", ["torch", "ref"])
+def test_native_tree_baseline_matches_ring(family, backend, gen):
+    """The snapshot-per-node baseline (baselines/native_tree_spec.py) gives the ring's node outputs and, after
+    each commit, the ring's committed state; a padding row is left untouched."""
+    from baselines import native_tree_spec as nts
+
+    fam = FAMILIES[family](gen)
+    N, batch = 7, 3
+    trees = [full_binary(N), random_tree(N, gen), star(N)]
+    parents = torch.tensor(trees, dtype=torch.int32)
+    ring = fam.ring(batch, history_len=8, window=N)
+    snap = nts.TreeSnapshots.allocate(fam.geo, batch, N)
+    snap.snapshots[:, 0] = ring.state.float()
+    slots = torch.tensor([1, NULL_SLOT, 2], dtype=torch.int32)
+    live = slots != NULL_SLOT
+    for step in range(5):
+        w = fam.window(batch, N)
+        y_ring = fam.verify(ring, w, parents, "torch", slots=slots)
+        out = torch.full_like(y_ring, float("nan"))
+        if family == "mamba2":
+            p = fam.p
+            y = nts.mamba2_tree_verify(snap, w["x"], w["dt"], p.A, w["B"], w["C"], p.D, w["z"], p.dt_bias,
+                                       parents=parents, slots=slots, out=out, backend=backend)
+        else:
+            y = nts.gdn_tree_verify(snap, **w, parents=parents, slots=slots, out=out, backend=backend)
+        assert torch.isnan(y[~live]).all()
+        assert rel_err(y[live], y_ring[live]) <= TOL, f"step {step}"
+        path, acc = random_commit(trees, max(depth_of(t) for t in trees), gen)
+        fam.mod.tree_commit(ring, path, acc, slots, backend="torch")
+        nts.tree_commit(snap, path, acc, slots, backend=backend)
+        sl = slots[live]
+        assert rel_err(snap.committed(sl), fam.committed(ring, sl)) <= TOL, f"step {step} committed state"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_triton_tree_verify_refused_clearly(family, gen):
+    fam = FAMILIES[family](gen)
+    ring = fam.ring(2, history_len=8, window=4)
+    before = _snapshot(ring, fam)
+    with pytest.raises(ValueError, match="backend='triton' is not built yet"):
+        fam.verify(ring, fam.window(2, 4), torch.tensor(chain(4), dtype=torch.int32), "triton")
+    for n, t in before.items():
+        assert torch.equal(getattr(ring, n), t)
