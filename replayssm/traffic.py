@@ -506,3 +506,62 @@ def max_concurrency(hbm_budget_bytes: int, footprint: Footprint, num_layers: int
     if hbm_budget_bytes < 0:
         raise ValueError(f"hbm_budget_bytes must be >= 0, got {hbm_budget_bytes}")
     return int(hbm_budget_bytes // (footprint.total * num_layers))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tree speculation (replayssm/tree_ring.py): N tree nodes, accepted branch of `accepted` nodes (1..depth)
+
+TREE_METHODS = ("replay_tree", "native_tree", "stree")
+
+
+def tree_cycle(B_hist: int, N: int, depth: int, accepted: int) -> list[tuple[int, bool]]:
+    """Steady-state (history h, is_flush) cycle of the tree ring at a fixed accepted count: as spec_cycle with
+    the tree rule is_flush_next = write_pos + depth + N > B_hist + N."""
+    _check_int("N", N, 1)
+    _check_int("depth", depth, 1, N)
+    _check_int("accepted", accepted, 1, depth)
+    _check_int("B_hist", B_hist, N)
+    write_pos, is_flush = 0, False
+    first_seen: dict[tuple[int, bool], int] = {}
+    steps: list[tuple[int, bool]] = []
+    while (write_pos, is_flush) not in first_seen:
+        first_seen[(write_pos, is_flush)] = len(steps)
+        steps.append((write_pos, is_flush))
+        write_pos = accepted if is_flush else write_pos + accepted
+        is_flush = write_pos + depth > B_hist
+    return steps[first_seen[(write_pos, is_flush)]:]
+
+
+def tree_traffic(geom, method: str, N: int, depth: int, accepted: int, B_hist: int = 16, state_bytes: int = FP32,
+                 act_bytes: int = HALF) -> Traffic:
+    """Mean bytes per step of one SSM layer verifying an N-node tree and committing `accepted` nodes.
+
+    replay_tree  ReplaySSM ring: the chain verify step with N window entries (checkpoint read, history read,
+                 N entries and outputs written, the checkpoint written on flush steps only) plus the commit's
+                 moves of up to accepted - 1 entries (read + write each; a chain moves none: counted as the
+                 worst case).
+    native_tree  one snapshot per node: 1 state read + N state writes (the chain baseline with T = N).
+    stree        STree's activation replay (arXiv 2505.14969): each step replays the previous step's accepted
+                 nodes into the state and writes it (1 state read + 1 state write per step) and stashes the
+                 N nodes' inputs for the next replay.
+    """
+    if method not in TREE_METHODS:
+        raise ValueError(f"method={method!r}: expected one of {TREE_METHODS}")
+    mamba = isinstance(geom, Mamba2Geometry)
+    if not mamba and not isinstance(geom, GDNGeometry):
+        raise ValueError(f"expected a Mamba2Geometry or GDNGeometry, got {type(geom).__name__}")
+    _check_dtypes(state_bytes, act_bytes)
+    state = (mamba2_state_bytes if mamba else gdn_state_bytes)(geom, state_bytes)
+    entry = (mamba2_entry_bytes if mamba else gdn_entry_bytes)(geom, act_bytes)
+    if method == "native_tree":
+        return (mamba2_baseline_spec if mamba else gdn_baseline_spec)(geom, N, state_bytes, act_bytes)
+    if method == "replay_tree":
+        step = mamba2_replay_spec_step if mamba else gdn_replay_spec_step
+        verify = mean_traffic([step(geom, N, h, flush, state_bytes, act_bytes)
+                               for h, flush in tree_cycle(B_hist, N, depth, accepted)])
+        moves = (accepted - 1) * entry
+        return verify + Traffic(read=moves, write=moves, flops=0)
+    inputs = (mamba2_input_bytes if mamba else gdn_input_bytes)(geom, act_bytes)
+    outputs = (mamba2_output_bytes if mamba else gdn_output_bytes)(geom, act_bytes)
+    return Traffic(read=state + accepted * entry + N * inputs, write=state + N * entry + N * outputs,
+                   flops=(mamba2_baseline_spec if mamba else gdn_baseline_spec)(geom, N).flops)
