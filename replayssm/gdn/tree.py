@@ -10,8 +10,8 @@ The commit moves the accepted nodes' (u, k, g) into chain order and advances the
 (replayssm/tree_ring.py: protocol and the tree early-flush rule write_pos + depth + N > L). A chain tree is
 exactly spec_verify / spec_commit.
 
-Backends: "torch" (tree_torch.py), "ref" (tree_ref.py, float64 path recurrence); tree_commit
-also runs on "triton". The Triton tree verify is not built yet.
+Backends: "triton" (tree_kernels.py; the commit: replayssm/tree_ring.py), "torch" (tree_torch.py), "ref"
+(tree_ref.py, float64 path recurrence).
 """
 
 from __future__ import annotations
@@ -37,9 +37,6 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     [N]: parents[0] = -1, parents[s] < s. slots int32 [batch] (NULL_SLOT rows skipped). Rows with is_flush
     fold their history into the checkpoint first. Returns o [batch, N, HV, V] in the activation dtype.
     """
-    if backend == "triton":
-        raise ValueError("tree_verify: backend='triton' is not built yet (tree_commit's is); "
-                         "use backend='torch' or 'ref'")
     _check_ring(ring)
     batch, scale = check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend)
     _check_cache_device(ring, q)
@@ -56,7 +53,9 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         return tree_ref.tree_verify_ref(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), parents, slots, out)
     if backend == "torch":
         return tree_torch.tree_verify_torch(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), parents, slots, out)
-    raise AssertionError(backend)
+    from replayssm.gdn.tree_kernels import tree_verify_triton
+
+    return tree_verify_triton(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), parents, slots, out)
 
 
 def tree_commit(ring: SpecRing, path: torch.Tensor, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,

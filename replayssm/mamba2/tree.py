@@ -10,9 +10,9 @@ nodes' ring entries (x, B, dt) into chain order and advances the cursors; it nev
 protocol and the early-flush rule restated for trees (write_pos + depth + N > L): replayssm/tree_ring.py.
 A chain (parents = [-1, 0, 1, ...], path = [0, 1, ...]) is exactly spec_verify / spec_commit.
 
-Backends: "torch" (tree_torch.py, vectorised, CPU timing) and "ref" (tree_ref.py, float64 path recurrence:
-the oracle); tree_commit also runs on "triton" (replayssm/tree_ring.py's move and cursor kernels). The
-Triton tree verify is not built yet. Every entry point validates its inputs before touching the ring.
+Backends: "triton" (tree_kernels.py; the commit: replayssm/tree_ring.py), "torch" (tree_torch.py,
+vectorised, CPU timing), "ref" (tree_ref.py, float64 path recurrence: the oracle). Every entry point
+validates its inputs before touching the ring.
 """
 
 from __future__ import annotations
@@ -84,9 +84,6 @@ def tree_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
     parents[s] < s. slots int32 [batch]; NULL_SLOT rows are skipped. Writes the N nodes' inputs after the
     committed history (and, on is_flush rows, the folded checkpoint). Returns y [batch, N, nheads, headdim].
     """
-    if backend == "triton":
-        raise ValueError("tree_verify: backend='triton' is not built yet (tree_commit's is); "
-                         "use backend='torch' or 'ref'")
     ring = _check_ring(ring)
     batch, device = check_tree_window(ring, x, dt, A, B, C, D, z, dt_bias, out, backend)
     slots_in = slots
@@ -105,7 +102,9 @@ def tree_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
         torch_slots = None if slots_in is None else slots
         return tree_torch.tree_verify_torch(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, parents,
                                             torch_slots, out)
-    raise AssertionError(backend)
+    from replayssm.mamba2.tree_kernels import launch_tree_verify
+
+    return launch_tree_verify(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, parents, slots, out)
 
 
 def tree_commit(ring: SpecRing, path: torch.Tensor, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,

@@ -110,13 +110,17 @@ def _run_trees(fam, backends, trees, steps, gen, history_len=8, null_row=True):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_tree_matches_path_recurrence(family, shape, gen):
-    """Random trees of each shape (random shapes differ per row), torch vs the float64 path recurrence."""
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_tree_matches_path_recurrence(family, shape, backend, gen):
+    """Random trees of each shape (random shapes differ per row) against the float64 path recurrence, node by
+    node, with the caches after every commit; Triton (interpreter) on the branching shapes, fewer steps."""
+    if backend == "triton" and shape in ("chain", "star"):
+        pytest.skip("the interpreter is slow: Triton runs the branching shapes (binary, random)")
     fam = FAMILIES[family](gen)
     N = 7 if shape == "binary" else 5
     trees = [SHAPES[shape](N, gen) for _ in range(3)]
-    flushes = _run_trees(fam, ("torch",), trees, steps=8, gen=gen)
-    assert flushes > 0 or shape in ("star", "binary")
+    flushes = _run_trees(fam, (backend,), trees, steps=8 if backend == "torch" else 5, gen=gen)
+    assert flushes > 0 or shape in ("star", "binary") or backend == "triton"
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -262,11 +266,12 @@ def test_native_tree_baseline_matches_ring(family, backend, gen):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_triton_tree_verify_refused_clearly(family, gen):
+def test_triton_tree_beyond_32_nodes_refused(family, gen):
+    """The Triton kernels keep one int32 ancestor bit set per node: N = 33 is refused before any launch."""
     fam = FAMILIES[family](gen)
-    ring = fam.ring(2, history_len=8, window=4)
+    ring = fam.ring(1, history_len=33, window=33)
     before = _snapshot(ring, fam)
-    with pytest.raises(ValueError, match="backend='triton' is not built yet"):
-        fam.verify(ring, fam.window(2, 4), torch.tensor(chain(4), dtype=torch.int32), "triton")
+    with pytest.raises(ValueError, match="N=33 > 32"):
+        fam.verify(ring, fam.window(1, 33), torch.tensor(star(33), dtype=torch.int32), "triton")
     for n, t in before.items():
         assert torch.equal(getattr(ring, n), t)

@@ -1,0 +1,164 @@
+"""Triton tree verify for GDN (backend="triton"): the chain verify kernel (spec_kernels._spec_verify_kernel)
+with the window's delta-rule system restricted to ancestors.
+
+Same grid, tiles, history rebuild, flush store and ring ownership as the chain kernel; the window differs in
+three masks, all from anc[row, s], an int32 bit set per node (bit c: node c is an ancestor of s or s itself;
+N <= 32, replayssm.mamba2.tree_kernels.ancestor_bits):
+    G_s   = sum of g over s's path (tree prefix sum) on the rows, the same per key column
+    A     = beta_s exp(G_s - G_c) (k_s . k_c) only for c a strict ancestor of s: the system stays unit lower
+            triangular in topological order, and the forward substitution (row s reads rows < s) is unchanged
+    o_s   = exp(G_s) S_h q_s + sum over c on s's path of exp(G_s - G_c) (k_c . q_s) U_c
+Restricted to one root-to-leaf path it is the chain system; a chain's bit sets give the chain kernel's masks.
+Node s's (U_s, k_s, g_s) go to ring row (origin + h + s) & (R - 1), where a chain's window token s goes.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from replayssm.checks import NULL_SLOT
+from replayssm.gdn.spec_kernels import _history_weights, _ring_args, launch_config
+from replayssm.mamba2.tree_kernels import MAX_NODES, ancestor_bits
+
+
+@triton.jit
+def _tree_verify_kernel(
+    state_ptr, s_slot, s_head, s_v,
+    ring_u_ptr, ru_slot, ru_head, ru_row,
+    ring_k_ptr, rk_slot, rk_head, rk_row,
+    ring_g_ptr, rg_slot, rg_head,
+    write_pos_ptr, origin_ptr, is_flush_ptr, slots_ptr, anc_ptr, anc_b,
+    q_ptr, q_b, q_t, q_h,
+    k_ptr, k_b, k_t, k_h,
+    v_ptr, v_b, v_t, v_h,
+    g_ptr, g_b, g_t,
+    beta_ptr, beta_b, beta_t,
+    out_ptr, o_b, o_t, o_h,
+    scale, ring_mask,
+    T: tl.constexpr, TW: tl.constexpr, BC: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BV: tl.constexpr, BKT: tl.constexpr, USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    NULL: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    hv = tl.program_id(2).to(tl.int64)
+    slot = tl.load(slots_ptr + row)
+    if slot == NULL:
+        return
+    slot = slot.to(tl.int64)
+    kh = hv // GROUP
+    h = tl.load(write_pos_ptr + slot)
+    origin = tl.load(origin_ptr + slot)
+    do_fold = (tl.load(is_flush_ptr + slot) != 0) & (h > 0)
+    writes_k = (pid_v == 0) & (hv % GROUP == 0)
+
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    mask_v = offs_v < V
+    offs_c = tl.arange(0, BC)
+    valid_c = offs_c < h
+    hist_rows = (origin + offs_c) & ring_mask
+    # Window rows, stacked: row r < T is key k_r, row T + s is query q_s (padded to TW >= 16 for tl.dot).
+    # One [TW, BKT] operand gives both readouts S_h k, S_h q and both Gram matrices k.k, q.k per K tile.
+    offs_r = tl.arange(0, TW)
+    is_k = offs_r < T
+    is_q = (offs_r >= T) & (offs_r < 2 * T)
+    tok = tl.where(is_q, offs_r - T, offs_r)
+    live_r = is_k | is_q
+    w_ptrs = tl.where(is_q, q_ptr + row * q_b + tok * q_t + kh * q_h, k_ptr + row * k_b + tok * k_t + kh * k_h)
+    win_rows = (origin + h + tok) & ring_mask
+
+    w, decay0 = _history_weights(ring_g_ptr, slot * rg_slot + hv * rg_head, hist_rows, valid_c)
+    u_hist = tl.load(ring_u_ptr + slot * ru_slot + hv * ru_head + hist_rows[:, None] * ru_row + offs_v[None, :],
+                     mask=valid_c[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    wu_t = tl.trans(u_hist * w[:, None])                                          # [BV, BC]
+
+    # q rows carry the scale; in-kernel L2 norm needs the whole K axis: a first pass over the window rows.
+    mult = tl.where(is_q, scale, 1.0)
+    if USE_L2NORM:
+        ssq = tl.zeros([TW], dtype=tl.float32)
+        for k0 in range(0, K, BKT):
+            offs_k = k0 + tl.arange(0, BKT)
+            wt = tl.load(w_ptrs[:, None] + offs_k[None, :], mask=live_r[:, None] & (offs_k < K)[None, :],
+                         other=0.0).to(tl.float32)
+            ssq += tl.sum(wt * wt, 1)
+        mult = mult / tl.sqrt(ssq + 1e-6)
+
+    HW = tl.zeros([TW, BV], dtype=tl.float32)          # row r: S_h w_r (S_h k_s, then S_h q_s)
+    WW = tl.zeros([TW, TW], dtype=tl.float32)          # w_r . w_c (k.k in the top rows, q.k below)
+    for k0 in range(0, K, BKT):
+        offs_k = k0 + tl.arange(0, BKT)
+        mask_k = offs_k < K
+        s_ptrs = state_ptr + slot * s_slot + hv * s_head + offs_v[:, None] * s_v + offs_k[None, :]
+        s_mask = mask_v[:, None] & mask_k[None, :]
+        S = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32) * decay0
+        k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row + offs_k[None, :],
+                         mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        S += tl.dot(wu_t, k_hist, input_precision=DOT_PRECISION)                    # S_h tile [BV, BKT]
+        if do_fold:
+            tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)
+        Wt = tl.load(w_ptrs[:, None] + offs_k[None, :], mask=live_r[:, None] & mask_k[None, :],
+                     other=0.0).to(tl.float32) * mult[:, None]
+        if writes_k:
+            tl.store(ring_k_ptr + slot * rk_slot + kh * rk_head + win_rows[:, None] * rk_row + offs_k[None, :],
+                     Wt.to(ring_k_ptr.dtype.element_ty), mask=is_k[:, None] & mask_k[None, :])
+        HW += tl.dot(Wt, tl.trans(S), input_precision=DOT_PRECISION)
+        WW += tl.dot(Wt, tl.trans(Wt), input_precision=DOT_PRECISION)
+
+    # Tree gates relative to S_h: anc_r = the ancestor-or-self bit set of row r's node; G[r] = the sum of g
+    # over that path (tree prefix sum); Gk[c] = G of key row c, laid along the columns.
+    g_k = tl.load(g_ptr + row * g_b + offs_r * g_t + hv, mask=is_k, other=0.0)
+    anc_r = tl.load(anc_ptr + row * anc_b + tok, mask=live_r, other=0)                    # [TW]
+    col = tl.where(is_k, offs_r, 0)
+    on_path = is_k[None, :] & (((anc_r[:, None] >> col[None, :]) & 1) != 0)               # [TW, TW]: c on r's path
+    G = tl.sum(tl.where(on_path, g_k[None, :], 0.0), 1)
+    Gk = tl.sum(tl.where(tl.trans(on_path) & is_k[:, None], g_k[:, None], 0.0), 0)
+    beta_k = tl.load(beta_ptr + row * beta_b + offs_r * beta_t + hv, mask=is_k, other=0.0)
+    eG = tl.exp(G)
+    decay = tl.exp(tl.minimum(G[:, None] - Gk[None, :], 0.0))                      # [TW, TW]
+
+    # Chunked delta rule over the window: (I + A) U = R, A strictly lower triangular on the key rows.
+    v_win = tl.load(v_ptr + row * v_b + offs_r[:, None] * v_t + hv * v_h + offs_v[None, :],
+                    mask=is_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    R = beta_k[:, None] * (v_win - eG[:, None] * HW)                              # 0 on the query rows
+    # A restricted to strict ancestors of each key row: still lower triangular (parents come first).
+    strict = on_path & is_k[:, None] & (offs_r[:, None] != offs_r[None, :])
+    A = tl.where(strict, beta_k[:, None] * decay * WW, 0.0)
+    # Forward substitution in topological order: row s only reads its ancestors' rows (< s) of U.
+    U = tl.zeros([TW, BV], dtype=tl.float32)
+    for s in tl.static_range(T):
+        U = tl.where(offs_r[:, None] == s, R - tl.dot(A, U, input_precision=DOT_PRECISION), U)
+    # o_s = exp(G_s) S_h q_s + sum over c on s's path of exp(G_s - G_c) (k_c . q_s) U_c.
+    M = tl.where(is_q[:, None] & on_path, decay * WW, 0.0)
+    o = eG[:, None] * HW + tl.dot(M, U, input_precision=DOT_PRECISION)
+
+    tl.store(out_ptr + row * o_b + tok[:, None] * o_t + hv * o_h + offs_v[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=is_q[:, None] & mask_v[None, :])
+    tl.store(ring_u_ptr + slot * ru_slot + hv * ru_head + win_rows[:, None] * ru_row + offs_v[None, :],
+             U.to(ring_u_ptr.dtype.element_ty), mask=is_k[:, None] & mask_v[None, :])
+    if pid_v == 0:
+        tl.store(ring_g_ptr + slot * rg_slot + hv * rg_head + win_rows, g_k, mask=is_k)
+
+
+def tree_verify_triton(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, parents, slots, out):
+    gm, batch = ring.geometry, q.shape[0]
+    if ring.window > MAX_NODES:
+        raise ValueError(f"N={ring.window} > {MAX_NODES}: the Triton tree kernel keeps one int32 bit set per node")
+    cfg = launch_config(gm, ring.history_len, ring.window, q.device)
+    anc = ancestor_bits(parents)
+    grid = (triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)
+    _tree_verify_kernel[grid](
+        *_ring_args(ring),
+        ring.write_pos, ring.origin, ring.is_flush, slots, anc, anc.stride(0),
+        q, q.stride(0), q.stride(1), q.stride(2),
+        k, k.stride(0), k.stride(1), k.stride(2),
+        v, v.stride(0), v.stride(1), v.stride(2),
+        g, g.stride(0), g.stride(1),
+        beta, beta.stride(0), beta.stride(1),
+        out, out.stride(0), out.stride(1), out.stride(2),
+        float(scale), ring.ring_len - 1,
+        T=ring.window, TW=cfg["TW"], BC=cfg["BC"], GROUP=gm.value_heads_per_key_head, K=gm.K, V=gm.V,
+        BV=cfg["BV"], BKT=cfg["BKT"], USE_L2NORM=bool(use_qk_l2norm), DOT_PRECISION=cfg["DOT_PRECISION"],
+        NULL=NULL_SLOT, num_warps=cfg["num_warps"],
+    )
+    return out
