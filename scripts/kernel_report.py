@@ -443,6 +443,35 @@ RECIPES = [
 ]
 
 
+TREE_PARENTS = [-1] + [(s - 1) // 2 for s in range(1, 15)]   # full 2-ary tree of 15 nodes: the largest swept
+
+
+def tree_recipe(family: str) -> Callable:
+    """Tree speculation (replayssm.<family>.tree): a ring with window N = 15 (the full 2-ary tree; every swept
+    tree has N <= 16, so the same BLOCK_T = 16 tiles), one plain row and one flush row -> tree_verify ->
+    tree_commit of a depth-4 branch (the move and cursor kernels)."""
+    module = f"replayssm.{family}.tree"
+
+    def run(geom, device, state_dtype):
+        verify, commit = public(module, "tree_verify"), public(module, "tree_commit")
+        Ring = public(f"replayssm.{family}", "SpecRing")
+        N = len(TREE_PARENTS)
+        ring = Ring.allocate(geom, BATCH, history_len=SPEC_HISTORY, window=N, state_dtype=state_dtype,
+                             act_dtype=ACT, device=device)
+        ring.write_pos[:] = torch.tensor([3, 15], dtype=torch.int32)[:BATCH]
+        ring.is_flush[:] = torch.tensor([0, 1], dtype=torch.int32)[:BATCH]
+        parents = torch.tensor(TREE_PARENTS, dtype=torch.int32, device=device)
+        _step(family, verify, ring, _inputs(family, geom, device, window=N), parents=parents)
+        path = torch.tensor([[0, 1, 3, 7]] * BATCH, dtype=torch.int32, device=device)
+        call(commit, ring, path, _accepted(device), slots=_slots(device), backend="triton")
+    return run
+
+
+RECIPES += [
+    Recipe("mamba2.replay_tree", "mamba2", tree_recipe("mamba2"), ar=False),
+    Recipe("gdn.replay_tree", "gdn", tree_recipe("gdn"), ar=False),
+]
+
 # ---------------------------------------------------------------------------------------------------------
 # 5. the report
 
