@@ -30,6 +30,7 @@ import torch
 
 from replayssm.checks import capturing, check_backend, check_same_device, check_slots, next_pow2
 
+MOVE_TILE = 4096  # elements per program of the Triton move kernel (heads split over programs beyond it)
 PARENTS_ATTR = "_tree_parents"  # tree_verify leaves its parents [batch, N] on the ring for tree_commit's checks
 
 tl = None  # triton.language, bound by _kernels() on the first Triton call (importing this needs no triton)
@@ -224,15 +225,16 @@ def _commit_ref(ring, fields, path, num_accepted, slots) -> None:
 def _move_kernel(f_ptr, path_ptr, num_accepted_ptr, slots_ptr, write_pos_ptr, origin_ptr, null_slot, depth,
                  ring_len, stride_slot, stride_head, stride_row, heads, width,
                  BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
-    """One program per batch row: entries of path[i] move to logical position h + i, i = 1..a-1, in order.
+    """Program (row, head block): entries of path[i] move to logical position h + i, i = 1..a-1, in order.
     A field is [num_slots, heads, ring_len, width] (width 1 for per-head scalars such as dt or g)."""
     row = tl.program_id(0)
+    h0 = tl.program_id(1) * BLOCK_H
     slot = tl.load(slots_ptr + row)
     if slot != null_slot:
         s = slot.to(tl.int64)
         a = tl.load(num_accepted_ptr + row)
         base = tl.load(origin_ptr + s) + tl.load(write_pos_ptr + s)
-        hh = tl.arange(0, BLOCK_H)[:, None]
+        hh = h0 + tl.arange(0, BLOCK_H)[:, None]
         ww = tl.arange(0, BLOCK_W)[None, :]
         m = (hh < heads) & (ww < width)
         off = s * stride_slot + hh * stride_head + ww
@@ -281,10 +283,13 @@ def _commit_triton(ring, fields, path, num_accepted, slots) -> None:
         for name in fields:                               # moves first: they read the cursors before the advance
             f = getattr(ring, name)
             width = f.shape[3] if f.dim() == 4 else 1
-            move_kernel[(batch,)](
+            # at most MOVE_TILE elements per program (~32 fp32 registers a thread at 4 warps)
+            block_w = next_pow2(width)
+            block_h = min(next_pow2(f.shape[1]), max(1, MOVE_TILE // block_w))
+            move_kernel[(batch, triton.cdiv(f.shape[1], block_h))](
                 f, path, num_accepted, slots, ring.write_pos, ring.origin, ring.null_slot, depth, ring.ring_len,
                 f.stride(0), f.stride(1), f.stride(2), f.shape[1], width,
-                BLOCK_H=next_pow2(f.shape[1]), BLOCK_W=next_pow2(width), num_warps=4,
+                BLOCK_H=block_h, BLOCK_W=block_w, num_warps=4,
             )
     block = min(1024, max(16, next_pow2(batch)))
     cursor_kernel[(triton.cdiv(batch, block),)](

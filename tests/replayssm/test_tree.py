@@ -201,9 +201,14 @@ def test_bad_input_refused_before_any_write(family, gen):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_commit_backends_move_the_same_entries(family, gen):
+@pytest.mark.parametrize("move_tile", [4096, 8])
+def test_commit_backends_move_the_same_entries(family, move_tile, gen, monkeypatch):
     """The Triton move + cursor kernels (interpreter), torch and ref leave the same ring after a tree commit
-    of random branches on rows with random cursors, one padding row and one flushed row."""
+    of random branches on rows with random cursors, one padding row and one flushed row; move_tile 8 splits
+    the heads of every field over several programs."""
+    from replayssm import tree_ring
+
+    monkeypatch.setattr(tree_ring, "MOVE_TILE", move_tile)
     fam = FAMILIES[family](gen)
     N = 7
     trees = [full_binary(N), random_tree(N, gen), star(N), random_tree(N, gen)]
