@@ -81,40 +81,70 @@ def _walk(snap: TreeSnapshots, sl: torch.Tensor, par: torch.Tensor, step) -> tor
     return work
 
 
+def mamba2_steps(x, dt, A, B, dt_bias, dt_softplus: bool, hpg: int, dtype):
+    """step(prev, s) = exp(A dt_s) prev + dt_s x_s B_s^T over rows [n] of node-major inputs x [n, N, H, P],
+    dt [n, N, H] raw, B [n, N, G, dstate], in `dtype` (fp32: torch, fp64: ref)."""
+    dtp = dt.float() + (0 if dt_bias is None else dt_bias.float())
+    if dt_softplus:
+        dtp = F.softplus(dtp, threshold=SOFTPLUS_THRESHOLD)
+    dtp, xs = dtp.to(dtype), x.to(dtype)
+    Bh = B.to(dtype).repeat_interleave(hpg, 2)                               # [n, N, H, dstate]
+    decay = torch.exp(dtp * A.to(dtype))                                     # [n, N, H]
+
+    def step(prev, s):
+        upd = (dtp[:, s, :, None, None] * xs[:, s, :, :, None]) * Bh[:, s, :, None, :]
+        return decay[:, s, :, None, None] * prev.to(dtype) + upd
+    return step
+
+
+def mamba2_readout(states, x, C, D, z, hpg: int) -> torch.Tensor:
+    """y [n, N, H, P] = S_s C_s (+ D x_s, * silu(z_s)) from node states [n, N, H, P, dstate]."""
+    Ch = C.to(states.dtype).repeat_interleave(hpg, 2)
+    y = torch.einsum("bshpn,bshn->bshp", states, Ch)
+    if D is not None:
+        y = y + D.to(y.dtype)[:, None] * x.to(y.dtype)
+    if z is not None:
+        y = y * F.silu(z.to(y.dtype))
+    return y
+
+
 def mamba2_tree_verify(snap: TreeSnapshots, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=True, *,
                        parents, slots=None, out=None, backend="torch") -> torch.Tensor:
     """x, z [batch, N, nheads, headdim]; dt [batch, N, nheads]; B, C [batch, N, ngroups, dstate]."""
     batch, N = x.shape[:2]
     slots, parents, live = _prepare(snap, batch, N, parents, slots, backend)
-    geo = snap.geometry
-    hpg = geo.heads_per_group
+    hpg = snap.geometry.heads_per_group
     if out is None:
         out = torch.empty_like(x)
     if live.numel() == 0:
         return out
-    sl = slots[live].long()
-    dtp = dt[live].float() + (0 if dt_bias is None else dt_bias.float())
-    if dt_softplus:
-        dtp = F.softplus(dtp, threshold=SOFTPLUS_THRESHOLD)
-    Bh = B[live].float().repeat_interleave(hpg, 2)                          # [n, N, H, dstate]
-    xs = x[live].float()
-    if backend == "ref":
-        dtp, Bh, xs = dtp.double(), Bh.double(), xs.double()
-    decay = torch.exp(dtp * A.to(dtp.dtype))                                 # [n, N, H]
+    dtype = torch.float64 if backend == "ref" else torch.float32
+    step = mamba2_steps(x[live], dt[live], A, B[live], dt_bias, dt_softplus, hpg, dtype)
+    work = _walk(snap, slots[live].long(), parents[live], step)
+    out[live] = mamba2_readout(work[:, 1:], x[live], C[live], D, None if z is None else z[live], hpg).to(out.dtype)
+    return out
+
+
+def gdn_prepare(q, k, scale: float, use_qk_l2norm: bool, grp: int, dtype):
+    """(k, q) [n, N, HV, K] in `dtype`: L2-normalised when asked, q scaled, key heads repeated per value head."""
+    kk, qq = k.to(dtype), q.to(dtype)
+    if use_qk_l2norm:
+        kk = kk * torch.rsqrt((kk * kk).sum(-1, keepdim=True) + 1e-6)
+        qq = qq * torch.rsqrt((qq * qq).sum(-1, keepdim=True) + 1e-6)
+    return kk.repeat_interleave(grp, 2), qq.repeat_interleave(grp, 2) * scale
+
+
+def gdn_steps(kk, v, g, beta, dtype):
+    """step(prev, s): the delta rule u = beta (v - exp(g) prev k), S = exp(g) prev + u k^T on node s of
+    node-major rows (kk [n, N, HV, K] prepared, v [n, N, HV, V], g, beta [n, N, HV])."""
+    vv, gg, bb = v.to(dtype), g.to(dtype), beta.to(dtype)
 
     def step(prev, s):
-        upd = (dtp[:, s, :, None, None] * xs[:, s, :, :, None]) * Bh[:, s, :, None, :]
-        return decay[:, s, :, None, None] * prev.to(upd.dtype) + upd
-
-    work = _walk(snap, sl, parents[live], step)
-    Ch = C[live].to(work.dtype).repeat_interleave(hpg, 2)
-    y = torch.einsum("bshpn,bshn->bshp", work[:, 1:], Ch)
-    if D is not None:
-        y = y + D.to(y.dtype)[:, None] * xs.to(y.dtype)
-    if z is not None:
-        y = y * F.silu(z[live].to(y.dtype))
-    out[live] = y.to(out.dtype)
-    return out
+        prev = prev.to(dtype)
+        e = torch.exp(gg[:, s])[..., None, None]
+        u = bb[:, s, :, None] * (vv[:, s] - (e * prev @ kk[:, s, :, :, None])[..., 0])
+        return e * prev + u[..., :, None] * kk[:, s, :, None, :]
+    return step
 
 
 def gdn_tree_verify(snap: TreeSnapshots, q, k, v, g, beta, scale=None, use_qk_l2norm=False, *, parents,
@@ -123,30 +153,15 @@ def gdn_tree_verify(snap: TreeSnapshots, q, k, v, g, beta, scale=None, use_qk_l2
     batch, N = q.shape[:2]
     slots, parents, live = _prepare(snap, batch, N, parents, slots, backend)
     geo = snap.geometry
-    grp = geo.value_heads_per_key_head
     scale = geo.K ** -0.5 if scale is None else scale
     if out is None:
         out = torch.empty(batch, N, geo.HV, geo.V, dtype=v.dtype, device=v.device)
     if live.numel() == 0:
         return out
-    sl = slots[live].long()
-    dt_ = torch.float64 if backend == "ref" else torch.float32
-    kk, qq = k[live].to(dt_), q[live].to(dt_)
-    if use_qk_l2norm:
-        kk = kk * torch.rsqrt((kk * kk).sum(-1, keepdim=True) + 1e-6)
-        qq = qq * torch.rsqrt((qq * qq).sum(-1, keepdim=True) + 1e-6)
-    kk, qq = kk.repeat_interleave(grp, 2), qq.repeat_interleave(grp, 2) * scale   # [n, N, HV, K]
-    vv, gg, bb = v[live].to(dt_), g[live].to(dt_), beta[live].to(dt_)
-
-    def step(prev, s):
-        prev = prev.to(dt_)
-        e = torch.exp(gg[:, s])[..., None, None]
-        u = bb[:, s, :, None] * (vv[:, s] - (e * prev @ kk[:, s, :, :, None])[..., 0])
-        return e * prev + u[..., :, None] * kk[:, s, :, None, :]
-
-    work = _walk(snap, sl, parents[live], step)
-    o = (work[:, 1:].to(dt_) @ qq[..., None])[..., 0]
-    out[live] = o.to(out.dtype)
+    dtype = torch.float64 if backend == "ref" else torch.float32
+    kk, qq = gdn_prepare(q[live], k[live], scale, use_qk_l2norm, geo.value_heads_per_key_head, dtype)
+    work = _walk(snap, slots[live].long(), parents[live], gdn_steps(kk, v[live], g[live], beta[live], dtype))
+    out[live] = (work[:, 1:].to(dtype) @ qq[..., None])[..., 0].to(out.dtype)
     return out
 
 

@@ -237,9 +237,12 @@ def test_commit_backends_move_the_same_entries(family, move_tile, gen, monkeypat
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("backend", ["torch", "ref"])
-def test_native_tree_baseline_matches_ring(family, backend, gen):
-    """The snapshot-per-node baseline (baselines/native_tree_spec.py) gives the ring's node outputs and, after
-    each commit, the ring's committed state; a padding row is left untouched."""
+@pytest.mark.parametrize("method", ["native", "commit_replay", "stree"])
+def test_tree_baselines_match_ring(family, backend, method, gen):
+    """The tree baselines (native: a snapshot per node; commit_replay and stree: a frozen state plus a replay
+    of the accepted branch at commit / at the next verify) give the ring's node outputs and, after each
+    commit, the ring's committed state; a padding row is left untouched."""
+    from baselines import commit_replay_tree as crt
     from baselines import native_tree_spec as nts
 
     fam = FAMILIES[family](gen)
@@ -247,8 +250,13 @@ def test_native_tree_baseline_matches_ring(family, backend, gen):
     trees = [full_binary(N), random_tree(N, gen), star(N)]
     parents = torch.tensor(trees, dtype=torch.int32)
     ring = fam.ring(batch, history_len=8, window=N)
-    snap = nts.TreeSnapshots.allocate(fam.geo, batch, N)
-    snap.snapshots[:, 0] = ring.state.float()
+    if method == "native":
+        mod, cache = nts, nts.TreeSnapshots.allocate(fam.geo, batch, N)
+        cache.snapshots[:, 0] = ring.state.float()
+    else:
+        mod = crt
+        cache = crt.TreeReplayCache.allocate(fam.geo, batch, N, mode="commit" if method == "commit_replay" else "stree")
+        cache.state.copy_(ring.state.float())
     slots = torch.tensor([1, NULL_SLOT, 2], dtype=torch.int32)
     live = slots != NULL_SLOT
     for step in range(5):
@@ -257,17 +265,18 @@ def test_native_tree_baseline_matches_ring(family, backend, gen):
         out = torch.full_like(y_ring, float("nan"))
         if family == "mamba2":
             p = fam.p
-            y = nts.mamba2_tree_verify(snap, w["x"], w["dt"], p.A, w["B"], w["C"], p.D, w["z"], p.dt_bias,
+            y = mod.mamba2_tree_verify(cache, w["x"], w["dt"], p.A, w["B"], w["C"], p.D, w["z"], p.dt_bias,
                                        parents=parents, slots=slots, out=out, backend=backend)
         else:
-            y = nts.gdn_tree_verify(snap, **w, parents=parents, slots=slots, out=out, backend=backend)
+            y = mod.gdn_tree_verify(cache, **w, parents=parents, slots=slots, out=out, backend=backend)
         assert torch.isnan(y[~live]).all()
         assert rel_err(y[live], y_ring[live]) <= TOL, f"step {step}"
         path, acc = random_commit(trees, max(depth_of(t) for t in trees), gen)
         fam.mod.tree_commit(ring, path, acc, slots, backend="torch")
-        nts.tree_commit(snap, path, acc, slots, backend=backend)
+        mod.tree_commit(cache, path, acc, slots, backend=backend)
         sl = slots[live]
-        assert rel_err(snap.committed(sl), fam.committed(ring, sl)) <= TOL, f"step {step} committed state"
+        got = cache.committed(sl) if method == "native" else crt.committed(cache, sl, backend)
+        assert rel_err(got, fam.committed(ring, sl)) <= TOL, f"step {step} committed state"
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
