@@ -3,16 +3,19 @@
     python -m experiments.kernel_tree                    # sweep=tree_cpu: the CPU sweep (a minute or two)
     python -m experiments.kernel_tree sweep=tree_cpu 'sweep.batch=[8,32]' 'sweep.acceptance=[0.6,0.8]'
 
-Methods: replay_tree (replayssm.{mamba2,gdn}.tree_verify / tree_commit on the ring), replay_chain (the chain
-API spec_verify / spec_commit, run on the chain shapes only: the control) and native_tree (one state
-snapshot per node, baselines/native_tree_spec.py). Acceptance is per node: at each depth the children of
-the last accepted node are tried in order, each accepted with probability p, and the branch follows the
-first accepted child (a step always commits node 0, the current token). One schedule per point, drawn from
-`seed`, shared by every method. Rows: mean accepted tokens per step, verify + commit time per step (CPU:
-median of samples, thread CPU time on one torch thread), tokens/s = batch x accepted / step time, the ratio
-to the chain control and to the native tree on the same point, and the byte model
-(replayssm.traffic.tree_traffic) with its ratio native / method. A failing point becomes a row with
-status=error and the sweep goes on. Rows go to <out_dir>/tree/<hardware>/<run_id>/tree_rows.csv with env.json.
+Methods: replay_tree (replayssm.{mamba2,gdn}.tree_verify / tree_commit on the ring), replay_chain (the
+chain API spec_verify / spec_commit, on the chain shapes only: the control), native_tree (one state snapshot
+per node, baselines/native_tree_spec.py), commit_replay_tree and stree (a frozen state, the accepted branch
+replayed at commit / at the next verify: baselines/commit_replay_tree.py).
+
+Acceptance is per node: at each depth the children of the last accepted node are tried in order, each
+accepted with probability p, and the branch follows the first accepted child (a step always commits node 0,
+the current token). One schedule per point, drawn from `seed`, shared by every method. Rows: mean accepted
+tokens per step, verify + commit time per step (CPU: median of samples, thread CPU time on one torch
+thread), tokens/s = batch x accepted / step time, the ratio to the chain control and to the native tree on
+the same point, and the byte model (replayssm.traffic.tree_traffic) with its ratio native / method. A failing
+point becomes a row with status=error and the sweep goes on. Rows go to
+<out_dir>/tree/cpu/<run_id>/tree_rows.csv with env.json and config.yaml (CPU only: no GPU path yet).
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ from replayssm import traffic
 from replayssm.geometry import Mamba2Geometry
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ("replay_tree", "replay_chain", "native_tree")
+METHODS = ("replay_tree", "replay_chain", "native_tree", "commit_replay_tree", "stree")
+TRAFFIC = {"replay_tree": "replay_tree", "replay_chain": "replay_tree", "native_tree": "native_tree",
+           "commit_replay_tree": "commit_replay_tree", "stree": "stree"}   # replayssm.traffic.tree_traffic
 
 
 def tree_shape(name: str) -> list[int]:
@@ -97,6 +102,7 @@ def _windows(spec, batch: int, N: int, steps: int, gen: torch.Generator) -> list
 
 def _cycle(spec, method: str, par: list[int], batch: int, history_len: int, windows, schedule, gen):
     """A zero-argument cycle running every step of the schedule (verify + commit) on fresh caches."""
+    from baselines import commit_replay_tree as crt
     from baselines import native_tree_spec as nts
 
     N = len(par)
@@ -128,6 +134,16 @@ def _cycle(spec, method: str, par: list[int], batch: int, history_len: int, wind
             for w, (path, acc) in zip(windows, schedule):
                 verify(snap, **args(w), parents=parents, backend="torch")
                 nts.tree_commit(snap, path, acc, backend="torch")
+        return cycle
+    if method in ("commit_replay_tree", "stree"):
+        cache = crt.TreeReplayCache.allocate(geo, batch, N, mode="stree" if method == "stree" else "commit")
+        cache.state.copy_(state0)
+        verify = crt.mamba2_tree_verify if mamba else crt.gdn_tree_verify
+
+        def cycle():
+            for w, (path, acc) in zip(windows, schedule):
+                verify(cache, **args(w), parents=parents, backend="torch")
+                crt.tree_commit(cache, path, acc, backend="torch")
         return cycle
     ring = fam.SpecRing.allocate(geo, batch, history_len, N)
     ring.state.copy_(state0)
@@ -197,8 +213,7 @@ def run_tree(cfg) -> Path:
                                                     repeats=int(tm["cpu_repeats"]),
                                                     min_sample_us=float(tm["cpu_min_sample_us"]), clock=clock)
                                 a_int = min(depth, max(1, round(acc_mean)))
-                                tm_name = {"replay_chain": "replay_tree"}.get(method, method)
-                                model_bytes = traffic.tree_traffic(spec.geometry, tm_name, N, depth, a_int, hl,
+                                model_bytes = traffic.tree_traffic(spec.geometry, TRAFFIC[method], N, depth, a_int, hl,
                                                                    act_bytes=4).total
                                 row.update(step_us=t.median_us, step_us_p20=t.p20_us, step_us_p80=t.p80_us,
                                            tokens_per_s=batch * acc_mean / t.median_us * 1e6,

@@ -511,7 +511,7 @@ def max_concurrency(hbm_budget_bytes: int, footprint: Footprint, num_layers: int
 # ---------------------------------------------------------------------------------------------------------
 # tree speculation (replayssm/tree_ring.py): N tree nodes, accepted branch of `accepted` nodes (1..depth)
 
-TREE_METHODS = ("replay_tree", "native_tree", "stree")
+TREE_METHODS = ("replay_tree", "native_tree", "commit_replay_tree", "stree")
 
 
 def tree_cycle(B_hist: int, N: int, depth: int, accepted: int) -> list[tuple[int, bool]]:
@@ -544,6 +544,7 @@ def tree_traffic(geom, method: str, N: int, depth: int, accepted: int, B_hist: i
     stree        STree's activation replay (arXiv 2505.14969): each step replays the previous step's accepted
                  nodes into the state and writes it (1 state read + 1 state write per step) and stashes the
                  N nodes' inputs for the next replay.
+    commit_replay_tree  the same with the replay in a separate commit: the state is read twice a step.
     """
     if method not in TREE_METHODS:
         raise ValueError(f"method={method!r}: expected one of {TREE_METHODS}")
@@ -563,5 +564,6 @@ def tree_traffic(geom, method: str, N: int, depth: int, accepted: int, B_hist: i
         return verify + Traffic(read=moves, write=moves, flops=0)
     inputs = (mamba2_input_bytes if mamba else gdn_input_bytes)(geom, act_bytes)
     outputs = (mamba2_output_bytes if mamba else gdn_output_bytes)(geom, act_bytes)
-    return Traffic(read=state + accepted * entry + N * inputs, write=state + N * entry + N * outputs,
+    reads = 2 if method == "commit_replay_tree" else 1
+    return Traffic(read=reads * state + accepted * entry + N * inputs, write=state + N * entry + N * outputs,
                    flops=(mamba2_baseline_spec if mamba else gdn_baseline_spec)(geom, N).flops)
