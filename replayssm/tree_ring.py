@@ -25,6 +25,7 @@ ring fields [num_slots, heads, ring_len(, width)] named by the caller.
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 
@@ -118,7 +119,26 @@ def check_tree_commit(ring, path, num_accepted, slots, backend: str, parents=Non
 
 # ---------------------------------------------------------------------------------------- ancestor tables
 
+_TABLES: dict = {}  # id(base tensor) -> (weakref to it, view key, tables): a static tree is walked once
+
+
 def ancestor_tables(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ancestor_tables_uncached, memoised per parents tensor: a serving loop passes one static tree (EAGLE-style)
+    every step. The key is the base tensor object (kept by a weak reference, so a freed tensor never matches)
+    plus the view (shape, strides, offset) and its in-place version counter: any write recomputes."""
+    base = parents if parents._base is None else parents._base
+    key = (tuple(parents.shape), parents.stride(), parents.storage_offset(), parents.dtype, parents._version)
+    hit = _TABLES.get(id(base))
+    if hit is not None and hit[0]() is base and hit[1] == key:
+        return hit[2]
+    tables = ancestor_tables_uncached(parents)
+    if len(_TABLES) > 64:
+        _TABLES.clear()
+    _TABLES[id(base)] = (weakref.ref(base), key, tables)
+    return tables
+
+
+def ancestor_tables_uncached(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Device-side tree tables of parents int32 [b, N] (no host sync).
 
     Returns (anc bool [b, N, N]: anc[s, j] = j is an ancestor of s or s itself; depth long [b, N] (node 0

@@ -289,3 +289,18 @@ def test_triton_tree_beyond_32_nodes_refused(family, gen):
         fam.verify(ring, fam.window(1, 33), torch.tensor(star(33), dtype=torch.int32), "triton")
     for n, t in before.items():
         assert torch.equal(getattr(ring, n), t)
+
+
+def test_ancestor_tables_memo_follows_in_place_changes(gen):
+    """The memo of ancestor_tables is keyed on the tensor object and its version: an in-place change of a
+    reused parents tensor (and a fresh tensor at a reused address) recomputes."""
+    from replayssm.tree_ring import ancestor_tables, ancestor_tables_uncached
+
+    par = torch.tensor(star(6), dtype=torch.int32)[None].repeat(2, 1)
+    for _ in range(3):
+        assert torch.equal(ancestor_tables(par)[0], ancestor_tables_uncached(par)[0])
+        par[:, 1:] = torch.tensor(random_tree(6, gen)[1:], dtype=torch.int32)
+    for _ in range(5):                                   # fresh tensors, often at a freed tensor's address
+        fresh = torch.tensor([random_tree(6, gen)], dtype=torch.int32)
+        assert torch.equal(ancestor_tables(fresh)[0], ancestor_tables_uncached(fresh)[0])
+        del fresh
