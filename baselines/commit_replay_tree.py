@@ -1,17 +1,22 @@
-"""Tree speculation with a frozen checkpoint and a replay of the accepted branch, both families: commit-replay
-for trees (FlashInfer / TensorRT-style commit-time replay, baselines/mamba2_commit_replay.py, with a tree
+"""Tree speculation with a frozen state and a replay of the accepted branch, both families: commit-replay for
+trees (the FlashInfer / TensorRT-style commit-time replay of baselines/mamba2_commit_replay.py with a tree
 verify) and STree's activation replay (Wu et al., "STree: Speculative Tree Decoding for Hybrid State-Space
 Models", NeurIPS 2025, arXiv 2505.14969), written from its paper.
 
-Both keep one state per slot and a stash of the N tree nodes' inputs. Verify walks the nodes in topological
-order from the state (each node's state from its parent's, in working memory, none stored) and emits every
-node's output; the accepted branch's inputs are then replayed into the state:
-    mode="commit"  tree_commit replays path[:a] at once: 1 state read + 1 state write in the commit.
-    mode="stree"   tree_commit only records the branch; the next verify first replays it into the state and
-                   stores it, then verifies the new tree from it (the paper's activation replay folded into
-                   the next step's tree scan): the same 1 state read + 1 write per step, in one launch.
-Against the ReplaySSM ring (replayssm.{mamba2,gdn}.tree): both write the state every step; the ring writes it
-only on flush steps and commits by moving a few input entries. Backends "torch" and "ref" (float64).
+Commit-replay (TreeReplayCache, mamba2_tree_verify / gdn_tree_verify / tree_commit): one state per slot and
+a stash of the N tree nodes' inputs. Verify walks the nodes in topological order from the state (each node's
+state from its parent's, in working memory, none stored: the tree form of the chain baseline's serial walk in
+registers) and emits every node's output; tree_commit replays path[:a] from the stash into the state:
+1 state read at verify, 1 read + 1 write at commit.
+
+STree (stree_commit, on a ReplaySSM tree ring): the paper verifies a tree from the state with a tree-masked
+form of the accumulated state transitions (outputs from the state plus a masked sum over each node's path,
+no per-node state) and, with activation replay, folds the previous step's accepted tokens into the state at
+the start of the next tree scan, storing it: one state write every step. On the ring that is a flush on every
+step: the accepted branch is the committed history and the next verify folds it into the checkpoint before it
+verifies its tree. So stree_commit = tree_commit, then is_flush = 1 for the live rows: the ring's own
+kernels (all backends) run STree's algorithm. What differs from ReplaySSM is only when the state is written:
+every step (STree) vs once every few steps, when the history is full (the ring's early-flush rule).
 """
 
 from __future__ import annotations
@@ -25,37 +30,27 @@ from replayssm.checks import NULL_SLOT, check_backend, check_slots
 from replayssm.geometry import GDNGeometry, Mamba2Geometry
 from replayssm.tree_ring import check_parents
 
-MODES = ("commit", "stree")
-
 
 @dataclass
 class TreeReplayCache:
     """state [num_slots, *state_shape] fp32; stash: the last verify's node inputs per slot (name -> tensor
-    [num_slots, N, ...]); pending_path [num_slots, N] / pending_a [num_slots] (mode "stree": the branch the
-    next verify replays first)."""
+    [num_slots, N, ...])."""
 
     geometry: Mamba2Geometry | GDNGeometry
     N: int
-    mode: str
     state: torch.Tensor
     stash: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)
-    pending_path: torch.Tensor | None = None
-    pending_a: torch.Tensor | None = None
     null_slot: int = NULL_SLOT
 
     @classmethod
-    def allocate(cls, geometry, num_slots: int, N: int, mode: str = "commit", device="cpu") -> TreeReplayCache:
-        if mode not in MODES:
-            raise ValueError(f"mode={mode!r}: expected one of {MODES}")
+    def allocate(cls, geometry, num_slots: int, N: int, device="cpu") -> TreeReplayCache:
         if N < 1 or num_slots < 1:
             raise ValueError(f"N={N} and num_slots={num_slots} must be >= 1")
         mamba = isinstance(geometry, Mamba2Geometry)
         shape = ((geometry.nheads, geometry.headdim, geometry.dstate) if mamba
                  else (geometry.HV, geometry.V, geometry.K))
-        return cls(geometry, N, mode, torch.zeros(num_slots, *shape, device=device),
-                   pending_path=torch.zeros(num_slots, N, dtype=torch.int64, device=device),
-                   pending_a=torch.zeros(num_slots, dtype=torch.int64, device=device))
+        return cls(geometry, N, torch.zeros(num_slots, *shape, device=device))
 
     @property
     def num_slots(self) -> int:
@@ -101,10 +96,6 @@ def _verify(cache, batch, N, parents, slots, backend, stash_rows: dict, params: 
     live = (slots != cache.null_slot).nonzero().squeeze(1)
     sl = slots[live].long()
     dtype = torch.float64 if backend == "ref" else torch.float32
-    if cache.mode == "stree" and sl.numel():
-        # activation replay: the branch accepted last step goes into the state before this tree is scanned
-        _replay(cache, sl, cache.pending_path[sl], cache.pending_a[sl], dtype)
-        cache.pending_a[sl] = 0
     cache.params = params
     for name, t in stash_rows.items():
         if name not in cache.stash:
@@ -152,8 +143,8 @@ def gdn_tree_verify(cache: TreeReplayCache, q, k, v, g, beta, scale=None, use_qk
 
 def tree_commit(cache: TreeReplayCache, path: torch.Tensor, num_accepted: torch.Tensor, slots=None,
                 backend="torch") -> None:
-    """mode "commit": replay the stashed nodes path[:, :a] into the state now; mode "stree": record them for
-    the next verify. path int [batch, depth] from node 0, num_accepted [batch] in 1..depth."""
+    """Replay the stashed nodes path[:, :a] into the state. path int [batch, depth] from node 0,
+    num_accepted [batch] in 1..depth."""
     check_backend(backend, path, num_accepted)
     batch, depth = path.shape
     slots = check_slots(slots, batch, cache.num_slots, cache.state.device, cache.null_slot)
@@ -161,23 +152,18 @@ def tree_commit(cache: TreeReplayCache, path: torch.Tensor, num_accepted: torch.
     a = num_accepted.long()[live]
     if a.numel() and (int(a.min()) < 1 or int(a.max()) > depth):
         raise ValueError(f"num_accepted must be in 1..depth={depth}")
-    sl = slots[live].long()
-    p = path.long()[live]
-    if cache.mode == "stree":
-        cache.pending_path[sl] = torch.nn.functional.pad(p, (0, cache.N - depth), value=-1)
-        cache.pending_a[sl] = a
-        return
-    _replay(cache, sl, p, a, torch.float64 if backend == "ref" else torch.float32)
+    _replay(cache, slots[live].long(), path.long()[live], a, torch.float64 if backend == "ref" else torch.float32)
 
 
-def committed(cache: TreeReplayCache, slots: torch.Tensor, backend: str = "torch") -> torch.Tensor:
-    """The committed state of each slot (mode "stree" folds the pending branch in, on a copy)."""
-    sl = slots.long()
-    if cache.mode == "commit":
-        return cache.state[sl].clone()
-    saved = cache.state.clone()
-    dtype = torch.float64 if backend == "ref" else torch.float32
-    _replay(cache, sl, cache.pending_path[sl], cache.pending_a[sl], dtype)
-    out = cache.state[sl].clone()
-    cache.state.copy_(saved)
-    return out
+def committed(cache: TreeReplayCache, slots: torch.Tensor) -> torch.Tensor:
+    return cache.state[slots.long()].clone()
+
+
+def stree_commit(family_module, ring, path: torch.Tensor, num_accepted: torch.Tensor, slots=None,
+                 backend: str = "torch") -> None:
+    """STree on a tree ring (module docstring): the ring's tree_commit, then every live row flushes on its next
+    verify, which folds the accepted branch into the state (activation replay) before scanning its tree.
+    family_module: replayssm.mamba2 or replayssm.gdn."""
+    family_module.tree_commit(ring, path, num_accepted, slots, backend=backend)
+    sl = torch.arange(path.shape[0], device=ring.device) if slots is None else slots[slots != ring.null_slot].long()
+    ring.is_flush[sl] = 1

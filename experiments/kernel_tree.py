@@ -5,8 +5,8 @@
 
 Methods: replay_tree (replayssm.{mamba2,gdn}.tree_verify / tree_commit on the ring), replay_chain (the
 chain API spec_verify / spec_commit, on the chain shapes only: the control), native_tree (one state snapshot
-per node, baselines/native_tree_spec.py), commit_replay_tree and stree (a frozen state, the accepted branch
-replayed at commit / at the next verify: baselines/commit_replay_tree.py).
+per node, baselines/native_tree_spec.py), commit_replay_tree (a frozen state, the accepted branch replayed at
+commit) and stree (STree's activation replay: the ring flushing every step), baselines/commit_replay_tree.py.
 
 Acceptance is per node: at each depth the children of the last accepted node are tried in order, each
 accepted with probability p, and the branch follows the first accepted child (a step always commits node 0,
@@ -135,8 +135,8 @@ def _cycle(spec, method: str, par: list[int], batch: int, history_len: int, wind
                 verify(snap, **args(w), parents=parents, backend="torch")
                 nts.tree_commit(snap, path, acc, backend="torch")
         return cycle
-    if method in ("commit_replay_tree", "stree"):
-        cache = crt.TreeReplayCache.allocate(geo, batch, N, mode="stree" if method == "stree" else "commit")
+    if method == "commit_replay_tree":
+        cache = crt.TreeReplayCache.allocate(geo, batch, N)
         cache.state.copy_(state0)
         verify = crt.mamba2_tree_verify if mamba else crt.gdn_tree_verify
 
@@ -145,8 +145,15 @@ def _cycle(spec, method: str, par: list[int], batch: int, history_len: int, wind
                 verify(cache, **args(w), parents=parents, backend="torch")
                 crt.tree_commit(cache, path, acc, backend="torch")
         return cycle
-    ring = fam.SpecRing.allocate(geo, batch, history_len, N)
+    # STree: a ring that flushes every step (baselines/commit_replay_tree.py); its history never exceeds N
+    ring = fam.SpecRing.allocate(geo, batch, N if method == "stree" else history_len, N)
     ring.state.copy_(state0)
+    if method == "stree":
+        def cycle():
+            for w, (path, acc) in zip(windows, schedule):
+                fam.tree_verify(ring, **args(w), parents=parents, backend="torch")
+                crt.stree_commit(fam, ring, path, acc, backend="torch")
+        return cycle
     if method == "replay_chain":
         def cycle():
             for w, (_, acc) in zip(windows, schedule):
@@ -221,6 +228,9 @@ def run_tree(cfg) -> Path:
                             except Exception as exc:                   # recorded; the sweep goes on
                                 row["status"], row["error"] = failure(exc)
                             rows.append(row)
+                            print(f"  {spec.key} {name} b={batch} hist={hl} p={p} {method}: "
+                                  + (f"{row['step_us']:.0f} us/step" if row["status"] == "ok" else row["error"]),
+                                  flush=True)
     df = pd.DataFrame(rows)
     df = add_ratios(df)
     df.to_csv(run_dir / "tree_rows.csv", index=False)

@@ -239,9 +239,9 @@ def test_commit_backends_move_the_same_entries(family, move_tile, gen, monkeypat
 @pytest.mark.parametrize("backend", ["torch", "ref"])
 @pytest.mark.parametrize("method", ["native", "commit_replay", "stree"])
 def test_tree_baselines_match_ring(family, backend, method, gen):
-    """The tree baselines (native: a snapshot per node; commit_replay and stree: a frozen state plus a replay
-    of the accepted branch at commit / at the next verify) give the ring's node outputs and, after each
-    commit, the ring's committed state; a padding row is left untouched."""
+    """The tree baselines give the ring's node outputs and, after each commit, the ring's committed state
+    (native: a snapshot per node; commit_replay: a frozen state, the accepted branch replayed at commit;
+    stree: a ring flushing every step, the branch folded in by the next verify); padding rows untouched."""
     from baselines import commit_replay_tree as crt
     from baselines import native_tree_spec as nts
 
@@ -253,17 +253,21 @@ def test_tree_baselines_match_ring(family, backend, method, gen):
     if method == "native":
         mod, cache = nts, nts.TreeSnapshots.allocate(fam.geo, batch, N)
         cache.snapshots[:, 0] = ring.state.float()
-    else:
-        mod = crt
-        cache = crt.TreeReplayCache.allocate(fam.geo, batch, N, mode="commit" if method == "commit_replay" else "stree")
+    elif method == "commit_replay":
+        mod, cache = crt, crt.TreeReplayCache.allocate(fam.geo, batch, N)
         cache.state.copy_(ring.state.float())
+    else:                                  # STree: a ring that flushes every step (activation replay)
+        mod, cache = None, fam.ring(batch, history_len=N, window=N)
+        cache.state.copy_(ring.state)
     slots = torch.tensor([1, NULL_SLOT, 2], dtype=torch.int32)
     live = slots != NULL_SLOT
     for step in range(5):
         w = fam.window(batch, N)
         y_ring = fam.verify(ring, w, parents, "torch", slots=slots)
         out = torch.full_like(y_ring, float("nan"))
-        if family == "mamba2":
+        if method == "stree":
+            y = fam.verify(cache, w, parents, backend, slots=slots, out=out)
+        elif family == "mamba2":
             p = fam.p
             y = mod.mamba2_tree_verify(cache, w["x"], w["dt"], p.A, w["B"], w["C"], p.D, w["z"], p.dt_bias,
                                        parents=parents, slots=slots, out=out, backend=backend)
@@ -273,9 +277,14 @@ def test_tree_baselines_match_ring(family, backend, method, gen):
         assert rel_err(y[live], y_ring[live]) <= TOL, f"step {step}"
         path, acc = random_commit(trees, max(depth_of(t) for t in trees), gen)
         fam.mod.tree_commit(ring, path, acc, slots, backend="torch")
-        mod.tree_commit(cache, path, acc, slots, backend=backend)
         sl = slots[live]
-        got = cache.committed(sl) if method == "native" else crt.committed(cache, sl, backend)
+        if method == "stree":
+            crt.stree_commit(fam.mod, cache, path, acc, slots, backend=backend)
+            assert bool((cache.is_flush[sl.long()] == 1).all())
+            got = fam.committed(cache, sl)
+        else:
+            mod.tree_commit(cache, path, acc, slots, backend=backend)
+            got = cache.committed(sl) if method == "native" else crt.committed(cache, sl)
         assert rel_err(got, fam.committed(ring, sl)) <= TOL, f"step {step} committed state"
 
 
