@@ -91,6 +91,8 @@ def check_tree_commit(ring, path, num_accepted, slots, backend: str, parents=Non
     slots = check_slots(slots, batch, ring.num_slots, ring.device, ring.null_slot)
     if parents is None:
         parents = getattr(ring, PARENTS_ATTR, None)
+        if parents is not None and parents.shape[0] != batch:
+            parents = None           # the last verify had another batch: fall back to the index-order check
     if capturing() or batch == 0:
         return path.to(torch.int32), num_accepted.to(torch.int32), slots
     live = slots != ring.null_slot
