@@ -89,6 +89,7 @@ def check_tree_commit(ring, path, num_accepted, slots, backend: str, parents=Non
     if num_accepted.shape[0] != batch:
         raise ValueError(f"num_accepted has {num_accepted.shape[0]} rows, path has {batch}")
     slots = check_slots(slots, batch, ring.num_slots, ring.device, ring.null_slot)
+    stored = parents is None
     if parents is None:
         parents = getattr(ring, PARENTS_ATTR, None)
         if parents is not None and parents.shape[0] != batch:
@@ -107,7 +108,8 @@ def check_tree_commit(ring, path, num_accepted, slots, backend: str, parents=Non
     if bool(((p < 0) | (p >= N))[used].any()):
         raise ValueError(f"path entries must be node indices in 0..N-1={N - 1}")
     if parents is not None:
-        par = check_parents(parents, batch, N, ring.device, live)[live].long()
+        # the stored tree was validated by tree_verify; an explicit one is validated here
+        par = (parents if stored else check_parents(parents, batch, N, ring.device, live))[live].long()
         parent_of = par.gather(1, p.clamp(0, N - 1))                             # parent of each path node
         bad = (parent_of[:, 1:] != p[:, :-1]) & used[:, 1:]
         if bool(bad.any()):
@@ -202,20 +204,21 @@ def _flush_next(ring, h, depth: int):
 
 
 def _commit_torch(ring, fields, path, num_accepted, slots) -> None:
+    """Vectorised: every moved entry is gathered before any is written (so the order of the moves does not
+    matter), then scattered; one gather and one scatter per field, none for a chain."""
     live = slots != ring.null_slot
     sl, a, p = slots[live].long(), num_accepted[live].long(), path[live].long()
     R = ring.ring_len
     h, origin, flushed = ring.write_pos[sl].long(), ring.origin[sl].long(), ring.is_flush[sl] != 0
-    for i in range(1, path.shape[1]):                     # in increasing i: never overwrites a later source
-        move = (a > i) & (p[:, i] != i)
-        if not bool(move.any()):
-            continue
-        s_m = sl[move]
-        src = (origin[move] + h[move] + p[move, i]) & (R - 1)
-        dst = (origin[move] + h[move] + i) & (R - 1)
+    i = torch.arange(path.shape[1], device=path.device)
+    move = (i[None, :] < a[:, None]) & (p != i[None, :])                     # [n, depth]; i = 0 never moves
+    if bool(move.any()):
+        row, col = move.nonzero(as_tuple=True)
+        base = origin[row] + h[row]
+        src, dst, s_m = (base + p[row, col]) & (R - 1), (base + col) & (R - 1), sl[row]
         for name in fields:
             f = getattr(ring, name)
-            f[s_m, :, dst] = f[s_m, :, src]
+            f[s_m, :, dst] = f[s_m, :, src]                                   # the right side is read first
     ring.origin[sl] = torch.where(flushed, (origin + h) & (R - 1), origin).to(torch.int32)
     h = torch.where(flushed, a, h + a)
     ring.write_pos[sl] = h.to(torch.int32)
