@@ -12,6 +12,9 @@ The work is `experiments.harness.runner.run_experiment(cfg)`, a plain function; 
 import hydra
 
 from experiments.harness.runner import hydra_entry
+from experiments.harness.sweeps import register_schemas
+
+register_schemas()   # any sweep composes; a sweep of another experiment is refused by name before any work
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="kernel_decode")

@@ -209,15 +209,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.run_dir}: no accuracy.csv rows")
         return 1
     with pd.option_context("display.width", 200, "display.max_columns", 40):
-        print(bf16_table(df).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        print(bf16_table(df).to_string(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-"))
         print()
-        print(growth_exponents(df).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        print(growth_exponents(df).to_string(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-"))
     v = claim_verdict(df)
     print(f"\nfork claim ({CLAIM_TEXT}): {v['verdict']}\n  {v['value']}\n  {v['rows']}")
     drift = fp8_drift(df)
     if not drift.empty:
         print("\nexperimental fp8 checkpoint (e4m3 + per-head scale): state error vs flushes")
-        print(drift.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        print(drift.to_string(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-"))
     f = fp8_claim_verdict(df)
     print(f"\nthird-party claim ({FP8_CLAIM_TEXT}): {f['verdict']}\n  {f['value']}\n  {f['rows']}")
     return 0

@@ -40,13 +40,16 @@ def git_info() -> dict:
     return {"git_sha": sha.strip() if sha else None, "git_dirty": bool(status.strip()) if status is not None else None}
 
 
+SHORT_SHA_LEN = 7  # the same length as `git rev-parse --short` (scripts/reproduce.sh names its runs with it)
+
+
 def short_sha() -> str:
     sha = git_info()["git_sha"]
-    return sha[:8] if sha else "nogit"
+    return sha[:SHORT_SHA_LEN] if sha else "nogit"
 
 
 def new_run_id() -> str:
-    """UTC timestamp + short git sha, e.g. 20260901T101500Z-1a2b3c4d."""
+    """UTC timestamp + short git sha, e.g. 20260901T101500Z-1a2b3c4."""
     return f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{short_sha()}"
 
 
