@@ -251,9 +251,14 @@ def fig9(run: Run, figs: fs.FigureSet) -> list[Path]:
     paths = []
     refs = references("fig9")
     for (model, tp), g in spec.groupby(["model", "tp"], sort=True):
-        b = _nearest(g["batch"], 128)
+        b = _nearest(g[g["method"] != "baseline_ar"]["batch"], 128)
         g = g[g["batch"] == b]
-        ar = g[g["method"] == "baseline_ar"]["median_us"].min()
+        # the standard step: kernel_spec's own baseline_ar (timed beside the spec methods), else another
+        # experiment's of this run at the same model, TP and batch
+        own = g[g["method"] == "baseline_ar"]["median_us"]
+        other = rows[(rows["method"] == "baseline_ar") & (rows["model"] == model) & (rows["tp"] == tp)
+                     & (rows["batch"] == b)]["median_us"]
+        ar = own.min() if len(own) else other.min()
         if not ar > 0:
             continue
         fig, ax = plt.subplots(figsize=fs.figsize(1, 0.95))
@@ -266,7 +271,7 @@ def fig9(run: Run, figs: fs.FigureSet) -> list[Path]:
             by = gm.groupby(["spec_T", "acceptance"], as_index=False)["cost"].min()
             per_T = by.groupby("spec_T")["cost"]
             accs = set(by["acceptance"])
-            band = {"fixed:0", "fixed:all"} <= accs
+            band = {"fixed:0", "fixed:all"} <= {str(a) for a in accs}
             if band:
                 ends = by[by["acceptance"].isin(["fixed:0", "fixed:all"])].groupby("spec_T")["cost"]
                 lo, hi = ends.min(), ends.max()
@@ -275,7 +280,7 @@ def fig9(run: Run, figs: fs.FigureSet) -> list[Path]:
                                          color=fs.color(method), label=fs.name(method), marker=fs.MARKERS[i]))
             else:
                 med = per_T.median()
-                accs_text = ", ".join(sorted(a.replace("rate:", "rate ").replace("fixed:", "fixed ") for a in accs))
+                accs_text = ", ".join(sorted(str(a).replace(":", " ") for a in accs))
                 handles.append(fs.series(ax, med.index, med.to_numpy(), color=fs.color(method),
                                          label=f"{fs.short_name(method)} (acceptance {accs_text})",
                                          marker=fs.MARKERS[i]))

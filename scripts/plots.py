@@ -258,6 +258,12 @@ def plot_bandwidth(run: Run, figs: fs.FigureSet) -> list[Path]:
 
 # --------------------------------------------------------------------------------------------- accuracy
 
+def _human_series(label: str, short: bool = False) -> str:
+    """"replay_spec T=4 B=16" -> "ReplaySSM spec T = 4 B = 16" (accuracy.method_label's labels)."""
+    method = label.split()[0]
+    return (fs.short_name(method) if short else fs.name(method)) + label[len(method):].replace("=", " = ")
+
+
 def plot_accuracy(run: Run, figs: fs.FigureSet) -> list[Path]:
     """The accuracy study (accuracy.csv, experiments/accuracy.py): error vs float64 against decoded tokens,
     log-log, one figure per model x workload x precision, one line per method; left the outputs, right the
@@ -281,8 +287,8 @@ def plot_accuracy(run: Run, figs: fs.FigureSet) -> list[Path]:
                                  for s in order})
             for i, s in enumerate(order):
                 g, method = series[s], s.split()[0]
-                human = fs.name(method) + s[len(method):].replace("=", " = ")
-                twin = fs.short_name(twins[s].split()[0]) if s in twins else ""
+                human = _human_series(s)
+                twin = _human_series(twins[s], short=True) if s in twins else ""
                 label = human + (f" (= {twin})" if s in twins else "")
                 # every ReplaySSM AR buffer length its own colour, apart from the spec paths' fixed colours
                 c = fs.color(method) if method != "replay_ar" else fs.L_COLORS[Ls.index(s) % len(fs.L_COLORS)]
@@ -328,7 +334,8 @@ def plot_run(run_dir: Path | str, out_dir: Path | str | None = None) -> list[Pat
     ratios = summarize(run.rows).ratios
     paths = (plot_ar_speedup(run, ratios, figs) + plot_spec_throughput(run, figs) + plot_bandwidth(run, figs)
              + plot_accuracy(run, figs) + plot_hybrid(run, figs))
-    figs.write_index()
+    if paths:
+        figs.write_index()
     return paths
 
 

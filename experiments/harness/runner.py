@@ -50,8 +50,9 @@ def failure(exc: BaseException) -> tuple[str, str]:
     raised. Every runner records a failing point this way and goes on with the sweep."""
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or _cpu_alloc_failure(exc):
         return "oom", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    where = traceback.extract_tb(exc.__traceback__)[-1]
-    return "error", f"{type(exc).__name__}: {str(exc)[:300]} (at {Path(where.filename).name}:{where.lineno})"
+    frames = traceback.extract_tb(exc.__traceback__)        # empty for an exception that was never raised
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return "error", f"{type(exc).__name__}: {str(exc)[:300]}{where}"
 
 
 def _cpu_alloc_failure(exc: BaseException) -> bool:
