@@ -1,4 +1,4 @@
-"""One SSM layer, autoregressive decode: batch x buffer_len x model x dtype x method (DESIGN.md §1).
+"""One SSM layer, autoregressive decode: batch x buffer_len x model x dtype x method.
 
     python -m experiments.kernel_decode                                   # CPU sweep on this box
     python -m experiments.kernel_decode model=nemotron3_super_120b sweep=paper

@@ -1,4 +1,4 @@
-"""One SSM layer, speculative verify + commit: batch x T x acceptance x model x method (DESIGN.md §1).
+"""One SSM layer, speculative verify + commit: batch x T x acceptance x model x method.
 
     python -m experiments.kernel_spec                                     # CPU sweep on this box
     python -m experiments.kernel_spec model=qwen35_122b_a10b sweep=paper

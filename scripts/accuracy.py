@@ -6,13 +6,13 @@ checkpoints with step >= FIT_FROM (the first tokens show the start-up: a replay 
 its first flush). 0 means the error stays flat, 0.5 a random walk (rounding errors that add up
 independently), 1 a linear drift.
 
-The fork's claim (replayssm-method.md §7, fork test docstring): "with bf16 state, ReplaySSM is *more*
+The fork's claim (a test docstring of the official fork Johnny-Liou/ReplaySSM): "with bf16 state, ReplaySSM is *more*
 accurate than baseline (baseline downcasts every step)". Verdict from the rows: for every (family, workload,
 activation dtype, buffer length L) with a bf16-state baseline_ar and replay_ar series, compare the output
 error median at the last common checkpoint; "holds" when ReplaySSM is lower everywhere, "does not hold" when
 nowhere, else "holds for ..." naming where; "not measured" without such pairs.
 
-The third party's fp8 claim (replayssm-method.md §6.3): "FP8 checkpoint drift ~ 1% x sqrt(flushes)". From the
+The third party's fp8 claim (zz774ever/fp8-replayssm-gdn-kernel): "FP8 checkpoint drift ~ 1% x sqrt(flushes)". From the
 experimental fp8-checkpoint replay_ar rows (fp8_drift): the exponent of state error vs flushes and the
 coefficient err / sqrt(flushes); verdict "consistent" where both sit in the band below (FP8_*), "not measured"
 without fp8 rows. Its 2048-token teacher-forced p95 |delta logprob| needs a whole model: not measured here.

@@ -1,6 +1,6 @@
 """Provenance of a run (env.json) and the hardware profile it is filed under.
 
-Fields (the union anchors.md §6 recommends): hostname, platform, python, CPU name, threads, torch, triton,
+Fields (what a GPU benchmark needs to be read later): hostname, platform, python, CPU name, threads, torch, triton,
 CUDA, peers' versions (mamba_ssm, fla, flashinfer), git sha + dirty flag, GPU name / UUID / count / memory /
 SM count / compute capability / L2, driver and CUDA driver versions, clocks, power limit, throttle
 (clock-event) reasons, persistence mode (NVML, each reading absent when NVML is missing or fails), the

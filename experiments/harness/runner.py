@@ -1,7 +1,7 @@
 """The timing core as a plain function: config -> rows on disk. Hydra only drives it (experiments/*.py);
 tests and notebooks call `run_experiment(load_config(...))` without the Hydra runtime.
 
-Per point (DESIGN.md §3): skip if the method cannot run here; correctness gate against the float64 oracle
+Per point: skip if the method cannot run here; correctness gate against the float64 oracle
 (status=wrong, no time, when it fails); build a stack of layers, each with its own cache pool (GPU, cold
 L2: enough layers to exceed l2_factor x L2); time whole cycles (AR replay: L steps from write_pos 0, plus
 the lone flush step; spec: `spec_steps` verify+commit steps of the acceptance schedule, >= 3 flushes);
