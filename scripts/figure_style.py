@@ -167,7 +167,8 @@ def series(ax, x, y, lo=None, hi=None, *, label: str, color: str, flagged=None, 
 def bound(ax, x, y, *, color: str):
     """The byte-model bound of a series: thin dotted line with a dash marker at each point, same colour. A
     bound identical to one already drawn on these axes (the bound often depends on L only, not on batch) is
-    not drawn again: the shared curve turns black, so no series' bound hides under another's."""
+    not drawn again: a curve shared by series of different colours turns black, so no series' bound hides
+    under another's in the wrong colour."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     keep = np.isfinite(y)
     if not keep.any():
@@ -177,7 +178,8 @@ def bound(ax, x, y, *, color: str):
     drawn = ax.__dict__.setdefault("_byte_model_bounds", [])
     for bx, by, line in drawn:
         if len(bx) == len(x) and np.allclose(bx, x) and np.allclose(by, y):
-            line.set_color("black")
+            if matplotlib.colors.to_hex(line.get_color()) != matplotlib.colors.to_hex(color):
+                line.set_color("black")        # shared by series of different colours
             return
     (line,) = ax.plot(x, y, color=color, linestyle=":", linewidth=1.0, marker="_", markersize=9, zorder=2)
     drawn.append((x, y, line))
