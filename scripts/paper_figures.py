@@ -419,15 +419,20 @@ def fig11(run: Run, ratios: pd.DataFrame, whole: pd.DataFrame, figs: fs.FigureSe
 
 # ------------------------------------------------------------------------------------------------ driver
 
+def figures(run: Run, figs: fs.FigureSet) -> list[Path]:
+    """Figs. 6-11 of a loaded run into `figs` (scripts/plots.py calls this with its own FigureSet)."""
+    ratios = summarize(run.rows).ratios
+    whole = hybrid_ratios(run.path)
+    return (fig6(run, ratios, figs) + fig7(run, ratios, figs) + fig8(run, figs) + fig9(run, figs)
+            + fig10(run, ratios, whole, figs) + fig11(run, ratios, whole, figs))
+
+
 def paper_figures(run_dir: Path | str, out_dir: Path | str | None = None) -> list[Path]:
     fs.apply_style()
     run = load_run(run_dir)
     figs = fs.FigureSet(Path(out_dir) if out_dir else run.path / "plots",
                         header=f"Figures of run `{run.run_id}` ({run.hardware}).")
-    ratios = summarize(run.rows).ratios
-    whole = hybrid_ratios(run.path)
-    paths = (fig6(run, ratios, figs) + fig7(run, ratios, figs) + fig8(run, figs) + fig9(run, figs)
-             + fig10(run, ratios, whole, figs) + fig11(run, ratios, whole, figs))
+    paths = figures(run, figs)
     if paths:
         figs.write_index()
     return paths

@@ -1,12 +1,12 @@
 """Figures of one run, ready for a paper: AR speedup vs batch and vs buffer length (the bell curve), spec
-tokens/s vs batch per window T, achieved bandwidth, the accuracy study, and (hybrid_plots.py) the whole-model
-experiments. Look and conventions: scripts/figure_style.py (sizes, palette, human names, p20-p80 bands,
-hollow flagged points, dotted byte-model bounds).
+tokens/s vs batch per window T, achieved bandwidth, the accuracy study, the whole-model experiments
+(hybrid_plots.py) and the blog's Figs. 6-11 (paper_figures.py). Look and conventions: scripts/figure_style.py
+(sizes, palette, human names, p20-p80 bands, hollow flagged points, dotted byte-model bounds).
 
 Reads only the run's files. Output: RUN_DIR/plots/<name>.png and .pdf, and RUN_DIR/plots/FIGURES.md, the
 captions index (the configuration of each figure: hardware, run id, geometry, dtypes, backend, timing).
 
-CLI: python scripts/plots.py RUN_DIR [--out DIR]
+CLI: python scripts/plots.py RUN_DIR [--out DIR] [--no-paper]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import figure_style as fs
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import paper_figures
 from aggregate import AR_METHODS, EXCLUDED_VERDICTS, SPEC_METHODS, Run, load_run, summarize, throughput
 from hybrid_plots import plot_hybrid
 
@@ -325,15 +326,18 @@ def plot_accuracy(run: Run, figs: fs.FigureSet) -> list[Path]:
 
 # ------------------------------------------------------------------------------------------------- driver
 
-def plot_run(run_dir: Path | str, out_dir: Path | str | None = None) -> list[Path]:
-    """All figures of one run into RUN_DIR/plots/ (or `out_dir`) with their captions index; the PNG paths."""
+def plot_run(run_dir: Path | str, out_dir: Path | str | None = None, paper: bool = True) -> list[Path]:
+    """All figures of one run into RUN_DIR/plots/ (or `out_dir`) with their captions index; the PNG paths.
+    `paper`: also the blog's Figs. 6-11 (scripts/paper_figures.py)."""
     fs.apply_style()
     run = load_run(run_dir)
     figs = fs.FigureSet(Path(out_dir) if out_dir else run.path / "plots",
-                        header=f"Figures of run `{run.run_id}` ({run.hardware}), drawn by scripts/plots.py.")
+                        header=f"Figures of run `{run.run_id}` ({run.hardware}).")
     ratios = summarize(run.rows).ratios
     paths = (plot_ar_speedup(run, ratios, figs) + plot_spec_throughput(run, figs) + plot_bandwidth(run, figs)
              + plot_accuracy(run, figs) + plot_hybrid(run, figs))
+    if paper:
+        paths += paper_figures.figures(run, figs)
     if paths:
         figs.write_index()
     return paths
@@ -343,8 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="default: RUN_DIR/plots")
+    parser.add_argument("--no-paper", action="store_true", help="skip the blog's Figs. 6-11 (paper_figures.py)")
     args = parser.parse_args(argv)
-    paths = plot_run(args.run_dir, args.out)
+    paths = plot_run(args.run_dir, args.out, paper=not args.no_paper)
     out = args.out or args.run_dir / "plots"
     print(f"{len(paths)} figures (PNG + PDF) written to {out}; captions in {out / 'FIGURES.md'}")
     for p in paths:
