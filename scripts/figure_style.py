@@ -75,8 +75,8 @@ BAND_NOTE = "Lines are medians; shaded bands span the p20-p80 of the timed sampl
 HOLLOW_NOTE = ("Hollow markers: cache-resident points (the stack fits the last-level cache / L2) or speedups more "
                "than 10% above their byte-model bound (not bandwidth-bound); drawn, never quoted as speedups.")
 BOUND_NOTE = ("Dotted lines with dash markers: the byte-model bound (the partner's modelled bytes / the method's, "
-              "replayssm/traffic.py), the speedup of a purely bandwidth-bound kernel; a bound shared by several "
-              "series is drawn once, in black.")
+              "replayssm/traffic.py), the speedup of a purely bandwidth-bound kernel; a bound shared by series of "
+              "different colours is drawn once, in black.")
 PUBLISHED_NOTE = "Stars: published values (hardware and source in the legend; scripts/published_figures.py)."
 
 
