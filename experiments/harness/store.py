@@ -24,7 +24,7 @@ COLUMNS = [
     "footprint_bytes", "tokens_per_s", "rel_err", "status", "message", "config_hash", "run_id",
 ]
 STATUSES = ("ok", "wrong", "oom", "error", "skipped")
-# `geometry` is the shape one rank's kernel sees ("nheads=16 headdim=64 dstate=128 ngroups=1"), so a run with
+# `geometry` is the shape one rank's kernel sees ("dstate=128 headdim=64 ngroups=1 nheads=16"), so a run with
 # an overridden geometry (model.geometry.headdim=17) says so in every row, not just by the model's name.
 __doc__ += "    " + ", ".join(COLUMNS) + "\n"
 
