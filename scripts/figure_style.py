@@ -187,7 +187,7 @@ def bound(ax, x, y, *, color: str):
 
 def hollow_handle() -> Line2D:
     return Line2D([], [], linestyle="none", marker="o", markerfacecolor="white", markeredgecolor="black",
-                  label="hollow: cache-resident / not bandwidth-bound")
+                  label="hollow: cache-resident / not bw-bound")
 
 
 def bound_handle() -> Line2D:
@@ -200,7 +200,11 @@ def legend_below(fig, handles: list, ncol: int | None = None) -> None:
     handles = [h for h in handles if h is not None]
     if not handles:
         return
-    ncol = ncol or min(len(handles), 3 if fig.get_figwidth() > ONE_COLUMN + 0.1 else 2)
+    # columns that fit the figure's width at 7 pt (~0.055 in per character, ~0.45 in per handle and gap), so
+    # a one-column figure stays one column wide once saved with a tight bounding box
+    longest = max(len(h.get_label()) for h in handles)
+    fits = max(1, int(fig.get_figwidth() // (0.055 * longest + 0.45)))
+    ncol = min(ncol or fits, fits, len(handles))
     fig.legend(handles=handles, loc="outside lower center", ncol=ncol, handlelength=2.2, columnspacing=1.0)
 
 

@@ -153,7 +153,7 @@ def plot_e2e_breakdown(run, figs: fs.FigureSet) -> list[Path]:
                               label="hatched (R): ReplaySSM; plain (B): baseline")
         fs.legend_below(fig, handles + [hatch], ncol=2)
         composed = _true(group["composed"]).any()
-        title = f"Decode step breakdown: {fs.model_name(setting['model'], setting['tp'])}"
+        title = f"Step breakdown: {fs.model_name(setting['model'], setting['tp'])}"
         fig.suptitle(title)
         L = group.loc[group["method"] == "replay_ar", "buffer_len"].dropna().unique()
         caption = ("Milliseconds per whole-model decode step, stacked by component (the shares come from a separate "

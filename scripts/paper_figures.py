@@ -126,7 +126,7 @@ def fig6(run: Run, ratios: pd.DataFrame, figs: fs.FigureSet) -> list[Path]:
         handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="black",
                                      label="hollow: cache-resident / not bw-bound"))
     fs.legend_below(fig, handles + _ref_handles(refs), ncol=2)
-    title = "Kernel speedup per model (Fig. 6)"
+    title = "Kernel speedup per model"
     fig.suptitle(title)
     caption = ("ReplaySSM over the state-caching baseline, one SSM layer, autoregressive decode, per model: the "
                "blog's Fig. 6 at batch 256 with buffer length 8 (Nemotron-3, Mamba-2) / 16 (Qwen3.5, GDN); each "
@@ -135,7 +135,7 @@ def fig6(run: Run, ratios: pd.DataFrame, figs: fs.FigureSet) -> list[Path]:
                "under each: the published range over the family's models (the blog's Fig. 6 gives ranges, not "
                "per-model values; H100 for the 4B models, B300 for the large ones). "
                + _where(run))
-    return [figs.save(fig, "fig6_kernel_speedup", title, caption)]
+    return [figs.save(fig, "fig6_kernel_speedup", title, "The blog's Fig. 6: " + caption)]
 
 
 # ------------------------------------------------------------------------------------------------ Fig 7
@@ -169,13 +169,13 @@ def fig7(run: Run, ratios: pd.DataFrame, figs: fs.FigureSet) -> list[Path]:
     ax.set_xlabel("Buffer length L")
     ax.set_ylabel("Kernel speedup (×)")
     fs.legend_below(fig, handles + ref_handles + ([fs.hollow_handle()] if any_flag else []), ncol=1)
-    title = "Speedup vs buffer length (Fig. 7)"
+    title = "Speedup vs buffer length"
     fig.suptitle(title)
     caption = ("ReplaySSM over the baseline against the buffer length L, one SSM layer, autoregressive decode, at "
                "the run's batch sizes nearest 64 (dashed) and 256 (solid), output-only route where measured. "
                "Vertical lines: the published best buffer length (the bell curve's peak: 8 for Nemotron-3, 16 for "
                "Qwen3.5, blog Fig. 7, H100 / B300; the blog gives no per-L values). " + _where(run))
-    return [figs.save(fig, "fig7_buffer_length", title, caption)]
+    return [figs.save(fig, "fig7_buffer_length", title, "The blog's Fig. 7: " + caption)]
 
 
 # ------------------------------------------------------------------------------------------------ Fig 8
@@ -218,18 +218,18 @@ def fig8(run: Run, figs: fs.FigureSet) -> list[Path]:
                 ax.plot([r.x], [r.value], zorder=5, **ref_style(r))
             else:
                 ax.axhspan(r.lo, r.hi, color=fs.color("replayssm"), alpha=0.12, linewidth=0)
-        ref_handles = [plt.Line2D([], [], label=f"published: {r.label.replace(' (PR #49887)', '')} ({r.hardware})",
+        ref_handles = [plt.Line2D([], [], label=f"published: {r.label.replace(' (PR #49887)', '')} (B300)",
                                   **ref_style(r))
                        for r in {r.label: r for r in refs if r.value is not None}.values()]
         ref_handles += [plt.Rectangle((0, 0), 1, 1, color=fs.color("replayssm"), alpha=0.12,
-                                      label=f"published: ReplaySSM spec {r.lo}-{r.hi}x ({r.hardware})")
+                                      label=f"published: ReplaySSM spec {r.lo}-{r.hi}x ({r.hardware.split(',')[0]})")
                         for r in refs if r.value is None]
         ax.axhline(1.0, color="black", linewidth=0.6, linestyle="-.")
         fs.batch_axis(ax, list(g["batch"]) + [r.x for r in refs if r.x is not None])
         ax.set_xlabel("Batch size")
         ax.set_ylabel("Over standard decoding (×)")
         fs.legend_below(fig, handles + ref_handles, ncol=1)
-        title = f"Speculative serving, {fs.model_name(model, tp)} (Fig. 8)"
+        title = f"Spec serving: {fs.model_name(model, tp)}"
         fig.suptitle(title)
         caption = (f"Tokens/s of native speculative decoding and ReplaySSM speculative decoding (window T = "
                    f"{fs.integer(T)}) over standard decoding (the dash-dot line at 1x) at the same batch size; "
@@ -237,7 +237,7 @@ def fig8(run: Run, figs: fs.FigureSet) -> list[Path]:
                    "blog's B300 NVFP4 setup): stars, ReplaySSM spec over no-spec decoding; plus signs, the native "
                    "path, computed as (ReplaySSM / no-spec) / (ReplaySSM / native) from the PR's two tables; shaded: "
                    "the blog's Fig. 8 range 1.87-1.96x (B300, NVFP4, GSM8K, MTP drafter). " + _where(run))
-        paths.append(figs.save(fig, f"fig8_serving_{fs.slug(model, tp, T)}", title, caption))
+        paths.append(figs.save(fig, f"fig8_serving_{fs.slug(model, tp, T)}", title, "The blog's Fig. 8: " + caption))
     return paths
 
 
@@ -302,7 +302,7 @@ def fig9(run: Run, figs: fs.FigureSet) -> list[Path]:
         ax.set_xlabel("Speculative window T")
         ax.set_ylabel("Cost / standard decode step (×)")
         fs.legend_below(fig, handles + ref_handles, ncol=1)
-        title = f"Spec step cost vs T, {fs.model_name(model, tp)} (Fig. 9)"
+        title = f"Spec step cost: {fs.model_name(model, tp)}"
         fig.suptitle(title)
         caption = (f"Time of one verify+commit step of each speculative method over one standard decode step of the "
                    f"baseline (the dash-dot line), one SSM layer, batch {fs.integer(b)} (the run's batch nearest the "
@@ -313,7 +313,7 @@ def fig9(run: Run, figs: fs.FigureSet) -> list[Path]:
                    + "Published: the blog's Qwen3.5-122B values at T = 6 (native spec 4.85x; ReplaySSM 1.27-1.72x "
                    "from all-reject to all-accept), batch 128, buffer 16, NVFP4 on one B300 (blog Fig. 9). "
                    + _where(run))
-        paths.append(figs.save(fig, f"fig9_spec_cost_{fs.slug(model, tp)}", title, caption))
+        paths.append(figs.save(fig, f"fig9_spec_cost_{fs.slug(model, tp)}", title, "The blog's Fig. 9: " + caption))
     return paths
 
 
@@ -357,7 +357,7 @@ def fig10(run: Run, ratios: pd.DataFrame, whole: pd.DataFrame, figs: fs.FigureSe
     r0 = references("fig10")[0]
     ref = plt.Line2D([], [], color="black", linewidth=2.2, label=f"published range ({r0.hardware})")
     fs.legend_below(fig, handles + [ref] + ([fs.hollow_handle()] if any_flag else []), ncol=2)
-    title = "Speedup from kernel to whole step (Fig. 10)"
+    title = "Kernel to whole step"
     fig.suptitle(title)
     caption = ("ReplaySSM speculative decoding over the native speculative path (T = 4 where measured) at three "
                "levels: the SSM kernel (verify+commit of one layer, tokens/s ratio, kernel_spec rows), the verify "
@@ -365,7 +365,7 @@ def fig10(run: Run, ratios: pd.DataFrame, whole: pd.DataFrame, figs: fs.FigureSe
                "the whole model, serving rows); one marker per model at the run's batch nearest 256 (label b<N>). "
                "Black bars: the published ranges (blog Fig. 10, window 4, B300: kernel 2.28-3.33x, verify forward "
                "1.23-1.69x, whole step 1.20-1.58x). " + _where(run))
-    return [figs.save(fig, "fig10_levels", title, caption)]
+    return [figs.save(fig, "fig10_levels", title, "The blog's Fig. 10: " + caption)]
 
 
 # ----------------------------------------------------------------------------------------------- Fig 11
@@ -399,14 +399,14 @@ def fig11(run: Run, ratios: pd.DataFrame, whole: pd.DataFrame, figs: fs.FigureSe
     ax.set_yticks(y, labels, fontsize=6.5)
     ax.grid(axis="y", visible=False)
     ax.set_xlim(0, max(span.hi, df["value"].max()) * 1.2)
-    ax.set_xlabel("Max concurrency, ReplaySSM / native spec (×)")
+    ax.set_xlabel("ReplaySSM / native spec (×)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=fs.color("replayssm"), label="this run"),
                plt.Rectangle((0, 0), 1, 1, color="black", alpha=0.12,
                              label=f"published {span.lo}-{span.hi}x ({span.hardware})"),
                plt.Line2D([], [], marker="*", markersize=8, color="black", linestyle="none",
                           label="published per model (B300)")]
     fs.legend_below(fig, handles, ncol=2)
-    title = "Max concurrency (Fig. 11)"
+    title = "Max concurrency vs native spec"
     fig.suptitle(title)
     T = df["spec_T"].dropna()
     caption = (f"Sequences that fit one memory budget with ReplaySSM speculative decoding over the native "
@@ -414,7 +414,7 @@ def fig11(run: Run, ratios: pd.DataFrame, whole: pd.DataFrame, figs: fs.FigureSe
                "analytic footprints, not a measurement of memory. Shaded: the blog's Fig. 11 range 3.0-3.3x (fixed "
                "HBM budget, window 4, B300); stars: vLLM PR #47576 (B = 16, T = 4, max_model_len 2048, one B300: "
                "Nemotron-3-Super-120B 694 vs 213 sequences, Qwen3.5-122B 702 vs 233). " + _where(run))
-    return [figs.save(fig, "fig11_concurrency", title, caption)]
+    return [figs.save(fig, "fig11_concurrency", title, "The blog's Fig. 11: " + caption)]
 
 
 # ------------------------------------------------------------------------------------------------ driver

@@ -186,7 +186,7 @@ def plot_spec_throughput(run: Run, figs: fs.FigureSet) -> list[Path]:
         axes[0][0].set_ylabel("Tokens/s (one SSM layer)")
         extra = [fs.bound_handle()] + ([fs.hollow_handle()] if any_flag else [])
         fs.legend_below(fig, list(handles.values()) + extra, ncol=2 if n == 1 else 3)
-        title = f"Speculative decoding throughput: {fs.model_name(setting.get('model'), setting.get('tp'))}"
+        title = f"Spec throughput: {fs.model_name(setting.get('model'), setting.get('tp'))}"
         fig.suptitle(title)
         hist = group.loc[group["method"] == "replay_spec", "history_len"].dropna().unique()
         caption = ("Tokens per second of one SSM layer under speculative decoding (batch x mean accepted tokens / "
@@ -201,7 +201,7 @@ def plot_spec_throughput(run: Run, figs: fs.FigureSet) -> list[Path]:
 # --------------------------------------------------------------------------------------------- bandwidth
 
 def _label(row) -> str:
-    parts = [fs.name(row["method"])]
+    parts = [fs.short_name(row["method"])]
     if pd.notna(row.get("buffer_len")):
         parts.append(f"L = {fs.integer(row['buffer_len'])}")
     if pd.notna(row.get("spec_T")):
@@ -219,13 +219,13 @@ def plot_bandwidth(run: Run, figs: fs.FigureSet) -> list[Path]:
     rows = run.rows[(run.rows["status"] == "ok") & (run.rows["median_us"] > 0)]
     paths = []
     for setting, group in groups(rows, SETTING_KEYS):
-        choices = (("pct_peak_measured", "% of measured copy bandwidth"), ("pct_peak_datasheet", "% of datasheet peak"),
-                   ("achieved_GBps", "GB/s (modelled bytes / time)"))
+        choices = (("pct_peak_measured", "% of copy bandwidth"), ("pct_peak_datasheet", "% of datasheet peak"),
+                   ("achieved_GBps", "GB/s"))
         column, ylabel = next(((c, y) for c, y in choices if group[c].notna().any()), (None, None))
         if column is None:
             continue
-        fig, ax = plt.subplots(figsize=fs.figsize(1, 0.8))
         group = group.assign(_label=group.apply(_label, axis=1), _flag=flagged(group))
+        fig, ax = plt.subplots(figsize=fs.figsize(1, 0.75 + 0.07 * group["_label"].nunique()))
         handles, any_flag = [], False
         replay_labels = sorted(group.loc[group["method"] == "replay_ar", "_label"].unique())
         for i, (label, g) in enumerate(group.groupby("_label", sort=True)):
@@ -248,9 +248,10 @@ def plot_bandwidth(run: Run, figs: fs.FigureSet) -> list[Path]:
         ax.set_ylabel(ylabel)
         fs.legend_below(fig, handles + ([fs.hollow_handle()] if any_flag else []), ncol=2)
         what = "AR decode" if setting.get("experiment") == "kernel_decode" else "Speculative decoding"
-        title = f"{what} bandwidth: {fs.model_name(setting.get('model'), setting.get('tp'))}"
+        title = f"Bandwidth: {fs.model_name(setting.get('model'), setting.get('tp'))}"
         fig.suptitle(title)
-        caption = (f"Achieved bandwidth ({ylabel}): the byte model's bytes per step (replayssm/traffic.py) over the "
+        caption = (f"{what}: achieved bandwidth ({ylabel}; copy bandwidth = measured with one torch copy): the "
+                   "byte model's bytes per step (replayssm/traffic.py) over the "
                    "measured step time, per method, against the batch size; a cache-resident point's bandwidth is "
                    "the cache's, not DRAM/HBM's. " + describe(run, setting))
         paths.append(figs.save(fig, stem("bandwidth_", setting), title, caption))
