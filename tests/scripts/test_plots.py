@@ -60,7 +60,8 @@ def test_plots_are_pngs_and_pdfs_named_by_kind_with_captions(small_run):
         assert f"## {p.stem}" in text
         assert ".0" not in p.stem.replace("0.", ""), p.stem                 # integer T, L, batch in names
         width = plt.imread(p).shape[1] / fs.DPI                             # one or two columns, nothing more
-        assert width <= (fs.TWO_COLUMN if p.stem.startswith(("ar_speedup", "accuracy")) else fs.ONE_COLUMN) + 0.05
+        wide = p.stem.startswith(("ar_speedup", "accuracy", "spec_tokens"))   # spec: one panel per T
+        assert width <= (fs.TWO_COLUMN if wide else fs.ONE_COLUMN) + 0.05, p.stem
     ar = index[next(n[:-4] for n in names if n.startswith("ar_speedup_"))]
     assert ar["title"].startswith("AR decode speedup: Qwen3.5-122B-A10B")
     assert "baseline_ar" not in ar["title"] + ar["caption"]                   # human names, not internal ones
