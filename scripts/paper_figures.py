@@ -99,7 +99,7 @@ def fig6(run: Run, ratios: pd.DataFrame, figs: fs.FigureSet) -> list[Path]:
         L = _nearest(g["buffer_len"], PUBLISHED_L.get(g["family"].iloc[0], 16))
         picked.append(g[g["buffer_len"] == L].iloc[0])
     df = pd.DataFrame(picked).reset_index(drop=True)
-    fig, ax = plt.subplots(figsize=fs.figsize(1, 0.3 + 0.16 * len(df)))
+    fig, ax = plt.subplots(figsize=fs.figsize(1, (1.7 + 0.42 * len(df)) / fs.ONE_COLUMN))   # legend + one row per bar
     y = np.arange(len(df))[::-1]
     hollow = _hollow(df)
     colors = [fs.color("replay_ar") if f == "mamba2" else fs.OKABE_ITO["vermillion"] for f in df["family"]]
@@ -382,7 +382,7 @@ def fig11(run: Run, ratios: pd.DataFrame, whole: pd.DataFrame, figs: fs.FigureSe
     span = next(r for r in refs if r.lo is not None)
     star_refs = [r for r in refs if r.value is not None]
     n = len(df) + len(star_refs)
-    fig, ax = plt.subplots(figsize=fs.figsize(1, 0.3 + 0.13 * n))
+    fig, ax = plt.subplots(figsize=fs.figsize(1, (1.5 + 0.36 * n) / fs.ONE_COLUMN))
     y = np.arange(n)[::-1]
     ax.barh(y[:len(df)], df["value"], 0.55, color=fs.color("replayssm"))
     for yi, v in zip(y, df["value"]):

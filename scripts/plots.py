@@ -78,7 +78,7 @@ def plot_ar_speedup(run: Run, ratios: pd.DataFrame, figs: fs.FigureSet) -> list[
     ar = ratios[ratios["metric"] == "ar_speedup"]
     paths = []
     for setting, group in groups(ar, SETTING_KEYS):
-        group = group.assign(route=group["route"].fillna(""))
+        group = group.assign(route=group["route"].astype(object).where(group["route"].notna(), ""))
         fig, (left, right) = plt.subplots(1, 2, figsize=fs.figsize(2, 0.8), sharey=True)
         handles, any_flag = [], bool(flagged(group).any())
         Ls = sorted(group["buffer_len"].dropna().unique())
