@@ -125,7 +125,9 @@ def fig6(run: Run, ratios: pd.DataFrame, figs: fs.FigureSet) -> list[Path]:
     if hollow.any():
         handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="black",
                                      label="hollow: cache-resident / not bw-bound"))
-    fs.legend_below(fig, handles + _ref_handles(refs), ncol=2)
+    family_range = plt.Line2D([], [], color="black", linewidth=2.2,
+                              label=f"published range of the family ({refs[0].hardware})")
+    fs.legend_below(fig, handles + [family_range], ncol=2)
     title = "Kernel speedup per model"
     fig.suptitle(title)
     caption = ("ReplaySSM over the state-caching baseline, one SSM layer, autoregressive decode, per model: the "
