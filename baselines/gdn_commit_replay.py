@@ -1,4 +1,4 @@
-"""Commit-time replay for Gated DeltaNet speculative decoding (FlashInfer style, replayssm-method.md §4).
+"""Commit-time replay for Gated DeltaNet speculative decoding (FlashInfer style, ReplaySSM blog Algorithms 3 and 7).
 
 The checkpoint is frozen during verify: verify reads it once, runs the T window tokens serially in
 registers to emit o_t, stores no state, and stashes the window. After acceptance, `spec_commit` replays the

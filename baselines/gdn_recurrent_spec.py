@@ -1,6 +1,6 @@
 """Native speculative decoding for Gated DeltaNet (vLLM style): one state snapshot per window token.
 
-Each slot owns T state snapshots (replayssm-method.md §4, blog Algorithm 7). Verify loads snapshot last[slot]
+Each slot owns T state snapshots (ReplaySSM blog Algorithm 7). Verify loads snapshot last[slot]
 (the state after the last accepted token of the previous step), runs the T window tokens serially in
 registers (S <- exp(g) S; u = beta (v - S k); S <- S + u k^T; o = S q) and stores the state after token t
 into snapshot t. Commit only picks which snapshot the next verify reads (last = accepted - 1); rejected

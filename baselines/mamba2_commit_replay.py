@@ -1,4 +1,4 @@
-"""Commit-time replay for Mamba-2 speculative decoding (FlashInfer / TensorRT style, replayssm-method.md §4).
+"""Commit-time replay for Mamba-2 speculative decoding (FlashInfer / TensorRT style, ReplaySSM blog Algorithms 3 and 7).
 
 The checkpoint state is frozen during verify: each verify step reads it once, runs the T window tokens
 serially in registers to emit y_t, stores no state, and stashes the window's inputs (x, B in the act dtype,

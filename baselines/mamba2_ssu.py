@@ -1,4 +1,4 @@
-"""Mamba-2 state-caching baselines: what serving engines run today (replayssm-method.md §2.1, §4).
+"""Mamba-2 state-caching baselines: what serving engines run today (mamba_ssm / vLLM; blog Alg. 3 and 7).
 
 AR decode, `selective_state_update`: every step reads the whole state [nheads, headdim, dstate] of each
 sequence, applies the rank-1 update, reads out y and writes the state back (mamba_ssm / vLLM).

@@ -358,19 +358,31 @@ def summary(rows: list[dict]) -> str:
     cols = ["family", "workload", "method", "buffer_len", "state_dtype", "act_dtype", "step", "out_err_median",
             "state_err_median", "state_err_max"]
     errors = df[df.status != "ok"]
-    text = last[cols].sort_values(cols[:6]).to_string(index=False, float_format=lambda v: f"{v:.3g}")
+    text = last[cols].sort_values(cols[:6]).to_string(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-")
     if len(errors):
         text += "\nerrors:\n" + errors[["family", "method", "state_dtype", "message"]].to_string(index=False)
     return text
 
 
+if __name__ == "__main__":     # any sweep composes; a sweep of another experiment is refused by name
+    from experiments.harness.sweeps import register_schemas
+
+    register_schemas()
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="accuracy")
 def main(cfg) -> str:
+    from experiments.harness.sweeps import check_sweep
+
+    check_sweep("accuracy")
     t0 = time.perf_counter()
     result = run_accuracy(cfg)
     print(summary(result.rows))
     extra = f" ({result.resumed_skipped} series already done)" if result.resumed_skipped else ""
     print(f"accuracy: {len(result.rows)} rows in {time.perf_counter() - t0:.1f} s{extra} -> {result.run_dir}")
+    from experiments.harness.runner import exit_if_nothing_measured
+
+    exit_if_nothing_measured(result.rows, "accuracy", result.run_dir)
     return str(result.run_dir)
 
 

@@ -11,7 +11,10 @@ model too large to build is composed from one block (composed=true, composition 
 
 import hydra
 
+from experiments.harness.sweeps import register_schemas
 from experiments.hybrid.run import hydra_main
+
+register_schemas()   # any sweep composes; a sweep of another experiment is refused by name before any work
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="e2e_decode")

@@ -1,4 +1,4 @@
-"""One SSM layer, autoregressive decode: batch x buffer_len x model x dtype x method (DESIGN.md §1).
+"""One SSM layer, autoregressive decode: batch x buffer_len x model x dtype x method.
 
     python -m experiments.kernel_decode                                   # CPU sweep on this box
     python -m experiments.kernel_decode model=nemotron3_super_120b sweep=paper
@@ -12,6 +12,9 @@ The work is `experiments.harness.runner.run_experiment(cfg)`, a plain function; 
 import hydra
 
 from experiments.harness.runner import hydra_entry
+from experiments.harness.sweeps import register_schemas
+
+register_schemas()   # any sweep composes; a sweep of another experiment is refused by name before any work
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="kernel_decode")

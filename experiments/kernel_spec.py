@@ -1,4 +1,4 @@
-"""One SSM layer, speculative verify + commit: batch x T x acceptance x model x method (DESIGN.md §1).
+"""One SSM layer, speculative verify + commit: batch x T x acceptance x model x method.
 
     python -m experiments.kernel_spec                                     # CPU sweep on this box
     python -m experiments.kernel_spec model=qwen35_122b_a10b sweep=paper
@@ -12,6 +12,9 @@ over standard decoding come from one run. The work is `run_experiment(cfg)`; Hyd
 import hydra
 
 from experiments.harness.runner import hydra_entry
+from experiments.harness.sweeps import register_schemas
+
+register_schemas()   # any sweep composes; a sweep of another experiment is refused by name before any work
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="kernel_spec")

@@ -11,7 +11,10 @@ experiments/hybrid/footprint.py). Rows: <run dir>/serving_rows.csv; the work is 
 
 import hydra
 
+from experiments.harness.sweeps import register_schemas
 from experiments.hybrid.run import hydra_main
+
+register_schemas()   # any sweep composes; a sweep of another experiment is refused by name before any work
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="serving")

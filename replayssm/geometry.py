@@ -3,7 +3,7 @@
 A geometry is the per-layer shape of one SSM mixer on one GPU. Tensor parallelism splits heads (and
 groups) evenly across ranks, so the geometry a kernel sees at TP=k is `geometry.tp_split(k)`.
 
-Sources for the numbers (see ../shared/docs/replayssm-method.md §7): the ReplaySSM fork's test
+Sources for the numbers (the ReplaySSM fork Johnny-Liou/ReplaySSM): the ReplaySSM fork's test
 geometries `nano4b=(96,80,128,8)`, `super120b=(128,64,128,8)`, `ultra550b=(256,64,128,8)`,
 `qwen4b=(16,32,128,128)`, `qwen122b=(16,64,128,128)`; TP8 of Super = 16 heads, 1 group (FlashInfer tests).
 """

@@ -1,6 +1,6 @@
 """Analytic HBM bytes and FLOPs per decode step, per layer, per sequence: the roofline model.
 
-Accounting (replayssm-method.md §5.1, §5.2): every byte a kernel must move from or to HBM at least once:
+Accounting (ReplaySSM blog §4.1): every byte a kernel must move from or to HBM at least once:
 the recurrent state(s), the step's inputs and outputs, the cache entries it reads and the ones it appends.
 Ignored, as in §5.2: the conv state, scratch (`bc_pre`), z, D and the per-head parameters (A, dt_bias).
 Sizes are parameters: `state_bytes` (4 fp32, 2 fp16), `act_bytes` (2 bf16/fp16, 4 fp32). Cached dt / g
@@ -129,7 +129,7 @@ def _check_spec(T: int, accepted: int, B_hist: int | None = None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the speculative ring's cursor protocol (replayssm-method.md §3.3), simulated at a fixed acceptance
+# the speculative ring's cursor protocol (the official fork Johnny-Liou/ReplaySSM), simulated at a fixed acceptance
 
 
 def spec_cycle(B_hist: int, T: int, accepted: int) -> list[tuple[int, bool]]:
@@ -170,7 +170,7 @@ def mamba2_output_bytes(geom: Mamba2Geometry, act_bytes: int = HALF) -> int:
 
 def mamba2_entry_bytes(geom: Mamba2Geometry, act_bytes: int = HALF) -> int:
     """One cached token (AR buffer, spec ring, commit-replay stash): x [H, P], B [G, N] (act), dt [H] fp32.
-    C is never cached (replayssm-method.md §3)."""
+    C is never cached (the official fork Johnny-Liou/ReplaySSM)."""
     g = geom
     return g.nheads * g.headdim * act_bytes + g.ngroups * g.dstate * act_bytes + g.nheads * CACHED_SCALAR_BYTES
 
@@ -353,7 +353,7 @@ def _gdn_flops_replay(geom: GDNGeometry, h: int, flush: bool) -> int:
 
 
 def _gdn_flops_spec_verify(geom: GDNGeometry, h: int, T: int, flush: bool) -> int:
-    """Window of T from one checkpoint (replayssm-method.md §2.6). Non-flush: S0 q_s, S0 k_s (4T VK) plus the
+    """Window of T from one checkpoint (blog App. A.2, Alg. 8). Non-flush: S0 q_s, S0 k_s (4T VK) plus the
     history terms k_j . q_s, k_j . k_s and sum_j w_j u_j (.) (4hT(K + V)). Flush: rebuild S_h (VK + 2hVK)
     and read it (4T VK). Both: the T x T system, A (T^2 K), solve (T^2 V) and the intra-window output
     (T(T+1)(K + V))."""

@@ -6,13 +6,13 @@ checkpoints with step >= FIT_FROM (the first tokens show the start-up: a replay 
 its first flush). 0 means the error stays flat, 0.5 a random walk (rounding errors that add up
 independently), 1 a linear drift.
 
-The fork's claim (replayssm-method.md §7, fork test docstring): "with bf16 state, ReplaySSM is *more*
+The fork's claim (a test docstring of the official fork Johnny-Liou/ReplaySSM): "with bf16 state, ReplaySSM is *more*
 accurate than baseline (baseline downcasts every step)". Verdict from the rows: for every (family, workload,
 activation dtype, buffer length L) with a bf16-state baseline_ar and replay_ar series, compare the output
 error median at the last common checkpoint; "holds" when ReplaySSM is lower everywhere, "does not hold" when
 nowhere, else "holds for ..." naming where; "not measured" without such pairs.
 
-The third party's fp8 claim (replayssm-method.md §6.3): "FP8 checkpoint drift ~ 1% x sqrt(flushes)". From the
+The third party's fp8 claim (zz774ever/fp8-replayssm-gdn-kernel): "FP8 checkpoint drift ~ 1% x sqrt(flushes)". From the
 experimental fp8-checkpoint replay_ar rows (fp8_drift): the exponent of state error vs flushes and the
 coefficient err / sqrt(flushes); verdict "consistent" where both sit in the band below (FP8_*), "not measured"
 without fp8 rows. Its 2048-token teacher-forced p95 |delta logprob| needs a whole model: not measured here.
@@ -209,15 +209,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.run_dir}: no accuracy.csv rows")
         return 1
     with pd.option_context("display.width", 200, "display.max_columns", 40):
-        print(bf16_table(df).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        print(bf16_table(df).to_string(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-"))
         print()
-        print(growth_exponents(df).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        print(growth_exponents(df).to_string(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-"))
     v = claim_verdict(df)
     print(f"\nfork claim ({CLAIM_TEXT}): {v['verdict']}\n  {v['value']}\n  {v['rows']}")
     drift = fp8_drift(df)
     if not drift.empty:
         print("\nexperimental fp8 checkpoint (e4m3 + per-head scale): state error vs flushes")
-        print(drift.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        print(drift.to_string(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-"))
     f = fp8_claim_verdict(df)
     print(f"\nthird-party claim ({FP8_CLAIM_TEXT}): {f['verdict']}\n  {f['value']}\n  {f['rows']}")
     return 0

@@ -39,7 +39,7 @@ import pandas as pd
 from engine_rows import engine_ratios
 
 ROW_COLUMNS = (
-    "experiment", "family", "model", "tp", "method", "route", "backend", "batch", "buffer_len", "spec_T",
+    "experiment", "family", "model", "tp", "geometry", "method", "route", "backend", "batch", "buffer_len", "spec_T",
     "history_len", "acceptance", "mean_accepted", "state_dtype", "act_dtype", "context_len", "timing_mode",
     "l2", "cache_resident", "compiled", "threads", "median_us", "p20_us", "p80_us", "flush_us", "bytes_model",
     "byte_model_ratio", "achieved_GBps", "pct_peak_measured", "pct_peak_datasheet", "peak_mem_bytes",
@@ -52,13 +52,13 @@ NUMERIC_COLUMNS = (
 )
 # The point keys: everything that says *what* was measured (not the measures, not the method).
 POINT_KEYS = (
-    "experiment", "family", "model", "tp", "route", "backend", "batch", "buffer_len", "spec_T", "history_len",
-    "acceptance", "state_dtype", "act_dtype", "context_len", "timing_mode", "l2", "compiled", "threads",
+    "experiment", "family", "model", "tp", "geometry", "route", "backend", "batch", "buffer_len", "spec_T",
+    "history_len", "acceptance", "state_dtype", "act_dtype", "context_len", "timing_mode", "l2", "compiled", "threads",
 )
 RUN_KEYS = ["_source", "run_id"]
 # Strict keys must be equal; "wild" keys must be equal unless one side does not have them (NA): the
 # baseline has no buffer_len/route/history_len, so one baseline row serves every replay setting.
-AR_STRICT = RUN_KEYS + ["experiment", "family", "model", "tp", "batch", "state_dtype", "act_dtype",
+AR_STRICT = RUN_KEYS + ["experiment", "family", "model", "tp", "geometry", "batch", "state_dtype", "act_dtype",
                         "timing_mode", "l2", "backend", "threads"]
 AR_WILD = ["buffer_len", "route", "context_len"]
 SPEC_STRICT = AR_STRICT + ["spec_T", "acceptance"]
@@ -74,7 +74,7 @@ SPEC_METHODS = ("baseline_spec", "commit_replay_spec", "replay_spec")
 NA_KEY = "<na>"
 
 SUMMARY_COLUMNS = (
-    "run_id", "hardware", "metric", "experiment", "family", "model", "tp", "batch", "buffer_len", "route",
+    "run_id", "hardware", "metric", "experiment", "family", "model", "tp", "geometry", "batch", "buffer_len", "route",
     "spec_T", "history_len", "acceptance", "mean_accepted", "state_dtype", "act_dtype", "context_len",
     "timing_mode", "l2", "backend", "threads", "num_method", "den_method", "value", "lo", "hi", "num_value",
     "den_value", "value_unit", "bytes_ratio", "num_backend", "den_backend", "num_compiled", "den_compiled",

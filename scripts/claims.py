@@ -6,6 +6,9 @@ value comes from, and the gap. A claim with no matching rows says "not measured 
 ever filled in. The byte-model row is analytic (replayssm.traffic), labelled so. A CPU run is labelled as
 torch-backend CPU numbers, not comparable to the GPU claims.
 
+A run with no rows, or none ok, opens the report with "NOTHING WAS MEASURED" (statuses, first failure),
+says so on stderr and exits 1; failed rows beside ok ones are counted at the top of the report.
+
 CLI: python scripts/claims.py RUN_DIR [RUN_DIR ...] [--out FILE]   (default RUN_DIR/REPORT.md of the first)
 """
 
@@ -25,6 +28,45 @@ from published import CLAIMS, Claim
 from tables import bench_cpu_table, env_line, markdown_table
 
 NOT_MEASURED = "not measured in this run"
+ROW_FILES = ("rows.csv", "e2e_rows.csv", "serving_rows.csv", "accuracy.csv")   # every table a run can hold
+FAILED = ("error", "oom", "wrong")
+
+
+def census(runs: list[Run]) -> dict:
+    """Status counts over every row file of the runs, and the first failure's message: the report says
+    loudly when nothing (or not everything) was measured instead of listing every claim as not measured."""
+    counts: dict[str, int] = {}
+    first = None
+    for run in runs:
+        for name in ROW_FILES:
+            path = run.path / name
+            if not path.is_file():
+                continue
+            df = pd.read_csv(path, usecols=lambda c: c in ("status", "message"))
+            if "status" not in df:
+                continue
+            for status, n in df["status"].fillna("unknown").value_counts().items():
+                counts[status] = counts.get(status, 0) + int(n)
+            bad = df[df["status"].isin(FAILED)]
+            if first is None and len(bad):
+                first = f"{name}: {str(bad['message'].iloc[0])[:200]}" if "message" in bad else name
+    return {"counts": counts, "total": sum(counts.values()), "ok": counts.get("ok", 0),
+            "failed": sum(counts.get(s, 0) for s in FAILED), "first_failure": first}
+
+
+def census_text(c: dict) -> str | None:
+    """The one line the report opens with when something is wrong; None when every row is ok/skipped."""
+    statuses = ", ".join(f"{k}={v}" for k, v in sorted(c["counts"].items()))
+    if c["total"] == 0:
+        return ("NOTHING WAS MEASURED: the run has no rows (no row in rows.csv, e2e_rows.csv, serving_rows.csv or "
+                "accuracy.csv).")
+    if c["ok"] == 0:
+        return (f"NOTHING WAS MEASURED: none of the {c['total']} rows is ok ({statuses}); first failure: "
+                f"{c['first_failure']}")
+    if c["failed"]:
+        return (f"{c['failed']} of {c['total']} rows failed ({statuses}); claims are answered from the ok rows "
+                f"only. First failure: {c['first_failure']}")
+    return None
 PROXY_NOTE = {"serving": "SSM-layer proxy for a serving claim", "e2e": "end-to-end claim"}
 
 
@@ -324,6 +366,9 @@ def render(runs: list[Run]) -> str:
     cpu = any(e["kind"] == "cpu" for e in envs)
     lines = ["# ReplaySSM Bench: published claims vs this run", ""]
     lines += [f"- {env_line(r)}" for r in runs] + [""]
+    loud = census_text(census(runs))
+    if loud:
+        lines += [f"> **{loud}**", ""]
     if cpu:
         lines += ["> **CPU run.** The measured values below are CPU `torch`-backend numbers on "
                   f"{', '.join(sorted({e['hardware'] for e in envs}))}: they are NOT comparable to the published "
@@ -377,7 +422,11 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or args.run_dirs[0] / "REPORT.md"
     out.write_text(render(runs))
     print(f"report written to {out}")
-    return 0
+    c = census(runs)
+    loud = census_text(c)
+    if loud:
+        print(loud, file=sys.stderr)
+    return 1 if c["ok"] == 0 else 0
 
 
 if __name__ == "__main__":

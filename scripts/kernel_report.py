@@ -1,6 +1,6 @@
 """Ahead-of-time build of every Triton kernel for sm_90 and sm_100, on a CPU box: registers, spills, loads.
 
-How (see shared/docs/aot-compile.md): with REPLAYSSM_AOT_CAPTURE=1 the Triton backend of every public
+How: with REPLAYSSM_AOT_CAPTURE=1 the Triton backend of every public
 function accepts CPU tensors, and REPLAYSSM_TARGET_ARCH makes the launchers pick the launch config they
 would pick on that GPU. `JITFunction.run` is replaced by a recorder, so calling each method's public API
 once records every launch (kernel, bound arguments, grid, num_warps/num_stages) without running it. Each

@@ -1,6 +1,7 @@
 """The published ReplaySSM claims as data: value, conditions, source, and which measurement answers each.
 
-Sources are quoted from ../shared/docs/replayssm-method.md §6 (blog §6, vLLM RFC/PR tables) and DESIGN.md §5.
+Sources: the ReplaySSM blog (Liou and Dao, 2026; dao-lab.ai/blog/2026/replayssm/) and the vLLM RFC / PRs
+named in each claim's `source`.
 `scripts/claims.py` reads CLAIMS in order (the two headline rows first) and finds, for each claim, the rows of
 one run's summary.csv nearest to its conditions. Nothing here is a measurement of ours.
 
@@ -62,7 +63,7 @@ CLAIMS: tuple[Claim, ...] = (
         conditions="standard (AR) decode; nearest published figures: kernel 1.84x (Nemotron-3, batch 256, buffer 8), "
                    "byte ratio ~1.8x at fp32 state",
         source="article introducing the project (quote); not verbatim in the blog: nearest are blog §6.1 "
-               "kernel 1.84x and the byte model (replayssm-method.md §6.1, §5.2)",
+               "kernel 1.84x and the byte model (ReplaySSM blog §6; per-model bytes from the blog's §4.1 formulas)",
         level="kernel",
     ),
     Claim(
@@ -82,7 +83,7 @@ CLAIMS: tuple[Claim, ...] = (
         metric="ar_speedup", family="mamba2", models=NEMOTRON3, batch=256, buffer_len=8,
         hardware="Nano-4B 1xH100 BF16; Super-120B 1xB300 NVFP4; Ultra-550B 2xB300 TP2",
         conditions="SSM kernel, standard decode, batch 256, 1K decoding steps, buffer 8, fp32 state",
-        source="blog Fig 6 / §6.1 (replayssm-method.md §6.1)",
+        source="ReplaySSM blog Fig 6 / §6.1",
     ),
     Claim(
         key="kernel_ar_qwen35", kind="range", lo=1.43, hi=1.64,
@@ -90,7 +91,7 @@ CLAIMS: tuple[Claim, ...] = (
         metric="ar_speedup", family="gdn", models=QWEN35, batch=256, buffer_len=16,
         hardware="Qwen3.5-4B 1xH100 BF16; Qwen3.5-122B 1xB300 NVFP4",
         conditions="SSM kernel, standard decode, batch 256, 1K decoding steps, buffer 16, fp32 state",
-        source="blog Fig 6 / §6.1 (replayssm-method.md §6.1)",
+        source="ReplaySSM blog Fig 6 / §6.1",
     ),
     Claim(
         key="bell_nemotron3", kind="argmax", hi=8,
@@ -110,7 +111,7 @@ CLAIMS: tuple[Claim, ...] = (
         metric="ar_speedup", experiment="e2e_decode", batch=512,
         hardware="H100 (dense) / B300 (NVFP4 MoE)",
         conditions="whole-model decode step, vLLM, CUDA graphs, serving batch sizes, buffer 16",
-        source="blog §1/§6, Fig 1b (replayssm-method.md §6.1)", level="e2e",
+        source="blog §1/§6, Fig 1b", level="e2e",
     ),
     Claim(
         key="spec_vs_standard", kind="range", lo=1.87, hi=1.96,
@@ -118,7 +119,7 @@ CLAIMS: tuple[Claim, ...] = (
         metric="spec_vs_ar", experiment="kernel_spec", batch=512, spec_T=4,
         hardware="B300, NVFP4, MTP drafter",
         conditions="window 4, GSM8K prompts, temperature 0, batch swept up to 512",
-        source="blog Fig 1b right / Fig 8 / §6.2 (replayssm-method.md §6.1)", level="serving",
+        source="blog Fig 1b right / Fig 8 / §6.2", level="serving",
         note="serving throughput; measured here at the SSM layer (kernel-level proxy)",
     ),
     Claim(
@@ -127,7 +128,7 @@ CLAIMS: tuple[Claim, ...] = (
         metric="spec_vs_native", experiment="kernel_spec", batch=512, spec_T=4,
         hardware="B300, NVFP4, MTP drafter",
         conditions="window 4, GSM8K prompts, temperature 0, batch swept up to 512; acceptance identical",
-        source="blog Fig 8 / §6.2 (replayssm-method.md §6.1)", level="serving",
+        source="blog Fig 8 / §6.2", level="serving",
         note="serving throughput; measured here at the SSM layer (kernel-level proxy)",
     ),
     Claim(
@@ -136,7 +137,7 @@ CLAIMS: tuple[Claim, ...] = (
         metric="spec_vs_native", experiment="kernel_spec", family="gdn", models=("qwen35_122b_a10b",),
         batch=512, spec_T=4, hardware="B300 NVFP4 MTP (inferred)",
         conditions="Qwen3.5-122B-A10B; native spec 9,395 tok/s vs ReplaySSM spec 19,707 tok/s",
-        source="vLLM PR #49887 (replayssm-method.md §6.2)", level="serving",
+        source="vLLM PR #49887", level="serving",
     ),
     Claim(
         key="spec_gdn_bs512_ar", kind="point", hi=1.90,
@@ -144,14 +145,14 @@ CLAIMS: tuple[Claim, ...] = (
         metric="spec_vs_ar", experiment="kernel_spec", family="gdn", models=("qwen35_122b_a10b",),
         batch=512, spec_T=4, hardware="B300 NVFP4 MTP (inferred)",
         conditions="Qwen3.5-122B-A10B; standard decode 10,398 tok/s vs ReplaySSM spec 19,707 tok/s",
-        source="vLLM PR #49887 (replayssm-method.md §6.2)", level="serving",
+        source="vLLM PR #49887", level="serving",
     ),
     Claim(
         key="spec_kernel_vs_native", kind="range", lo=2.28, hi=3.33,
         text="spec SSM kernel 2.28x-3.33x over the vLLM spec baseline",
         metric="spec_vs_native", experiment="kernel_spec", spec_T=4,
         hardware="B300", conditions="window 4; kernel level (verify forward 1.23-1.69x, full step 1.20-1.58x)",
-        source="blog Fig 10 (replayssm-method.md §6.1)", level="kernel",
+        source="blog Fig 10", level="kernel",
     ),
     Claim(
         key="spec_cost_baseline_T6", kind="point", hi=4.85,
@@ -159,7 +160,7 @@ CLAIMS: tuple[Claim, ...] = (
         metric="step_cost_vs_ar", experiment="kernel_spec", method="baseline_spec", family="gdn",
         models=("qwen35_122b_a10b",), batch=128, buffer_len=16, spec_T=6,
         hardware="1xB300", conditions="Qwen3.5-122B-A10B-NVFP4, batch 128, buffer 16, T=6",
-        source="blog Fig 9 (replayssm-method.md §6.1)", note="lower is better",
+        source="blog Fig 9", note="lower is better",
     ),
     Claim(
         key="spec_cost_replay_T6", kind="range", lo=1.27, hi=1.72,
@@ -167,7 +168,7 @@ CLAIMS: tuple[Claim, ...] = (
         metric="step_cost_vs_ar", experiment="kernel_spec", method="replay_spec", family="gdn",
         models=("qwen35_122b_a10b",), batch=128, buffer_len=16, spec_T=6,
         hardware="1xB300", conditions="Qwen3.5-122B-A10B-NVFP4, batch 128, buffer 16, T=6, acceptance swept",
-        source="blog Fig 9 (replayssm-method.md §6.1)", note="lower is better",
+        source="blog Fig 9", note="lower is better",
     ),
     Claim(
         key="concurrency", kind="range", lo=3.0, hi=3.3,
@@ -175,7 +176,7 @@ CLAIMS: tuple[Claim, ...] = (
         metric="concurrency", experiment="kernel_spec", spec_T=4, buffer_len=16,
         hardware="1xB300", conditions="fixed HBM budget, window 4, B=16, max_model_len 2048 "
                                       "(Super-120B 213 -> 694 = 3.25x; Qwen3.5-122B 233 -> 702 = 3.01x)",
-        source="blog §6 / Fig 11, vLLM PR #47576 (replayssm-method.md §6.1, §6.2)", level="serving",
+        source="blog §6 / Fig 11, vLLM PR #47576", level="serving",
         note="published figure includes KV cache and weights; ours is the SSM state+buffer footprint ratio only",
     ),
     Claim(
@@ -183,7 +184,7 @@ CLAIMS: tuple[Claim, ...] = (
         text="byte model: ~1.8x less traffic per AR step (halves the dominant state term 8dn -> 4dn)",
         metric="byte_model", experiment=None, batch=None, buffer_len=16,
         hardware="any (analytic)", conditions="fp32 state, bf16 activations, whole flush cycles, buffer 16",
-        source="blog §4.1, replayssm-method.md §5.2 (1.79x-1.81x at L=16)", level="analytic",
+        source="blog §4.1, per-model bytes from the blog's §4.1 formulas (1.79x-1.81x at L=16)", level="analytic",
     ),
 )
 
@@ -195,13 +196,13 @@ CLAIMS += (
         metric="bf16_state_accuracy", experiment="accuracy",
         hardware="not stated (fork test)", conditions="bf16 state; ReplaySSM rounds the state once per flush, "
                                                       "the baseline every step",
-        source="official fork's test docstring (replayssm-method.md §7, [READ])", level="kernel",
+        source="official fork's test docstring (Johnny-Liou/ReplaySSM)", level="kernel",
         note="published as a qualitative statement; ours: baseline/ReplaySSM output error ratio vs float64 "
              "(> 1 means ReplaySSM is more accurate)",
     ),
 )
 
-# The third-party FP8 variant's accuracy numbers (replayssm-method.md §6.3): drift from accuracy.csv's
+# The third-party FP8 variant's accuracy numbers (zz774ever/fp8-replayssm-gdn-kernel): drift from accuracy.csv's
 # experimental fp8-checkpoint rows (scripts/accuracy.py fp8_claim_verdict); the logprob one needs a model.
 CLAIMS += (
     Claim(
@@ -209,7 +210,7 @@ CLAIMS += (
         text='"FP8 checkpoint drift ~ 1% x sqrt(flushes)"',
         metric="fp8_checkpoint_drift", experiment="accuracy",
         hardware="RTX 4090 (third party)", conditions="GDN, Qwen3.5-4B layer, FP8 checkpoint",
-        source="zz774ever/fp8-replayssm-gdn-kernel REPORT.md (replayssm-method.md §6.3)", level="kernel",
+        source="zz774ever/fp8-replayssm-gdn-kernel REPORT.md", level="kernel",
         note="ours: exponent of the materialised-state error vs flushes and err/sqrt(flushes) of the "
              "experimental e4m3 + per-head-scale checkpoint (the third party's drift metric is not defined)",
     ),
@@ -218,7 +219,7 @@ CLAIMS += (
         text='"2048-token teacher-forced p95 abs(delta logprob) 0.155-0.267 (FP8 checkpoint)"',
         metric="fp8_checkpoint_logprob", experiment="accuracy",
         hardware="RTX 4090 (third party)", conditions="Qwen3.5-4B end to end, teacher forced, 2048 tokens",
-        source="zz774ever/fp8-replayssm-gdn-kernel REPORT.md (replayssm-method.md §6.3)", level="e2e",
+        source="zz774ever/fp8-replayssm-gdn-kernel REPORT.md", level="e2e",
         note="needs a whole model's logits; this harness decodes single layers",
     ),
 )

@@ -1,6 +1,6 @@
 """Provenance of a run (env.json) and the hardware profile it is filed under.
 
-Fields (the union anchors.md §6 recommends): hostname, platform, python, CPU name, threads, torch, triton,
+Fields (what a GPU benchmark needs to be read later): hostname, platform, python, CPU name, threads, torch, triton,
 CUDA, peers' versions (mamba_ssm, fla, flashinfer), git sha + dirty flag, GPU name / UUID / count / memory /
 SM count / compute capability / L2, driver and CUDA driver versions, clocks, power limit, throttle
 (clock-event) reasons, persistence mode (NVML, each reading absent when NVML is missing or fails), the
@@ -40,13 +40,16 @@ def git_info() -> dict:
     return {"git_sha": sha.strip() if sha else None, "git_dirty": bool(status.strip()) if status is not None else None}
 
 
+SHORT_SHA_LEN = 7  # the same length as `git rev-parse --short` (scripts/reproduce.sh names its runs with it)
+
+
 def short_sha() -> str:
     sha = git_info()["git_sha"]
-    return sha[:8] if sha else "nogit"
+    return sha[:SHORT_SHA_LEN] if sha else "nogit"
 
 
 def new_run_id() -> str:
-    """UTC timestamp + short git sha, e.g. 20260901T101500Z-1a2b3c4d."""
+    """UTC timestamp + short git sha, e.g. 20260901T101500Z-1a2b3c4."""
     return f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{short_sha()}"
 
 

@@ -199,6 +199,42 @@ def _compile_flag(v) -> str:
     raise ValueError(f"sweep.torch_compile: expected true, false or auto, got {v!r}")
 
 
+# timing.* (conf/config.yaml): key -> (type, smallest allowed value, whether the minimum itself is allowed).
+# Checked before any work like the sweep, so `timing.cpu_repeats=abc` or `=0` is a one-line error, not a run
+# directory full of failed points.
+TIMING_KEYS: dict[str, tuple[type, float, bool]] = {
+    "warmup_ms": (float, 0, True), "rep_ms": (float, 0, False), "l2_factor": (float, 0, False),
+    "max_layers": (int, 1, True), "hbm_budget_frac": (float, 0, False), "cpu_warmup": (int, 0, True),
+    "cpu_repeats": (int, 1, True), "cpu_min_sample_us": (float, 0, True), "spec_steps": (int, 1, True),
+    "check_max_batch": (int, 1, True), "check_ar_steps": (int, 1, True), "copy_bytes": (int, 1, True),
+}
+TIMING_CHOICES = {"cpu_clock": ("auto", "wall", "cpu"), "compile_backend": None}   # None: any non-empty name
+
+
+def validate_timing(timing: dict) -> dict:
+    """Check every timing.* key (type and range, hbm_budget_frac <= 1) and refuse unknown ones."""
+    for key, v in timing.items():
+        if key in TIMING_CHOICES:
+            allowed = TIMING_CHOICES[key]
+            if allowed is None:
+                if not isinstance(v, str) or not v:
+                    raise ValueError(f"timing.{key}: expected a non-empty name, got {v!r}")
+            else:
+                _choice(f"timing.{key}", v, allowed)
+            continue
+        if key not in TIMING_KEYS:
+            raise ValueError(f"timing.{key}: unknown timing key; expected one of "
+                             f"{sorted([*TIMING_KEYS, *TIMING_CHOICES])}")
+        kind, low, inclusive = TIMING_KEYS[key]
+        ok_type = not isinstance(v, bool) and (isinstance(v, int) if kind is int else isinstance(v, (int, float)))
+        what = ("an int" if kind is int else "a number") + (f" >= {low:g}" if inclusive else f" > {low:g}")
+        if key == "hbm_budget_frac":
+            what += " and <= 1"
+        if not ok_type or (v < low if inclusive else v <= low) or (key == "hbm_budget_frac" and v > 1):
+            raise ValueError(f"timing.{key}: expected {what}, got {v!r}")
+    return timing
+
+
 def resolve_device(device) -> str:
     if device in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -315,7 +351,9 @@ def expand(cfg) -> Plan:
     seed = _int("seed", cfg.get("seed", 0), minimum=0)
     sweep = device_sweep(sweep, device)
     cfg = dict(cfg, sweep=sweep)
-    _choice("timing.cpu_clock", cfg["timing"].get("cpu_clock", "auto"), ("auto", "wall", "cpu"))
+    validate_timing(cfg["timing"])
+    if not isinstance(cfg.get("progress", True), bool):
+        raise ValueError(f"progress: expected true or false, got {cfg['progress']!r}")
 
     backend = _choice("sweep.backend", sweep.get("backend"), BACKENDS)
     timing_mode = _choice("sweep.timing_mode", sweep.get("timing_mode"), TIMING_MODES)

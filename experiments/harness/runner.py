@@ -1,7 +1,7 @@
 """The timing core as a plain function: config -> rows on disk. Hydra only drives it (experiments/*.py);
 tests and notebooks call `run_experiment(load_config(...))` without the Hydra runtime.
 
-Per point (DESIGN.md §3): skip if the method cannot run here; correctness gate against the float64 oracle
+Per point: skip if the method cannot run here; correctness gate against the float64 oracle
 (status=wrong, no time, when it fails); build a stack of layers, each with its own cache pool (GPU, cold
 L2: enough layers to exceed l2_factor x L2); time whole cycles (AR replay: L steps from write_pos 0, plus
 the lone flush step; spec: `spec_steps` verify+commit steps of the acceptance schedule, >= 3 flushes);
@@ -48,10 +48,18 @@ def load_config(config_name: str = "kernel_decode", overrides=(), return_hydra_c
 def failure(exc: BaseException) -> tuple[str, str]:
     """(status, message) of a point that raised: `oom` for an allocator failure, else `error` with where it was
     raised. Every runner records a failing point this way and goes on with the sweep."""
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or _cpu_alloc_failure(exc):
         return "oom", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    where = traceback.extract_tb(exc.__traceback__)[-1]
-    return "error", f"{type(exc).__name__}: {str(exc)[:300]} (at {Path(where.filename).name}:{where.lineno})"
+    frames = traceback.extract_tb(exc.__traceback__)        # empty for an exception that was never raised
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return "error", f"{type(exc).__name__}: {str(exc)[:300]}{where}"
+
+
+def _cpu_alloc_failure(exc: BaseException) -> bool:
+    """torch's CPU allocator raises a plain RuntimeError (`DefaultCPUAllocator: can't allocate memory: ...
+    Error code 12 (Cannot allocate memory)`), not OutOfMemoryError: it is an oom all the same."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "Cannot allocate memory" in text)
 
 
 def config_dict(cfg) -> dict:
@@ -129,8 +137,17 @@ def blank_row(p: Point, run_id: str) -> dict:
               "history_len", "acceptance", "state_dtype", "act_dtype", "context_len", "timing_mode", "l2"):
         row[c] = getattr(p, c)
     row.update(compiled=False, threads=torch.get_num_threads(), config_hash=p.config_hash(), run_id=run_id,
-               message="")
+               message="", geometry=geometry_label(p.geometry))
     return row
+
+
+def geometry_label(geometry) -> str:
+    """A point's geometry (Point.geometry: sorted (key, value) pairs, or a geometry dataclass) as one cell."""
+    if hasattr(geometry, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        geometry = sorted(asdict(geometry).items())
+    return " ".join(f"{k}={v}" for k, v in geometry)
 
 
 def run_point(p: Point, ctx: Context) -> dict:
@@ -364,8 +381,7 @@ def summarize(rows: list[dict], limit: int = 200) -> str:
     head = ["model", "tp", "batch", "L/T", "acc", "method", "route", "median_us", "flush_us", "GB/s", "status"]
     lines = []
     for r in rows[:limit]:
-        lt = r["buffer_len"] if r["buffer_len"] is not None else r["spec_T"]
-        lines.append([r["model"], r["tp"], r["batch"], "" if lt is None else lt, r["acceptance"] or "",
+        lines.append([r["model"], r["tp"], r["batch"], _window(r), r["acceptance"] or "",
                       r["method"], r["route"] or "", _fmt(r["median_us"]), _fmt(r["flush_us"]),
                       _fmt(r["achieved_GBps"]), r["status"]])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
@@ -378,6 +394,14 @@ def summarize(rows: list[dict], limit: int = 200) -> str:
         text.append(f"... {len(rows) - limit} more rows")
     text.append("status: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
     return "\n".join(text)
+
+
+def _window(r: dict) -> str:
+    """The L/T cell: "L=16" (AR replay), "T=4 B=16" (spec with a history ring), "T=4" (spec without one)."""
+    if r.get("buffer_len") is not None:
+        return f"L={r['buffer_len']}"
+    parts = [f"{k}={r[c]}" for k, c in (("T", "spec_T"), ("B", "history_len")) if r.get(c) is not None]
+    return " ".join(parts)
 
 
 def _fmt(v) -> str:
@@ -403,10 +427,46 @@ def hydra_entry(cfg) -> str:
             cfg.sweep.models = None
             if cfg.sweep.get("on_cpu") and "models" in cfg.sweep.on_cpu:
                 del cfg.sweep.on_cpu["models"]        # the explicit model wins on a CPU too
+    from experiments.harness.sweeps import check_sweep
+
+    check_sweep(cfg.experiment.name)
+    keep_user_overrides(cfg, task)
     t0 = time.perf_counter()
     result = run_experiment(cfg)
     elapsed = time.perf_counter() - t0
     print(summarize(result.rows))
     extra = f" ({result.resumed_skipped} points already done)" if result.resumed_skipped else ""
     print(f"{cfg.experiment.name}: {len(result.rows)} rows in {elapsed:.1f} s{extra} -> {result.run_dir}")
+    exit_if_nothing_measured(result.rows, cfg.experiment.name, result.run_dir)
     return str(result.run_dir)
+
+
+def keep_user_overrides(cfg, overrides: list[str]) -> list[str]:
+    """A sweep key the user typed (`sweep.batch=[2]`) wins over the sweep's `on_cpu` block, which would
+    otherwise replace it on a CPU: the key is taken out of `on_cpu`, so the typed value is applied (and
+    validated like any other: a bad one is refused). Returns the keys taken out."""
+    from omegaconf import open_dict
+
+    on_cpu = cfg.sweep.get("on_cpu")
+    if not on_cpu:
+        return []
+    typed = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    taken = [k for k in list(on_cpu) if f"sweep.{k}" in typed]
+    with open_dict(cfg):
+        for k in taken:
+            del cfg.sweep.on_cpu[k]
+    return taken
+
+
+def exit_if_nothing_measured(rows: list[dict], experiment: str, run_dir) -> None:
+    """A run in which every point it ran failed (error / oom / wrong) exits non-zero with one line saying
+    so; rows are kept on disk. Skipped points (a method unavailable here) are not failures."""
+    failed = [r for r in rows if r.get("status") in ("error", "oom", "wrong")]
+    if rows and len(failed) == len(rows):
+        counts: dict[str, int] = {}
+        for r in failed:
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
+        first = str(failed[0].get("message") or "")[:200]
+        raise SystemExit(f"{experiment}: every one of the {len(rows)} points failed "
+                         f"({', '.join(f'{k}={v}' for k, v in sorted(counts.items()))}); first: {first} "
+                         f"(rows kept in {run_dir})")

@@ -1,6 +1,6 @@
 """Timing: a zero-argument cycle (one or more decode steps over a stack of layers) -> per-step microseconds.
 
-GPU (DESIGN.md §3, anchors.md §1.4, §1.10):
+GPU (triton.testing.do_bench with CUDA graphs, as FlashInfer and vLLM benchmark their kernels):
     graph mode   the cycle is captured once in a CUDA graph (after a warm-up on a side stream that JIT-compiles
                  every kernel) and `graph.replay` is timed; eager mode times the Python cycle itself.
     cold L2      `triton.testing.do_bench` (warmup / rep are milliseconds; quantiles [0.5, 0.2, 0.8]); it

@@ -282,8 +282,14 @@ def summarize(rows: list[dict]) -> str:
 
 
 def hydra_main(cfg, experiment: str) -> str:
+    from experiments.harness.sweeps import check_sweep
+
+    check_sweep(experiment)
     t0 = time.perf_counter()
     run_dir, rows = run_hybrid(cfg, experiment)
     print(summarize(rows))
     print(f"{experiment}: {len(rows)} rows in {time.perf_counter() - t0:.1f} s -> {run_dir}")
+    from experiments.harness.runner import exit_if_nothing_measured
+
+    exit_if_nothing_measured(rows, experiment, run_dir)
     return str(run_dir)

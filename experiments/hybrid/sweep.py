@@ -22,7 +22,15 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 from experiments.harness.acceptance import parse_acceptance
-from experiments.harness.points import DTYPES, _choice, _int, _int_list, load_model_config, resolve_device
+from experiments.harness.points import (
+    DTYPES,
+    _choice,
+    _int,
+    _int_list,
+    load_model_config,
+    resolve_device,
+    validate_timing,
+)
 from experiments.harness.store import RunStore
 from experiments.hybrid import footprint as fpm
 from experiments.hybrid.spec import HybridSpec, hybrid_spec
@@ -160,6 +168,9 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
                          f"{list(HybridSweepSchema.__dataclass_fields__)}")
     device = resolve_device(cfg.get("device", "auto"))
     seed = _int("seed", cfg.get("seed", 0), minimum=0)
+    validate_timing(cfg.get("timing") or {})
+    _int("sweep.cpu_repeats", sweep.get("cpu_repeats", 5))
+    _int("sweep.cpu_warmup", sweep.get("cpu_warmup", 1), minimum=0)
     backend = _choice("sweep.backend", sweep.get("backend"), ("torch", "triton"))
     build = _choice("sweep.build", sweep.get("build", "auto"), ("auto", "full", "block"))
     _choice("sweep.moe_impl", sweep.get("moe_impl", "auto"), ("auto", "grouped_mm", "loop"))

@@ -1,6 +1,6 @@
 """The argv of every engine command, as pure functions of one engine point and the engine's dialect.
 
-Modes (replayssm-method.md §6.1, §7 "Benchmark harness parameters"):
+Modes (ReplaySSM blog §6; the fork Johnny-Liou/ReplaySSM's benchmarks/replayssm/e2e_*.py):
     standard        plain decode
     native_spec     vLLM's own speculative decoding with the model's MTP drafter, T = 1 + 3 (window 4)
     replayssm_ar    standard decode with ReplaySSM (`--use-replayssm`, buffer L)

@@ -1,6 +1,6 @@
 """Which ReplaySSM flags the installed vLLM understands, read from its own `--help` text.
 
-Three dialects exist (replayssm-method.md §3; vLLM PRs #48018, #49847):
+Three dialects exist (the official fork Johnny-Liou/ReplaySSM; vLLM PRs #48018, #49847):
     fork      Johnny-Liou/ReplaySSM (and the upstream spec PR #49847 branch): `--use-replayssm` (AR),
               `--use-replayssm-spec` (speculative), `--replayssm-buffer-len`, `--replayssm-route` (Mamba-2)
     upstream  vLLM main after #48018 (merged): the same `--use-replayssm` / `--replayssm-buffer-len` names for

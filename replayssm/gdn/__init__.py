@@ -1,4 +1,4 @@
-"""ReplaySSM for Gated DeltaNet. Public API (DESIGN.md §2): ReplayCache, replay_step, materialize (AR decode);
+"""ReplaySSM for Gated DeltaNet. Public API (README): ReplayCache, replay_step, materialize (AR decode);
 SpecRing, spec_verify, spec_commit, spec_reset, spec_materialize (speculative decoding)."""
 
 from replayssm.gdn.cache import ReplayCache

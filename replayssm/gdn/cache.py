@@ -3,7 +3,7 @@
 Everything persistent is allocated once here; no kernel allocates per step. The cursor lives on the device
 and is advanced by a kernel, so a decode step is CUDA-graph capturable.
 
-What is cached (replayssm-method.md §2.4, §3.1): the *corrected* update u = beta (v - alpha S k), not raw v
+What is cached (blog App. A.1, Alg. 6; the fork): the *corrected* update u = beta (v - alpha S k), not raw v
 (caching v would make every replayed step depend on the state before it), the key k after the optional
 L2 normalisation (per key head, shared by HV/H value heads), and the log decay g (fp32). The read vector q
 is never cached.

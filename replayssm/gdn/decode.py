@@ -4,7 +4,7 @@
                 backend="triton") -> o [batch, HV, V]
     materialize(cache, slots=None, backend="triton", out=None) -> state [batch, HV, V, K] fp32
 
-Math (replayssm-method.md §2.4), per slot with h = write_pos, L = buffer_len, cached (u_j, k_j, g_j), j < h:
+Math (blog App. A.1, Alg. 6), per slot with h = write_pos, L = buffer_len, cached (u_j, k_j, g_j), j < h:
     S_h = exp(G_tot) S0 + sum_j exp(G_tot - G_pre_j) u_j k_j^T      G_pre inclusive prefix sum, G_tot = sum g_j
     alpha = exp(g), u = beta (v - alpha S_h k), o = alpha S_h q~ + u (k . q~), q~ = q * scale
     h < L-1: append (u, k, g) at h, write_pos = h + 1 (checkpoint untouched)

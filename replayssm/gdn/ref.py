@@ -1,6 +1,6 @@
 """Float64 ground truth for Gated DeltaNet decode: the plain delta-rule recurrence, one token at a time.
 
-Per sequence, value head hv, key head h = hv // (HV // H) (replayssm-method.md §2.2), state S [V, K]
+Per sequence, value head hv, key head h = hv // (HV // H) (vLLM's GDN decode / FLA fused_recurrent), state S [V, K]
 (K-last, as vLLM and FlashInfer store it):
     q, k <- q / ||q||, k / ||k||      (only if use_qk_l2norm; eps 1e-6 under the square root)
     q    <- q * scale                 (scale defaults to K ** -0.5)

@@ -3,7 +3,7 @@
 Everything persistent is allocated once here; no kernel allocates per step. Cursors live on the device
 and are advanced by tiny kernels, so a speculative step is CUDA-graph capturable.
 
-What the ring holds (replayssm-method.md §2.6, §3.2): for every token since the checkpoint, the corrected
+What the ring holds (blog App. A.2, Alg. 8; the fork): for every token since the checkpoint, the corrected
 update u = beta (v - alpha S k) (so replay is the plain linear recurrence S <- exp(g) S + u k^T), the key k
 after the optional in-kernel L2 normalisation (per key head, shared by HV/H value heads) and the log decay
 g (fp32). The read vector q is never cached.

@@ -3,7 +3,7 @@
 One public function per operation, three backends computing the same function and the same cache contents:
 "triton" (replayssm/gdn/spec_kernels.py), "torch" (spec_torch.py, vectorised fp32, the CPU timing backend)
 and "ref" (spec_ref.py, float64 loops, the protocol oracle). The ring protocol is documented in
-replayssm/gdn/ring.py; the math in replayssm-method.md §2.6 (blog Algorithm 8).
+replayssm/gdn/ring.py; the math in ReplaySSM blog Appendix A.2 (Algorithm 8).
 
 A speculative step on a batch of rows, each mapped to a ring slot by `slots` (NULL_SLOT rows are padding:
 skipped, output left as is, cache untouched):

@@ -6,7 +6,7 @@ history axis (padded to BC >= 16 rows), stores it as the new checkpoint on flush
 non-flush rows write no state), and accumulates, with one more tl.dot each, the readouts S_h w_r and the
 Gram matrix w_r . w_c of the stacked window rows w = [k_0 .. k_{T-1}, q_0 .. q_{T-1}] (padded to TW >= 16).
 After the K walk the T x T unit lower triangular system (I + A) U = R is solved by forward substitution
-(row s of R - A U, one row per step) and the outputs come from one more tl.dot (replayssm-method.md §2.6).
+(row s of R - A U, one row per step) and the outputs come from one more tl.dot (blog App. A.2, Alg. 8).
 Cursors are never written by verify: commit and reset are separate tiny launches (replayssm/ring_cursors.py,
 shared with the Mamba-2 ring), so verify is race-free and every launch is CUDA-graph capturable.
 

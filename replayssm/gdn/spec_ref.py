@@ -7,7 +7,7 @@ The arguments arrive validated from replayssm.gdn.spec (slots is an int32 tensor
 
 Per live row (slot != NULL_SLOT), value head hv, key head kh = hv // (HV // H), h = write_pos, o = origin:
     S_h = replay of the committed history from the checkpoint: S <- exp(g_j) S + u_j k_j^T, j < h
-          (= exp(G_tot) S0 + sum_j exp(G_tot - G_j) u_j k_j^T, replayssm-method.md §2.4)
+          (= exp(G_tot) S0 + sum_j exp(G_tot - G_j) u_j k_j^T, ReplaySSM blog Appendix A.1, Algorithm 6)
     is_flush and h > 0: checkpoint <- S_h
     window (§2.6): G_s = g_0 + .. + g_s; A[s, s'] = beta_s exp(G_s - G_s') (k_s . k_s') for s' < s;
           R_s = beta_s (v_s - exp(G_s) S_h k_s); U = (I + A)^-1 R (forward substitution);

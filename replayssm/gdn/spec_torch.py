@@ -3,7 +3,7 @@
 Same function and cache contents as the Triton kernels (replayssm/gdn/spec_kernels.py), fp32 math. It
 touches the state as few times as the method allows: a non-flush row reads the checkpoint once and never
 builds S_h (it reads S_h k and S_h q as exp(G_tot) S0 k + sum_j w_j u_j (k_j . k), the output-only form of
-replayssm-method.md §2.6 step 2); only flush rows materialise S_h, and write it once. The T x T system
+ReplaySSM blog Appendix A.2, Algorithm 8 step 2); only flush rows materialise S_h, and write it once. The T x T system
 (I + A) U = R is solved with torch.linalg.solve_triangular (unit lower triangular).
 
 Arguments arrive validated from replayssm.gdn.spec. Value head hv = kh * G + i of key head kh is handled

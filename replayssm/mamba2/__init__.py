@@ -1,4 +1,4 @@
-"""ReplaySSM for Mamba-2. Public API (DESIGN.md §2): ReplayCache, replay_step, materialize (AR decode);
+"""ReplaySSM for Mamba-2. Public API (README: Using the kernels): ReplayCache, replay_step, materialize (AR decode);
 SpecRing, spec_verify, spec_commit, spec_reset, spec_materialize (speculative decoding)."""
 
 from replayssm.mamba2.cache import ReplayCache, SpecRing

@@ -3,7 +3,7 @@
 Everything persistent is allocated once here; no kernel allocates per step. Cursors live on the device
 and are advanced by kernels, so a decode step is CUDA-graph capturable.
 
-AR protocol (replayssm-method.md §3.1), per slot with h = write_pos[slot], L = buffer_len:
+AR protocol (the official fork Johnny-Liou/ReplaySSM), per slot with h = write_pos[slot], L = buffer_len:
     h <  L-1: output from checkpoint + h cached entries + current token; append the token at h; h += 1
     h == L-1: flush: fold the L-1 entries and the current token into the checkpoint; h = 0
 L = 1 flushes every step, which is exactly the baseline selective state update.

@@ -1,4 +1,4 @@
-"""ReplaySSM AR decode for Mamba-2: one token per row from a checkpoint + input buffer (replayssm-method.md §2.3).
+"""ReplaySSM AR decode for Mamba-2: one token per row from a checkpoint + input buffer (ReplaySSM blog §5.1).
 
     replay_step(cache, x, dt, A, B, C, ...) -> y [batch, nheads, headdim]
     materialize(cache, slots=None)          -> state [batch, nheads, headdim, dstate] fp32

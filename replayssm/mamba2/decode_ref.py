@@ -5,7 +5,7 @@ do it, rounding to the cache dtypes only where a value is stored (checkpoint -> 
 fp32; x and B are stored as given). Inputs are validated by replayssm/mamba2/decode.py before this runs.
 
 Per row (slot s, h = write_pos[s], L = buffer_len), entries j = 0..h with entry h the current token
-(replayssm-method.md §2.3):
+(ReplaySSM blog §5.1):
     c_j = sum_{i<=j} dt_i,  abar = exp(A c_h),  s_j = dt_j exp(A (c_h - c_j))
     normal (h < L-1): y = abar (S0 C) + sum_j s_j (B_j . C) x_j; append (x, B, dt) at row h; h += 1
     flush  (h = L-1): S = abar S0 + sum_j s_j x_j B_j^T; S0 <- S; y = S C; h = 0

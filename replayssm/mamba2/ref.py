@@ -3,7 +3,7 @@
 Every method (baselines and ReplaySSM, every backend) is tested against these functions, directly or
 through its own float64 protocol oracle. They never cache anything: the state is passed in and returned.
 
-Per sequence b, head h, group g = h // (nheads // ngroups) (replayssm-method.md §2.1):
+Per sequence b, head h, group g = h // (nheads // ngroups) (mamba_ssm's selective_state_update, as vLLM runs it):
     dt' = softplus(dt + dt_bias)        (threshold 20: identity above it)
     a   = exp(A * dt')
     S   = a * S + dt' * x B^T           S [headdim, dstate]

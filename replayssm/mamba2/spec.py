@@ -5,7 +5,7 @@ The SpecRing (replayssm.mamba2.cache) holds one checkpoint per slot and a circul
 history, compute all T outputs from the checkpoint with a causal mask; a row whose slot has is_flush set
 first folds its committed history into the checkpoint) followed by `spec_commit` (advance the cursors by
 the accepted count; rejected drafts are never copied or cleared, the next window overwrites them).
-The math is in spec_ref.py's docstring and replayssm-method.md §2.5, §3.2, §3.3; the cursor rules of
+The math is in spec_ref.py's docstring and blog §5.3 (Alg. 4), fork Johnny-Liou/ReplaySSM; the cursor rules of
 spec_commit / spec_reset in replayssm/ring_cursors.py (one implementation for the Mamba-2 and GDN rings).
 
 Three backends compute the same function and leave the same cache contents: "triton" (spec_kernels.py),

@@ -115,7 +115,7 @@ def test_env_json_records_provenance(tmp_path):
     assert env["device"] == "cpu" and env["hardware"]["name"] == "cpu" and env["copy_GBps"] > 0
     assert env["cpu_clock"] == "thread_time" and env["threads"] == 1          # sweep=cpu pins one torch thread
     assert env["nvml"].startswith("absent") and set(env["peers"]) == {"mamba_ssm", "fla", "flashinfer"}
-    assert result.run_dir.name == env["run_id"] and env["run_id"].endswith(env["git_sha"][:8] if env["git_sha"]
+    assert result.run_dir.name == env["run_id"] and env["run_id"].endswith(env["git_sha"][:7] if env["git_sha"]
                                                                            else "nogit")
     assert "sweep:" in (result.run_dir / "config.yaml").read_text()
 

@@ -97,4 +97,4 @@ def test_store_refuses_malformed_rows_and_foreign_directories(tmp_path):
 def test_run_id_is_utc_timestamp_and_short_sha():
     run_id = env.new_run_id()
     stamp, sha = run_id.split("-", 1)
-    assert len(stamp) == 16 and stamp.endswith("Z") and (len(sha) == 8 or sha == "nogit")
+    assert len(stamp) == 16 and stamp.endswith("Z") and (len(sha) == env.SHORT_SHA_LEN == 7 or sha == "nogit")

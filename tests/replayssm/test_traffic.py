@@ -1,4 +1,4 @@
-"""The analytic byte/FLOP model against the numbers in replayssm-method.md §5.1/§5.2 and the caches' sizes."""
+"""The analytic byte/FLOP model against the numbers in ReplaySSM blog §4.1 and the caches' sizes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from replayssm.mamba2.cache import ReplayCache, SpecRing
 SUPER = MAMBA2_MODELS["nemotron3_super_120b"]
 QWEN_122B = GDN_MODELS["qwen35_122b_a10b"]
 
-# replayssm-method.md §5.2: baseline MB/step, ReplaySSM L = 8, 16, 32 (decimal MB, fp32 state, bf16 act).
+# the blog's §4.1 formulas per model: baseline MB/step, ReplaySSM L = 8, 16, 32 (decimal MB, fp32 state, bf16 act).
 TABLE_5_2 = {
     "nemotron3_nano_4b": (7.90, 4.54, 4.36, 4.38),
     "nemotron3_super_120b": (8.43, 4.84, 4.65, 4.67),

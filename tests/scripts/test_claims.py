@@ -38,7 +38,7 @@ def test_published_claims_are_complete_data():
         assert c.kind in ("up_to", "range", "point", "argmax"), c.key
         assert c.lo is None or c.lo <= c.hi, c.key
     published = {(c.lo, c.hi) for c in CLAIMS}
-    # the numbers of replayssm-method.md §6 / DESIGN.md §5
+    # the numbers of the published numbers, scripts/published.py / scripts/published.py
     for pair in [(1.43, 1.84), (1.43, 1.64), (None, 1.48), (1.87, 1.96), (None, 2.14), (None, 2.10),
                  (3.0, 3.3), (None, 1.8), (None, 2.1)]:
         assert pair in published, pair
@@ -143,3 +143,21 @@ def test_bf16_state_claim_verdict_comes_from_accuracy_rows(tmp_path):
     worse = syn.write_run(tmp_path / "b", syn.ar_rows())
     syn.write_accuracy(worse, base_scale=1e-4, replay_scale=1e-3)
     assert "does not hold" in claims.render([aggregate.load_run(worse)])
+
+
+def test_a_run_that_measured_nothing_says_so_loudly_and_exits_non_zero(tmp_path, capsys):
+    rows = [dict(r, status="error", message="synthetic failure") for r in syn.ar_rows()]
+    run_dir = syn.write_run(tmp_path / "failed", rows)
+    assert claims.main([str(run_dir)]) == 1
+    report = (run_dir / "REPORT.md").read_text()
+    assert f"NOTHING WAS MEASURED: none of the {len(rows)} rows is ok (error={len(rows)})" in report
+    assert "synthetic failure" in report and "NOTHING WAS MEASURED" in capsys.readouterr().err
+    empty = syn.write_run(tmp_path / "empty", syn.ar_rows())
+    header = (empty / "rows.csv").read_text().splitlines()[0]
+    (empty / "rows.csv").write_text(header + "\n")
+    assert claims.main([str(empty)]) == 1
+    assert "NOTHING WAS MEASURED: the run has no rows" in (empty / "REPORT.md").read_text()
+    mixed = syn.write_run(tmp_path / "mixed", syn.ar_rows()[:-1] + [dict(syn.ar_rows()[-1], status="oom",
+                                                                         message="MemoryError")])
+    assert claims.main([str(mixed)]) == 0
+    assert f"1 of {len(syn.ar_rows())} rows failed (ok=" in (mixed / "REPORT.md").read_text()

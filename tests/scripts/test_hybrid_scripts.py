@@ -14,6 +14,7 @@ sys.path[:0] = [str(ROOT / "scripts"), str(Path(__file__).resolve().parent)]
 
 import aggregate  # noqa: E402
 import claims  # noqa: E402
+import hybrid_plots  # noqa: E402
 import hybrid_summary  # noqa: E402
 import plots  # noqa: E402
 import synthetic_runs as syn  # noqa: E402
@@ -71,6 +72,23 @@ def test_whole_model_ratios_and_claims(tmp_path):
     assert any(n.startswith("serving_throughput_") for n in names)
     assert any(n.startswith("serving_concurrency_") for n in names)
     assert any(n.startswith("e2e_breakdown_") for n in names)
+
+
+def test_hybrid_plots_main_draws_alone_and_shares_the_figures_index(tmp_path, capsys):
+    run_dir = syn.write_run(tmp_path, syn.ar_rows())
+    assert hybrid_plots.main([str(run_dir)]) == 1                # no whole-model rows: says so, exit 1
+    assert "nothing to draw" in capsys.readouterr().err
+    _write(run_dir)
+    (run_dir / "plots").mkdir()
+    (run_dir / "plots" / "kept.png").write_bytes(b"x")           # another script's figure stays in the index
+    (run_dir / "plots" / "figures.json").write_text('{"kept": {"title": "K", "caption": "kept caption"}}')
+    assert hybrid_plots.main([str(run_dir)]) == 0
+    index = (run_dir / "plots" / "FIGURES.md").read_text()
+    stems = [p.stem for p in (run_dir / "plots").glob("*.pdf")]
+    assert {s.split("_")[0] for s in stems} == {"serving", "e2e"} and len(stems) == 3
+    assert "kept caption" in index and all(f"## {s}" in index for s in stems)
+    assert "T = 4" in index and "4.0" not in index                # integer window in captions
+    assert "Speculative serving: Qwen3.5-122B-A10B" in index and "qwen35" not in index.split("## ")[0]
 
 
 def _md_rows(section: str) -> list[list[str]]:

@@ -1,5 +1,7 @@
-"""scripts/plots.py and scripts/tables.py on a SYNTHETIC run (tmp_path): PNGs written, every table headed by
-the run's hardware, versions and commit; the two shell scripts parse (bash -n)."""
+"""scripts/plots.py, hybrid_plots.py, paper_figures.py and tables.py on a SYNTHETIC run (tmp_path): a PNG and a
+vector PDF per figure with its caption in the run's figures index, short one-line titles, legends below the
+axes, flagged points hollow, coinciding series said; every table headed by the run's hardware, versions and
+commit; the two shell scripts parse (bash -n)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
@@ -16,6 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "scripts"), str(Path(__file__).resolve().parent)]
 
 import aggregate  # noqa: E402
+import figure_style as fs  # noqa: E402
+import numpy as np  # noqa: E402
+import paper_figures  # noqa: E402
 import plots  # noqa: E402
 import synthetic_runs as syn  # noqa: E402
 import tables  # noqa: E402
@@ -34,16 +40,73 @@ def small_run(tmp_path) -> Path:
         "git_sha": "cafef00dcafef00d", "git_dirty": False})
 
 
-def test_plots_are_pngs_named_by_kind(small_run):
+def test_plots_are_pngs_and_pdfs_named_by_kind_with_captions(small_run):
     paths = plots.plot_run(small_run)
     names = sorted(p.name for p in paths)
     assert all(p.parent == small_run / "plots" for p in paths)
     assert sum(n.startswith("ar_speedup_") for n in names) == 1
     assert sum(n.startswith("spec_tokens_") for n in names) == 1
     assert sum(n.startswith("bandwidth_") for n in names) == 2            # kernel_decode and kernel_spec
+    index = json.loads((small_run / "plots" / "figures.json").read_text())
+    text = (small_run / "plots" / "FIGURES.md").read_text()
+    assert "p20-p80" in text and "Hollow markers" in text and "byte-model bound" in text
     for p in paths:
         data = p.read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 5000, p
+        assert p.with_suffix(".pdf").read_bytes().startswith(b"%PDF"), p
+        entry = index[p.stem]
+        assert "\n" not in entry["title"] and len(entry["title"]) <= 70, entry["title"]    # short, one line
+        assert "synthetic-run" in entry["caption"] and "H200" in entry["caption"]
+        assert f"## {p.stem}" in text
+        assert ".0" not in p.stem.replace("0.", ""), p.stem                 # integer T, L, batch in names
+        width = plt.imread(p).shape[1] / fs.DPI                             # one or two columns, nothing more
+        wide = p.stem.startswith(("ar_speedup", "accuracy", "spec_tokens"))   # spec: one panel per T
+        assert width <= (fs.TWO_COLUMN if wide else fs.ONE_COLUMN) + 0.05, p.stem
+    ar = index[next(n[:-4] for n in names if n.startswith("ar_speedup_"))]
+    assert ar["title"].startswith("AR decode speedup: Qwen3.5-122B-A10B")
+    assert "baseline_ar" not in ar["title"] + ar["caption"]                   # human names, not internal ones
+
+
+def test_legend_sits_below_the_axes_and_flagged_points_are_hollow():
+    fs.apply_style()
+    fig, ax = plt.subplots(figsize=fs.figsize(1))
+    h = fs.series(ax, [1, 8, 64], [1.0, 1.5, 2.0], [0.9, 1.4, 1.9], [1.1, 1.6, 2.1], label="ReplaySSM",
+                  color=fs.color("replay_ar"), flagged=[True, False, False])
+    fs.legend_below(fig, [h, fs.hollow_handle(), fs.bound_handle()])
+    fs.batch_axis(ax, [1, 8, 64])
+    fig.canvas.draw()
+    legend = fig.legends[0].get_window_extent()
+    assert legend.y1 <= ax.get_tightbbox().y0 + 1                            # never over the data
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "8", "64"]  # the measured batches only
+    hollow = [ln for ln in ax.lines if ln.get_markerfacecolor() == "white"]
+    assert len(hollow) == 1 and list(hollow[0].get_xdata()) == [1.0]
+    plt.close(fig)
+    assert fs.coincide({"a": np.array([1.0, 2.0]), "b": np.array([1.0, 2.0]), "c": np.array([1.0, 3.0])}) == {"b": "a"}
+    assert fs.integer(4.0) == "4" and fs.integer("rate:0.7") == "rate:0.7"
+    assert fs.model_name("nemotron3_super_120b", 8.0) == "Nemotron-3-Super-120B (TP8)"
+
+
+def test_hybrid_plots_does_not_import_plots():
+    code = "import sys; import hybrid_plots; assert 'plots' not in sys.modules; print(hybrid_plots.main.__name__)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "scripts", capture_output=True, text=True)
+    assert result.returncode == 0 and "main" in result.stdout, result.stderr
+
+
+def test_paper_figures_from_a_run_with_published_markers(small_run):
+    paths = paper_figures.paper_figures(small_run)
+    stems = {p.stem for p in paths}
+    assert {"fig6_kernel_speedup", "fig7_buffer_length"} <= stems
+    assert any(s.startswith("fig9_spec_cost_") for s in stems) and "fig10_levels" in stems
+    index = json.loads((small_run / "plots" / "figures.json").read_text())
+    assert "B300" in index["fig6_kernel_speedup"]["caption"] and "published" in index["fig6_kernel_speedup"]["caption"]
+    for p in paths:
+        assert p.with_suffix(".pdf").is_file()
+
+
+def test_paper_figures_refuse_a_run_without_ok_rows(tmp_path, capsys):
+    rows = [dict(r, status="error") for r in syn.ar_rows()]
+    assert paper_figures.main([str(syn.write_run(tmp_path, rows))]) == 1
+    assert "nothing drawn" in capsys.readouterr().err
 
 
 def test_no_plot_for_a_run_without_ok_rows(tmp_path):
@@ -117,10 +180,17 @@ def test_gpu_check_requires_an_out_dir():
 
 def test_accuracy_plot_and_tables_from_accuracy_csv(small_run):
     syn.write_accuracy(small_run)
-    (small_run / "plots").mkdir()
-    paths = plots.plot_accuracy(aggregate.load_run(small_run), small_run / "plots")
+    acc = pd.read_csv(small_run / "accuracy.csv")
+    twin = acc[acc["method"] == "replay_ar"].assign(method="commit_replay_spec", buffer_len=np.nan, spec_T=4,
+                                                   series_hash=lambda d: d["series_hash"].astype(str) + "-twin")
+    pd.concat([acc, twin]).to_csv(small_run / "accuracy.csv", index=False)   # identical values: not hidden
+    figs = fs.FigureSet(small_run / "plots")
+    paths = plots.plot_accuracy(aggregate.load_run(small_run), figs)
     assert [p.name for p in paths] == ["accuracy_nemotron3_super_120b_realistic_bfloat16_float32.png"]
     assert paths[0].read_bytes().startswith(PNG_MAGIC)
+    caption = figs.entries[0][2]
+    assert "Commit-replay spec T = 4 and ReplaySSM L = 16 have identical output errors" in caption
+    pd.concat([acc]).to_csv(small_run / "accuracy.csv", index=False)
     text = tables.render(aggregate.load_run(small_run))
     bf16 = text.split("### bf16 state: ReplaySSM vs baseline error at 1k / 10k steps")[1].split("\n### ")[0]
     assert "**holds**" in bf16 and "10,000 steps" in bf16          # 10k not reached: said, not invented
