@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from aggregate import CACHE_RESIDENT
 
 KEYS = ["run_id", "model", "tp", "family", "batch", "context_len", "state_dtype", "act_dtype", "backend"]
 
@@ -48,6 +49,13 @@ def _pairs(num: pd.DataFrame, den: pd.DataFrame, keys: list[str], metric: str, c
         lo = hi = value
     out = m[[k for k in keys if k in m]].copy()
     out["metric"], out["value"], out["lo"], out["hi"] = metric, value, lo, hi
+    # a time ratio whose SSM states sat in the last-level cache says nothing about the bandwidth argument:
+    # aggregate's verdict excludes it from every speedup (tables, claims), as for the kernel rows
+    resident = pd.Series(False, index=m.index)
+    for c in ("cache_resident", "cache_resident_den"):
+        if c in m:
+            resident |= m[c].astype(str).str.lower().eq("true")
+    out["verdict"] = resident.map({True: CACHE_RESIDENT, False: ""}) if col != "max_concurrency" else ""
     mode = "mode" if "mode" in m else "method"
     out["num_method"], out["den_method"] = m[mode], m[f"{mode}_den"]
     return out
@@ -89,7 +97,7 @@ def hybrid_ratios(run_dir: Path | str) -> pd.DataFrame:
 # The claims the whole-model rows answer (scripts/published.py keys) and the experiment whose rows do.
 WHOLE_MODEL_CLAIMS = {"e2e_ar": "e2e_decode", "headline_spec": "serving", "spec_vs_standard": "serving",
                       "spec_vs_native": "serving", "spec_gdn_bs512_native": "serving", "spec_gdn_bs512_ar": "serving",
-                      "concurrency": "serving"}
+                      "concurrency": "footprint"}
 WHOLE_MODEL_EXPERIMENTS = ("e2e_decode", "serving")
 
 
@@ -99,6 +107,10 @@ def whole_model_claim(claim, ratios: pd.DataFrame):
     from dataclasses import replace
 
     experiment = WHOLE_MODEL_CLAIMS.get(claim.key)
+    if experiment == "footprint":
+        return replace(claim, experiment=experiment,
+                       note="answered at the claim's conditions by vLLM's hybrid allocator modelled for its models "
+                            "(python -m experiments.hybrid.footprint hardware=b300): analytic, not a measurement")
     if experiment is None or ratios.empty:
         return claim
     have = ratios[(ratios["experiment"] == experiment) & (ratios["metric"] == claim.metric)]
@@ -106,10 +118,32 @@ def whole_model_claim(claim, ratios: pd.DataFrame):
         have = have[have["family"] == claim.family]
     if have.empty:
         return claim
-    note = ("answered by the whole hybrid model's rows (random weights at the model's dims; experiments/hybrid)"
-            if claim.key != "concurrency" else
-            "whole-model footprint: weights + KV cache + SSM states + buffers/rings (experiments/hybrid/footprint.py)")
+    note = "answered by the whole hybrid model's rows (random weights at the model's dims; experiments/hybrid)"
     return replace(claim, experiment=experiment, note=note)
+
+
+def concurrency_claim_rows(claim) -> pd.DataFrame:
+    """The concurrency claim answered at its own conditions, analytically: vLLM's hybrid allocator modelled
+    for the claim's models (Super-120B, Qwen3.5-122B) on B300 at (B = 16, T = 4), max_model_len 2048, NVFP4
+    (experiments/hybrid/footprint.py), in summary.csv's ratio format. Not a measurement: no run's rows."""
+    import yaml
+
+    from experiments.harness.points import CONF_DIR
+    from experiments.hybrid.footprint import PUBLISHED_CONCURRENCY, concurrency_table
+
+    options = {"B": "16", "T": str(claim.spec_T or 4), "max_model_len": "2048", "gpu_memory_utilization": "0.9",
+               "max_num_batched_tokens": "8192", "activation_reserve_gb": "", "tp": "", "weights": "checkpoint"}
+    b300 = yaml.safe_load((CONF_DIR / "hardware" / "b300.yaml").read_text())
+    rows = concurrency_table(list(PUBLISHED_CONCURRENCY), b300, options)
+    out = pd.DataFrame([{"model": r["model"], "tp": r["tp"], "family": "mamba2" if "nemotron" in r["model"] else "gdn",
+                         "batch": None, "spec_T": int(options["T"]), "history_len": 16, "metric": "concurrency",
+                         "value": r["ratio_vllm"], "lo": r["ratio_vllm"], "hi": r["ratio_vllm"],
+                         "num_method": "replayssm", "den_method": "native", "experiment": "footprint",
+                         "run_id": "analytic (experiments.hybrid.footprint, hardware=b300)", "state_dtype": "float32",
+                         "act_dtype": "bfloat16", "backend": "analytic", "timing_mode": "analytic", "l2": "analytic",
+                         "verdict": "", "buffer_len": None, "acceptance": None, "route": None, "bytes_ratio": None}
+                        for r in rows if r["mode"] == "replayssm"])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

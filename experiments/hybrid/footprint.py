@@ -40,6 +40,7 @@ from replayssm import traffic
 
 MODE_METHOD = {"ar": "baseline_ar", "ar_replay": "replay_ar", "native": "baseline_spec",
                "commit_replay": "commit_replay_spec", "replayssm": "replay_spec"}
+MODE_BY_METHOD = {method: mode for mode, method in MODE_METHOD.items()}
 NVFP4_BYTES = 0.5 + 1 / 16            # E2M1 value + one E4M3 scale per 16 values
 FORMAT_BYTES = {"nvfp4": NVFP4_BYTES, "bfloat16": 2, "float16": 2, "float32": 4}
 # Weight kinds: the linear ones may be NVFP4; the rest (norms, conv1d taps, per-head vectors) are no nn.Linear.
@@ -177,6 +178,65 @@ def max_concurrency(budget_bytes: float, fp: Footprint) -> int:
     return max(0, int(free // fp.per_seq))
 
 
+def hbm_budget(hardware: dict, device: str, sweep: dict) -> tuple[float, str]:
+    """(budget bytes, where it came from): sweep.hbm_bytes, else the hardware config's hbm_bytes, else the CUDA
+    device's total memory, else sweep.hbm_fallback_bytes (documented in the sweep); x sweep.hbm_util."""
+    util = float(sweep.get("hbm_util", 0.9))
+    for source, value in (("sweep.hbm_bytes", sweep.get("hbm_bytes")),
+                          ("hardware.hbm_bytes", hardware.get("hbm_bytes"))):
+        if value:
+            return float(value) * util, source
+    if device == "cuda":
+        return float(torch.cuda.get_device_properties(0).total_memory) * util, "cuda total_memory"
+    return float(sweep["hbm_fallback_bytes"]) * util, "sweep.hbm_fallback_bytes"
+
+
+# ------------------------------------------------------------------------------------- bytes of one step
+
+def experts_touched(num_experts: int, top_k: int, tokens: int) -> float:
+    """Expected distinct routed experts `tokens` tokens touch when each picks top_k of num_experts uniformly."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def _pass_weights(spec: HybridSpec, chars, tokens: int) -> float:
+    """Parameters one forward pass over `tokens` tokens reads: every sub-layer of `chars`, routed experts only
+    as far as the tokens touch them."""
+    n = 0.0
+    for ch in chars:
+        w = layer_weights(spec, ch)
+        experts = w.pop("experts", 0)
+        n += sum(w.values())
+        if experts:
+            m = spec.mlp
+            n += experts * experts_touched(m.num_experts, m.top_k, tokens) / m.num_experts
+    return n
+
+
+def step_bytes(spec: HybridSpec, method: str, call, *, batch: int, context_len: int, T: int,
+               counts: torch.Tensor | None, with_mtp: bool) -> dict[str, float]:
+    """Analytic bytes of one (verify + commit, or AR decode) step of the whole model on one rank, every row at
+    `context_len`: weights read (in the activation dtype the step is timed with; MoE: the experts the batch's
+    tokens touch), KV read (and the window's writes), SSM state + buffer traffic (replayssm.traffic through the
+    method's own model, as the kernel rows), and the MTP drafter's T - 1 passes when `with_mtp`."""
+    from experiments.harness.methods import REGISTRY
+
+    ab = _nb(call.act_dtype)
+    tr = REGISTRY[method].traffic(call, call, counts.cpu() if counts is not None else None)
+    ssm = float(tr.total) * batch * spec.ssm_layers if tr is not None else float("nan")
+    head = spec.vocab * spec.hidden
+    weights = (_pass_weights(spec, spec.pattern, batch * T) + head) * ab
+    a = spec.attention
+    token_kv = 2 * a.num_kv_heads * a.head_dim * ab if a else 0
+    kv = spec.attention_layers * batch * (context_len + T) * token_kv
+    if with_mtp and T > 1:
+        drafts = T - 1
+        weights += drafts * (_pass_weights(spec, spec.mtp_pattern, batch) + head + 2 * spec.hidden ** 2) * ab
+        kv += drafts * spec.mtp_pattern.count("*") * batch * (context_len + 1) * token_kv
+    total = weights + kv + ssm
+    return {"bytes_weights": weights, "bytes_kv": kv, "bytes_ssm": ssm, "bytes_step": total,
+            "ssm_byte_share": ssm / total if total else None}
+
+
 # ------------------------------------------------------------------------------- vLLM's hybrid allocator
 
 @dataclass(frozen=True)
@@ -228,7 +288,7 @@ def activation_reserve(spec: HybridSpec, max_num_batched_tokens: int, act_dtype=
     widest sub-layer's live tensors: residual + normed input + the layer's widest intermediate (MoE: every
     token's top-k expert copies at the expert width; SSM: the in_proj output) per token, plus fp32 router
     logits. Assumed: vLLM measures it, no source gives it for these models."""
-    d, g, nb = spec.hidden, spec.geometry, _nb(act_dtype)
+    d, nb = spec.hidden, _nb(act_dtype)
     widest = 0
     for ch in set(spec.pattern) | set(spec.mtp_pattern):
         if ch in ("M", "G"):

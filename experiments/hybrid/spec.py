@@ -91,13 +91,17 @@ class HybridSpec:
     def attention_layers(self) -> int:
         return self.counts["*"]
 
-    def block(self) -> tuple[str, ...]:
-        """One sub-layer per kind in order of first appearance: what a composed step builds."""
-        return tuple(dict.fromkeys(self.pattern))
+    def block(self, ssm_copies: int = 1) -> tuple[str, ...]:
+        """One sub-layer per kind in order of first appearance: what a composed step builds. `ssm_copies` > 1
+        builds that many SSM mixers (each its own state pool, as the kernel sweep's layer stack): on a GPU their
+        states together exceed the L2, so the composed SSM time is streamed from HBM, not an L2 artefact."""
+        return tuple(ch for k in dict.fromkeys(self.pattern) for ch in k * (ssm_copies if k in SSM_KINDS else 1))
 
-    def composition(self) -> str:
+    def composition(self, ssm_copies: int = 1) -> str:
         c = self.counts
-        return " + ".join(f"{c[k]}x{k}" for k in self.block()) + " (per-kind times of one built block) + embed/head"
+        stack = f" ({ssm_copies} SSM pools: their mean)" if ssm_copies > 1 else ""
+        return (" + ".join(f"{c[k]}x{k}" for k in dict.fromkeys(self.pattern)) + stack
+                + " (per-kind times of one built block) + embed/head")
 
 
 def _need(cfg: dict, path: str, key: str):
