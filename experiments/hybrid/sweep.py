@@ -281,8 +281,11 @@ def _residency(spec: HybridSpec, build: str, method: str, batch: int, T: int | N
     factor = float(timing.get("l2_factor", 4))
     copies = 1
     if build == "block" and device == "cuda":
-        copies, _ = memory.stack_layers(layer_bytes, l2="cold", l2_bytes=l2, l2_factor=factor,
-                                        max_layers=int(timing.get("max_layers", 64)), budget_bytes=None)
+        free = memory.free_bytes(device)            # the stack may use hbm_budget_frac of the free memory
+        budget = int(free * float(timing.get("hbm_budget_frac", 0.5))) if free is not None else None
+        copies, _ = memory.stack_layers(min(layer_bytes, budget or layer_bytes), l2="cold", l2_bytes=l2,
+                                        l2_factor=factor, max_layers=int(timing.get("max_layers", 64)),
+                                        budget_bytes=budget)
     built = copies if build == "block" else spec.ssm_layers
     return {"ssm_copies": copies,
             "cache_resident": memory.cache_resident(built, layer_bytes, l2="cold", l2_bytes=l2, l2_factor=factor)}
