@@ -361,13 +361,18 @@ def summarize(rows: list[dict]) -> str:
 
 def model_override(data: dict, task_overrides: list[str]) -> dict:
     """`model=<name>` on the command line (and no sweep.models override) runs that one model: the sweep's own
-    entries for it (their TP splits) when it lists any, else the model at its config's TP."""
+    entries for it (their TP splits) when it lists any, else the model at the TP split the sweep's other
+    entries use most (the CPU sweeps: TP8), else at its config's TP."""
     chosen = [o.split("=", 1)[1] for o in task_overrides if o.startswith("model=")]
     if not chosen or any(o.lstrip("+~").startswith("sweep.models") for o in task_overrides):
         return data
     name = chosen[-1]
-    entries = [e for e in data["sweep"].get("models") or [] if str(e).split("@")[0] == name]
-    return {**data, "sweep": {**data["sweep"], "models": entries or [name]}}
+    listed = [str(e) for e in data["sweep"].get("models") or []]
+    entries = [e for e in listed if e.split("@")[0] == name]
+    if not entries:
+        splits = Counter(e.split("@")[1] for e in listed if "@" in e)
+        entries = [f"{name}@{splits.most_common(1)[0][0]}" if splits else name]
+    return {**data, "sweep": {**data["sweep"], "models": entries}}
 
 
 def hydra_main(cfg, experiment: str) -> str:

@@ -54,7 +54,8 @@ def test_expert_cap_below_top_k_is_refused(tmp_path):
 def test_model_override_keeps_the_sweeps_own_entry():
     data = {"sweep": {"models": ["tiny_gdn", "nemotron3_super_120b@tp8"]}}
     assert model_override(data, ["model=nemotron3_super_120b"])["sweep"]["models"] == ["nemotron3_super_120b@tp8"]
-    assert model_override(data, ["model=qwen35_4b"])["sweep"]["models"] == ["qwen35_4b"]
+    assert model_override(data, ["model=qwen35_4b"])["sweep"]["models"] == ["qwen35_4b@tp8"]
+    assert model_override({"sweep": {"models": ["tiny_gdn"]}}, ["model=qwen35_4b"])["sweep"]["models"] == ["qwen35_4b"]
     assert model_override(data, ["model=qwen35_4b", "sweep.models=[tiny_gdn]"]) is data
     assert model_override(data, ["sweep.batch=[1]"]) is data
 
