@@ -332,9 +332,12 @@ def concurrency_table(models: list[str], hardware: dict, options: dict[str, str]
 
     hbm = hardware.get("hbm_bytes")
     if not hbm:
-        raise ValueError(f"hardware={hardware.get('name')}: hbm_bytes is not set; pick b300, b200, h100 or h200")
+        raise ValueError(f"hardware={hardware.get('name')}: hbm_bytes is not set; pick b300, b200, h200 or h100")
     B, T, mml = int(options["B"]), int(options["T"]), int(options["max_model_len"])
     util = float(options["gpu_memory_utilization"])
+    # the published counts hold only at PR #47576's conditions
+    published_here = (hardware.get("name") == "b300" and (B, T, mml) == (16, 4, 2048) and util == 0.9
+                      and options["weights"] == "checkpoint" and not options["tp"])
     rows = []
     for name in models:
         cfg = load_model_config(name)
@@ -349,7 +352,7 @@ def concurrency_table(models: list[str], hardware: dict, options: dict[str, str]
             plain = max_concurrency(hbm * util - reserve, fp)
             plan = vllm_plan(spec, mode, hbm_bytes=hbm, gpu_memory_utilization=util, weights=fp.weights,
                              activation_reserve=reserve, max_model_len=mml, spec_T=T)
-            pub = PUBLISHED_CONCURRENCY.get(name, {}).get(mode)
+            pub = PUBLISHED_CONCURRENCY.get(name, {}).get(mode) if published_here else None
             base[mode] = (plain, plan.concurrency, pub)
             rows.append({"model": name, "tp": spec.tp, "mode": mode, "weights_GB": fp.weights / 1e9,
                          "weight_format": fp.weight_format, "reserve_GB": reserve / 1e9,
@@ -369,18 +372,22 @@ def concurrency_table(models: list[str], hardware: dict, options: dict[str, str]
 def main(argv: list[str] | None = None) -> int:
     import pandas as pd
     from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
 
     from experiments.harness.points import CONF_DIR
 
-    overrides, options = _parse(sys.argv[1:] if argv is None else argv)
-    chosen = dict(o.split("=", 1) for o in overrides)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"hardware={chosen.get('hardware', 'b300')}"])
-    from omegaconf import OmegaConf
-
-    hardware = OmegaConf.to_container(cfg.hardware, resolve=True)
-    models = [chosen["model"]] if "model" in chosen else list(PUBLISHED_CONCURRENCY)
-    rows = concurrency_table(models, hardware, options)
+    try:
+        overrides, options = _parse(sys.argv[1:] if argv is None else argv)
+        chosen = dict(o.split("=", 1) for o in overrides)
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=[f"hardware={chosen.get('hardware', 'b300')}"])
+        hardware = OmegaConf.to_container(cfg.hardware, resolve=True)
+        models = [chosen["model"]] if "model" in chosen else list(PUBLISHED_CONCURRENCY)
+        rows = concurrency_table(models, hardware, options)
+    except (ValueError, FileNotFoundError, HydraException) as exc:
+        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
     print(f"max concurrency at (B={options['B']}, T={options['T']}), max_model_len {options['max_model_len']}, "
           f"{hardware['name']} ({hardware['hbm_bytes'] / 1e9:.0f} GB x gpu_memory_utilization "
           f"{options['gpu_memory_utilization']}), fp32 SSM state, bf16 KV; published: vLLM PR #47576")
