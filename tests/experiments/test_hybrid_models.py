@@ -83,6 +83,8 @@ def test_vllm_allocator_reproduces_pr47576_within_15_percent():
     assert plan[("nemotron3_super_120b", "native")]["groups"] == "1x* + 5xSSM of 9"     # 8 + MTP attention
     assert plan[("nemotron3_super_120b", "native")]["blocks/req"] == 1 + 5 * 4          # T states per SSM group
     assert plan[("qwen35_122b_a10b", "replayssm")]["blocks/req"] == 1 + 3
+    other = fpm.concurrency_table(["qwen35_122b_a10b"], b300, {**OPTIONS, "T": "6"})     # not PR #47576's T
+    assert all(r["published"] is None for r in other) and other[0]["blocks/req"] == 1 + 3 * 6
 
 
 def test_step_bytes_ssm_term_is_the_kernel_byte_model():
