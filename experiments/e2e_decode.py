@@ -2,11 +2,13 @@
 
     python -m experiments.e2e_decode                                       # CPU default (sweep=e2e_cpu)
     python -m experiments.e2e_decode sweep=paper_e2e                        # GPU: the published conditions
+    python -m experiments.e2e_decode model=nemotron3_ultra_550b           # one model (the sweep's TP split)
     python -m experiments.e2e_decode sweep.models=[nemotron3_nano_4b@tp8] sweep.batch=[1,8]
 
 Random weights at the model's real dims (rows say weights=random), the layer pattern from conf/model; a
 model too large to build is composed from one block (composed=true, composition says how). Rows:
-<run dir>/e2e_rows.csv (ms/step, tokens/s, SSM share, peak memory); the work is experiments.hybrid.run.
+<run dir>/e2e_rows.csv (ms/step = verify + commit, tokens/s, SSM share of the time and of the step's analytic
+bytes, cache_resident, peak memory); the work is experiments.hybrid.run.
 """
 
 import hydra

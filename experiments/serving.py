@@ -3,10 +3,12 @@ commit_replay, the MTP drafter timed, acceptance from experiments/harness/accept
 
     python -m experiments.serving                                          # CPU default (sweep=serving_cpu)
     python -m experiments.serving sweep=paper_serving                       # GPU: batch to 512, T = 4 and 6
+    python -m experiments.serving model=qwen35_122b_a10b                    # one model (the sweep's TP split)
 
-throughput = batch x mean accepted length / (draft + verify + commit time); max_concurrency is the number
-of sequences whose KV cache + SSM caches fit the HBM budget after the weights (analytic footprint,
-experiments/hybrid/footprint.py). Rows: <run dir>/serving_rows.csv; the work is experiments.hybrid.run.
+throughput = batch x mean accepted length / (draft_us + verify_us + commit_us), each phase a row column;
+max_concurrency is the number of sequences whose KV cache + SSM caches fit the HBM budget after the served
+checkpoint's weights (analytic footprint, experiments/hybrid/footprint.py; vLLM's allocator: python -m
+experiments.hybrid.footprint). Rows: <run dir>/serving_rows.csv; the work is experiments.hybrid.run.
 """
 
 import hydra

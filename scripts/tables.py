@@ -197,6 +197,23 @@ def counts_table(counts: pd.DataFrame) -> str:
     return markdown_table(counts.sort_values(["experiment", "method", "status"]))
 
 
+PHASE_COLUMNS = ["cache_resident", "ms_per_step", "verify_ms", "commit_ms", "tokens_per_s", "ssm_share",
+                 "ssm_bytes"]
+PHASE_FORMATS = {"ms_per_step": ".3f", "verify_ms": ".3f", "commit_ms": ".3f", "tokens_per_s": ".1f",
+                 "ssm_share": ".2f", "ssm_bytes": ".3f"}
+
+
+def _present(df: pd.DataFrame, cols: list[str]) -> list[str]:
+    """The phase columns in ms (older rows without verify_us / commit_us / bytes: those columns left out)."""
+    for us, ms in (("verify_us", "verify_ms"), ("commit_us", "commit_ms"), ("draft_us", "draft_ms")):
+        if us in df:
+            df[ms] = df[us] / 1e3
+    if "ssm_byte_share" in df:
+        df["ssm_bytes"] = df["ssm_byte_share"]
+    cols = ["draft_ms" if c == "draft_us" else c for c in cols]
+    return [c for c in cols if c in df]
+
+
 def whole_model_tables(run: Run) -> list[str]:
     """The e2e_decode and serving sections (e2e_rows.csv / serving_rows.csv of the run; none when absent):
     per row ms/step, tokens/s and the SSM layers' share, with the same-run ratio beside ReplaySSM's rows
@@ -204,37 +221,44 @@ def whole_model_tables(run: Run) -> list[str]:
     import hybrid_summary
 
     ratios = hybrid_summary.hybrid_ratios(run.path)
+    if not ratios.empty and "verdict" in ratios:
+        ratios = ratios.assign(verdict=ratios["verdict"].fillna(""))
     keys = ["model", "tp", "batch", "context_len"]
     parts = []
-    e2e = hybrid_summary.load(run.path, "e2e_rows.csv")
+    e2e = hybrid_summary.load(run.path, "e2e_rows.csv").copy()
     if not e2e.empty:
-        t = e2e[keys + ["method", "buffer_len", "composed", "ms_per_step", "tokens_per_s", "ssm_share"]].copy()
+        t = e2e[keys + ["method", "buffer_len", "composed"] + _present(e2e, PHASE_COLUMNS)].copy()
         sp = ratios[ratios["metric"] == "ar_speedup"] if not ratios.empty else pd.DataFrame(columns=keys + ["value"])
         t = t.merge(sp[keys + ["value"]].assign(method="replay_ar").rename(columns={"value": "speedup"}),
                     on=keys + ["method"], how="left")
         parts.append(_section("Whole model: decode step (e2e_decode, random weights)", run,
-                              markdown_table(t.sort_values(keys + ["method"]),
-                                             {"ms_per_step": ".3f", "tokens_per_s": ".1f", "ssm_share": ".2f",
-                                              "speedup": ".2f"}),
+                              markdown_table(t.sort_values(keys + ["method"]), PHASE_FORMATS | {"speedup": ".2f"}),
                               "ms/step of the whole decode step (SSM mixers, attention over the KV cache, MLP/MoE, "
-                              "LM head); ssm_share = the SSM layers' share of the step; speedup = baseline_ar "
-                              "ms/step / replay_ar ms/step of this run. composed = the step is built from one "
-                              "block per layer kind and scaled by the pattern's counts."))
-    sv = hybrid_summary.load(run.path, "serving_rows.csv")
+                              "LM head) = verify (the forward) + commit (cursor / state advance), in ms; ssm_share = "
+                              "the SSM layers' share of the time, ssm_bytes = their share of the step's analytic "
+                              "bytes (weights + KV + SSM state and buffers); speedup = baseline_ar ms/step / "
+                              "replay_ar ms/step of this run, left empty for a cache-resident pair (its SSM states "
+                              "sat in the last-level cache: no measure of the bandwidth argument). composed = the "
+                              "step is built from one block per layer kind and scaled by the pattern's counts."))
+    sv = hybrid_summary.load(run.path, "serving_rows.csv").copy()
     if not sv.empty:
-        t = sv[keys + ["mode", "spec_T", "mean_accepted", "ms_per_step", "tokens_per_s", "ssm_share",
-                       "max_concurrency", "at_max_concurrency"]].copy()
+        t = sv[keys + ["mode", "spec_T", "mean_accepted"] + _present(sv, ["draft_us"] + PHASE_COLUMNS)
+               + ["max_concurrency", "at_max_concurrency"]].copy()
         for metric, name in (("spec_vs_native", "vs native"), ("spec_vs_ar", "vs ar"),
                              ("concurrency", "concurrency vs native")):
             r = ratios[ratios["metric"] == metric] if not ratios.empty else pd.DataFrame(columns=keys + ["value"])
+            if "verdict" in r:
+                r = r[r["verdict"].fillna("") == ""]          # cache-resident pairs: no speedup shown
             r = r[keys + ["value"]].drop_duplicates(keys).rename(columns={"value": name})
             t = t.merge(r.assign(mode="replayssm"), on=keys + ["mode"], how="left")
         parts.append(_section("Whole model: speculative serving (serving, random weights)", run,
                               markdown_table(t.sort_values(keys + ["mode"]),
-                                             {"mean_accepted": ".2f", "ms_per_step": ".3f", "tokens_per_s": ".1f",
-                                              "ssm_share": ".2f", "vs native": ".2f", "vs ar": ".2f",
-                                              "concurrency vs native": ".2f"}),
-                              "tokens/s = batch x mean accepted / (draft + verify + commit); max_concurrency = "
+                                             PHASE_FORMATS | {"mean_accepted": ".2f", "draft_ms": ".3f",
+                                                              "vs native": ".2f", "vs ar": ".2f",
+                                                              "concurrency vs native": ".2f"}),
+                              "ms/step = draft (the MTP drafter's T - 1 passes) + verify (the model on the window) + "
+                              "commit (SSM commit, conv shift, cursors), in ms; tokens/s = batch x mean accepted / "
+                              "ms/step; a cache-resident pair shows no ratio; max_concurrency = "
                               "sequences that fit the HBM budget by the analytic footprint (weights + KV + SSM "
                               "states + buffers/rings); the ratios are ReplaySSM's over native / ar rows of this run."))
     return parts

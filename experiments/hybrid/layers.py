@@ -186,7 +186,8 @@ class Attention:
                  gen: torch.Generator, act: torch.dtype, device: str):
         a, d = spec.attention, spec.hidden
         self.a, self.lengths, self.bound = a, lengths, bound     # bound[0]: host-side max length (no sync)
-        self.w_qkv = _w(gen, (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, d, fan_in=d, dtype=act, device=device)
+        q = a.num_heads * (2 if a.output_gate else 1)            # Qwen3.5's output gate: one more head-sized output
+        self.w_qkv = _w(gen, (q + 2 * a.num_kv_heads) * a.head_dim, d, fan_in=d, dtype=act, device=device)
         self.w_out = _w(gen, d, a.num_heads * a.head_dim, fan_in=a.num_heads * a.head_dim, dtype=act, device=device)
         self.k = torch.zeros(num_slots, capacity, a.num_kv_heads, a.head_dim, dtype=act, device=device)
         self.v = torch.zeros_like(self.k)
@@ -204,8 +205,12 @@ class Attention:
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         a = self.a
         b, T, _ = h.shape
-        q, k, v = torch.split(F.linear(h, self.w_qkv), [a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim,
-                                                        a.num_kv_heads * a.head_dim], dim=-1)
+        q, k, v = torch.split(F.linear(h, self.w_qkv), [a.num_heads * a.head_dim * (2 if a.output_gate else 1),
+                                                        a.num_kv_heads * a.head_dim, a.num_kv_heads * a.head_dim],
+                              dim=-1)
+        gate = None
+        if a.output_gate:
+            q, gate = q.reshape(b, T, a.num_heads, 2 * a.head_dim).chunk(2, dim=-1)
         pos = self.lengths[:b, None] + torch.arange(T, device=h.device)               # [batch, T]
         rows = torch.arange(b, device=h.device)[:, None].expand(b, T)
         self.k[rows, pos] = k.reshape(b, T, a.num_kv_heads, a.head_dim)
@@ -217,7 +222,10 @@ class Attention:
             q.reshape(b, T, a.num_heads, a.head_dim).transpose(1, 2),
             self.k[:b, :span].transpose(1, 2), self.v[:b, :span].transpose(1, 2),
             attn_mask=mask[:, None], enable_gqa=a.num_heads != a.num_kv_heads)
-        return F.linear(out.transpose(1, 2).reshape(b, T, -1), self.w_out)
+        out = out.transpose(1, 2)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return F.linear(out.reshape(b, T, -1), self.w_out)
 
     def advance(self, accepted: torch.Tensor) -> None:
         """The model advances the shared cursor once for all attention layers."""

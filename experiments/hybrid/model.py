@@ -64,6 +64,8 @@ class HybridModel:
         self.moe_impl = next((lay.impl for ch, _, lay in self.layers if ch == "E"), None)
         self.profile = False
         self.kind_us: dict[str, float] = defaultdict(float)
+        self.phase = ""                                         # the serving phase being profiled (run.py)
+        self.phase_kind_us: dict[tuple[str, str], float] = defaultdict(float)
 
     # ------------------------------------------------------------------------------------------- state
     def reset(self, context: int, gen: torch.Generator) -> None:
@@ -102,7 +104,9 @@ class HybridModel:
         t0 = time.perf_counter()
         out = fn(*args)
         _sync(self.device)
-        self.kind_us[kind] += (time.perf_counter() - t0) * 1e6
+        us = (time.perf_counter() - t0) * 1e6
+        self.kind_us[kind] += us
+        self.phase_kind_us[(self.phase, kind)] += us
         return out
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:

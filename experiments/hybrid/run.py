@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from experiments.harness.acceptance import parse_acceptance
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.points import CONF_DIR, DTYPES
 from experiments.harness.runner import failure
-from experiments.hybrid.footprint import footprint, max_concurrency
+from experiments.hybrid.footprint import footprint, max_concurrency, step_bytes
 from experiments.hybrid.layers import ATTENTION_IMPL, KV_LAYOUT, SSMCall
 from experiments.hybrid.model import HybridModel, MTPDrafter
 from experiments.hybrid.spec import KIND_GROUP, HybridSpec
@@ -35,10 +36,12 @@ from experiments.hybrid.sweep import HybridPlan, HybridPoint, HybridStore, expan
 from replayssm.testing import rel_err, tolerance
 
 COMMON = ["experiment", "model", "tp", "family", "method", "batch", "context_len", "buffer_len", "route",
-          "state_dtype", "act_dtype", "backend", "weights", "composed", "composition", "built_layers", "attn_impl",
-          "kv_layout", "moe_impl", "vocab_per_rank", "threads", "median_us", "p20_us", "p80_us", "ms_per_step",
-          "tokens_per_s", "ssm_us", "attention_us", "mlp_us", "other_us", "ssm_share", "peak_mem_bytes",
-          "weight_bytes", "kv_bytes", "ssm_cache_bytes", "assumed", "rel_err"]
+          "state_dtype", "act_dtype", "backend", "weights", "weight_format", "timed_weights", "composed", "composition",
+          "built_layers", "ssm_copies", "cache_resident", "attn_impl", "kv_layout", "moe_impl", "vocab_per_rank",
+          "threads", "median_us", "p20_us", "p80_us", "ms_per_step", "tokens_per_s", "verify_us", "commit_us",
+          "ssm_us", "attention_us", "mlp_us", "other_us", "ssm_share", "bytes_weights", "bytes_kv", "bytes_ssm",
+          "bytes_step", "ssm_byte_share", "peak_mem_bytes", "weight_bytes", "kv_bytes", "ssm_cache_bytes", "assumed",
+          "rel_err"]
 E2E_COLUMNS = COMMON + ["status", "message", "config_hash", "run_id"]
 SERVING_COLUMNS = COMMON + ["mode", "spec_T", "history_len", "acceptance", "mean_accepted", "draft_us", "max_model_len",
                             "footprint_weights_bytes", "footprint_per_seq_bytes", "hbm_budget_bytes", "hbm_source",
@@ -51,11 +54,15 @@ def _call(p: HybridPoint, spec: HybridSpec) -> SSMCall:
                    spec_T=p.spec_T, history_len=p.history_len or spec.history_len)
 
 
+def _pattern(p: HybridPoint, spec: HybridSpec) -> tuple[str, ...]:
+    return spec.block(p.ssm_copies) if p.build == "block" else spec.pattern
+
+
 def build(p: HybridPoint, spec: HybridSpec, capacity: int, seed: int, moe_impl: str = "auto") -> HybridModel:
     """The point's model: weights from `seed` only (identical across the methods of one model)."""
     gen = torch.Generator().manual_seed(seed)
     model = HybridModel(spec, ssm_method=p.method, call=_call(p, spec), num_slots=p.batch, capacity=capacity, gen=gen,
-                        device=p.device, build=p.build, moe_impl=moe_impl)
+                        device=p.device, build=p.build, moe_impl=moe_impl, pattern=_pattern(p, spec))
     model.reset(p.context_len, torch.Generator().manual_seed(seed + 1))
     return model
 
@@ -74,37 +81,84 @@ def _time(cycle, work: int, p: HybridPoint, sweep: dict, settings: dict) -> timi
                            min_sample_us=0, clock=timing.cpu_clock(settings.get("cpu_clock", "auto")))
 
 
-def _profile(model: HybridModel, cycle, steps: int) -> dict[str, float]:
+class Phases:
+    """Runs a step's phases (verify, commit) through `model`; in the profiled pass each phase is timed with a
+    device sync around it and the model attributes its sub-layer times to it (HybridModel.phase_kind_us), so
+    a phase's time outside the sub-layers (cursor updates, Python) is its own "other"."""
+
+    def __init__(self, model: HybridModel):
+        self.model, self.on = model, False
+        self.wall: dict[str, float] = {}
+
+    def __call__(self, name: str, fn, *args):
+        if not self.on:
+            return fn(*args)
+        _sync(self.model.device)
+        self.model.phase = name
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            _sync(self.model.device)
+            self.wall[name] = self.wall.get(name, 0.0) + (time.perf_counter() - t0) * 1e6
+            self.model.phase = ""
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _profile(model: HybridModel, phases: Phases, cycle, steps: int) -> dict[tuple[str, str], float]:
+    """Per (phase, sub-layer kind) microseconds per step of one profiled cycle; (phase, "other") is the phase's
+    time outside its sub-layers."""
     model.kind_us.clear()
-    model.profile = True
+    model.phase_kind_us.clear()
+    phases.wall.clear()
+    model.profile, phases.on = True, True
     try:
         cycle()
     finally:
-        model.profile = False
-    return {k: v / steps for k, v in model.kind_us.items()}
+        model.profile, phases.on = False, False
+    prof = dict(model.phase_kind_us)
+    for ph, wall in phases.wall.items():
+        inside = sum(us for (q, _), us in prof.items() if q == ph)
+        prof[(ph, "other")] = prof.get((ph, "other"), 0.0) + max(0.0, wall - inside)
+    return {k: v / steps for k, v in prof.items()}
 
 
-def compose(spec: HybridSpec, p: HybridPoint, step_us: float, prof: dict[str, float]) -> dict:
-    """Per-group times per step (ssm / attention / mlp / other) and the composed step time."""
+def compose(spec: HybridSpec, p: HybridPoint, step_us: float, prof: dict[tuple[str, str], float]) -> dict:
+    """Per-group (ssm / attention / mlp / other) and per-phase (verify / commit) times per step, and the step.
+
+    The profiled shares split the measured step; a composed block's kinds are then re-weighted by the
+    pattern's counts over the built counts (an SSM stack of n pools counts as the mean of its n mixers)."""
     total = sum(prof.values()) or 1.0
     scale = step_us / total                                       # profiled shares of the measured step
-    counts = spec.counts if p.build == "block" else {k: 1 for k in prof}
-    groups = {"ssm": 0.0, "attention": 0.0, "mlp": 0.0, "other": prof.get("other", 0.0) * scale}
-    for ch, us in prof.items():
-        if ch != "other":
-            groups[KIND_GROUP[ch]] += us * scale * (counts[ch] if p.build == "block" else 1)
+    built = Counter(_pattern(p, spec))
+    groups = {"ssm": 0.0, "attention": 0.0, "mlp": 0.0, "other": 0.0}
+    phases = {"verify": 0.0, "commit": 0.0}
+    for (ph, ch), us in prof.items():
+        weight = spec.counts[ch] / built[ch] if ch in built and p.build == "block" else 1.0
+        value = us * scale * weight
+        groups[KIND_GROUP.get(ch, "other")] += value
+        phases[ph if ph in phases else "verify"] += value
     step = sum(groups.values())
     return {"ssm_us": groups["ssm"], "attention_us": groups["attention"], "mlp_us": groups["mlp"],
-            "other_us": groups["other"], "median_us": step, "ssm_share": groups["ssm"] / step if step else None}
+            "other_us": groups["other"], "median_us": step, "ssm_share": groups["ssm"] / step if step else None,
+            "verify_us": phases["verify"], "commit_us": phases["commit"]}
 
 
 def _base_row(p: HybridPoint, spec: HybridSpec, run_id: str) -> dict:
     row = {k: getattr(p, k, None) for k in ("experiment", "model", "tp", "family", "method", "batch", "context_len",
                                              "buffer_len", "route", "state_dtype", "act_dtype", "backend", "mode",
-                                             "spec_T", "history_len", "acceptance", "at_max_concurrency")}
-    row.update(weights="random", composed=p.build == "block",
-               composition=spec.composition() if p.build == "block" else "full pattern " + "".join(spec.pattern),
-               built_layers=len(spec.block()) if p.build == "block" else len(spec.pattern), attn_impl=ATTENTION_IMPL,
+                                             "spec_T", "history_len", "acceptance", "at_max_concurrency",
+                                             "ssm_copies", "cache_resident")}
+    fmt = spec.weight_format or p.act_dtype
+    timed = p.act_dtype + (" (no NVFP4 kernel installed: timed with these weights)" if fmt == "nvfp4" else "")
+    row.update(weights="random", weight_format=fmt, timed_weights=timed, composed=p.build == "block",
+               composition=spec.composition(p.ssm_copies) if p.build == "block"
+               else "full pattern " + "".join(spec.pattern),
+               built_layers=len(_pattern(p, spec)), attn_impl=ATTENTION_IMPL,
                kv_layout=KV_LAYOUT, vocab_per_rank=spec.vocab, threads=torch.get_num_threads(),
                assumed=";".join(spec.assumed), config_hash=p.config_hash(), run_id=run_id, message="")
     return row
@@ -119,6 +173,26 @@ def _finish(row: dict, model: HybridModel, t: timing.Timing, groups: dict, token
     row.update(kv_bytes=caches["kv"], ssm_cache_bytes=caches["ssm"])
 
 
+def _bytes(row: dict, plan: HybridPlan, p: HybridPoint, spec: HybridSpec, T: int, counts, with_mtp: bool) -> None:
+    """The step's analytic bytes for the whole model (uncapped vocabulary / experts) and the SSM share."""
+    full = plan.full_specs.get(p.model_key, spec)
+    row.update(step_bytes(full, p.method, _call(p, full), batch=p.batch, context_len=p.context_len, T=T,
+                          counts=counts, with_mtp=with_mtp))
+    if p.cache_resident:
+        row["message"] = "cache-resident: the timed SSM states fit the last-level cache (never a speedup)"
+
+
+def _ar_cycle(model: HybridModel, phases: Phases, p: HybridPoint, tok: torch.Tensor, steps: int):
+    ones = model._ones(p.batch)
+
+    def cycle():
+        model.set_lengths(p.context_len)
+        for _ in range(steps):
+            phases("verify", model.forward, tok[:, None])
+            phases("commit", model.advance, ones, 1)
+    return cycle
+
+
 # ------------------------------------------------------------------------------------------------ e2e
 
 def e2e_point(p: HybridPoint, spec: HybridSpec, plan: HybridPlan, row: dict, notes: list[str]) -> str:
@@ -127,7 +201,8 @@ def e2e_point(p: HybridPoint, spec: HybridSpec, plan: HybridPlan, row: dict, not
     capacity = p.context_len + 2 * (steps + 1) + 1
     moe = plan.sweep.get("moe_impl", "auto")
     if p.method != "baseline_ar":       # the gate, on a few rows: same weights and tokens, baseline SSM method
-        small = HybridPoint(**{**p.__dict__, "batch": min(p.batch, int(plan.timing.get("check_max_batch", 4)))})
+        small = HybridPoint(**{**p.__dict__, "batch": min(p.batch, int(plan.timing.get("check_max_batch", 4))),
+                               "ssm_copies": 1})
         ref_point = HybridPoint(**{**small.__dict__, "method": "baseline_ar", "buffer_len": None, "route": None})
         got_model, ref = build(small, spec, capacity, seed, moe), build(ref_point, spec, capacity, seed, moe)
         tok = _tokens(small, spec, 1, seed)[:, 0]
@@ -143,14 +218,12 @@ def e2e_point(p: HybridPoint, spec: HybridSpec, plan: HybridPlan, row: dict, not
         notes.append(f"gate ok: logits vs baseline_ar, {small.batch} rows, {steps + 1} steps, rel_err {err:.1e}")
     model = build(p, spec, capacity, seed, moe)
     tok = _tokens(p, spec, 1, seed)[:, 0]
-
-    def cycle():
-        model.set_lengths(p.context_len)
-        for _ in range(steps):
-            model.decode(tok)
+    phases = Phases(model)
+    cycle = _ar_cycle(model, phases, p, tok, steps)
     t = _time(cycle, steps, p, plan.sweep, plan.timing)
-    groups = compose(spec, p, t.median_us, _profile(model, cycle, steps))
+    groups = compose(spec, p, t.median_us, _profile(model, phases, cycle, steps))
     _finish(row, model, t, groups, 1.0, p.batch)
+    _bytes(row, plan, p, spec, 1, None, with_mtp=False)
     return "ok"
 
 
@@ -164,8 +237,9 @@ def serving_point(p: HybridPoint, spec: HybridSpec, plan: HybridPlan, row: dict,
     seed = p.seed * 1_000_003 + zlib.crc32(p.model_key.encode()) % 100_003
     capacity = p.context_len + (steps + 2) * T + 1
     model = build(p, spec, capacity, seed, sweep.get("moe_impl", "auto"))
-    fp = footprint(spec, p.mode, act_dtype=DTYPES[p.act_dtype], state_dtype=DTYPES[p.state_dtype],
-                   max_model_len=int(sweep["max_model_len"]), spec_T=p.spec_T)
+    fp = footprint(plan.full_specs.get(p.model_key, spec), p.mode, act_dtype=DTYPES[p.act_dtype],
+                   state_dtype=DTYPES[p.state_dtype], max_model_len=int(sweep["max_model_len"]), spec_T=p.spec_T,
+                   weight_format="checkpoint")
     budget, source = plan.budget[p.model_key]
     row.update(max_model_len=int(sweep["max_model_len"]), footprint_weights_bytes=fp.weights,
                footprint_per_seq_bytes=fp.per_seq, hbm_budget_bytes=budget, hbm_source=source,
@@ -173,18 +247,18 @@ def serving_point(p: HybridPoint, spec: HybridSpec, plan: HybridPlan, row: dict,
     tok = _tokens(p, spec, 1, seed)[:, 0]
     hidden = torch.randn(p.batch, spec.hidden, generator=torch.Generator().manual_seed(seed + 3)).to(
         device=p.device, dtype=DTYPES[p.act_dtype])
+    phases = Phases(model)
     if p.mode == "ar":
-        def cycle():
-            model.set_lengths(p.context_len)
-            for _ in range(steps):
-                model.decode(tok)
+        cycle = _ar_cycle(model, phases, p, tok, steps)
         t = _time(cycle, steps, p, sweep, plan.timing)
-        groups = compose(spec, p, t.median_us, _profile(model, cycle, steps))
+        groups = compose(spec, p, t.median_us, _profile(model, phases, cycle, steps))
         _finish(row, model, t, groups, 1.0, p.batch)
         row.update(mean_accepted=1.0, draft_us=0.0)
+        _bytes(row, plan, p, spec, 1, None, with_mtp=False)
         return "ok"
     acc = parse_acceptance(p.acceptance)
     counts = acc.sample(T, p.batch, steps, torch.Generator().manual_seed(seed + 4)).to(p.device)
+    counts32 = counts.to(torch.int32)           # the commit's dtype, converted once outside the timed cycle
     maxes = counts.max(dim=1).values.tolist()
     drafter = MTPDrafter(model, torch.Generator().manual_seed(seed + 5), capacity)
     drafter.reset(p.context_len, torch.Generator().manual_seed(seed + 6))
@@ -192,17 +266,20 @@ def serving_point(p: HybridPoint, spec: HybridSpec, plan: HybridPlan, row: dict,
     def draft():
         return drafter.draft(tok, hidden, T - 1)
 
+    def commit(i):
+        model.advance(counts32[i], maxes[i])
+        drafter.sync_lengths()
+
     def cycle():
         model.set_lengths(p.context_len)
         drafter.sync_lengths()
         for i in range(steps):
             window = torch.cat([tok[:, None], draft()], dim=1)
-            model.forward(window)
-            model.advance(counts[i], maxes[i])
-            drafter.sync_lengths()
+            phases("verify", model.forward, window)
+            phases("commit", commit, i)
     t = _time(cycle, steps, p, sweep, plan.timing)
     d = _time(draft, 1, p, sweep, plan.timing)
-    prof = _profile(model, cycle, steps)
+    prof = _profile(model, phases, cycle, steps)
     groups = compose(spec, p, t.median_us - d.median_us, prof)         # the model's share; the drafter apart
     groups["median_us"] += d.median_us
     groups["other_us"] += d.median_us
@@ -211,7 +288,8 @@ def serving_point(p: HybridPoint, spec: HybridSpec, plan: HybridPlan, row: dict,
     row.update(mean_accepted=mean_acc, draft_us=d.median_us,
                weight_bytes=row["weight_bytes"] + drafter.weight_bytes())
     row["kv_bytes"] += drafter.mtp.cache_bytes()["kv"]
-    notes.append("other_us includes the MTP drafter (draft_us)")
+    _bytes(row, plan, p, spec, T, counts, with_mtp=True)
+    notes.append("other_us includes the MTP drafter (draft_us); step = draft_us + verify_us + commit_us")
     return "ok"
 
 
@@ -264,7 +342,7 @@ def _run_point(p: HybridPoint, plan: HybridPlan, run_id: str) -> dict:
         row["peak_mem_bytes"] = memory.peak_bytes(p.device)
         if p.device == "cuda":
             torch.cuda.empty_cache()
-    row.update(status=status, message="; ".join(notes))
+    row.update(status=status, message="; ".join(([row['message']] if row.get('message') else []) + notes))
     return row
 
 
@@ -281,12 +359,33 @@ def summarize(rows: list[dict]) -> str:
     return "\n".join("  ".join(str(x).ljust(w) for x, w in zip(line, widths)) for line in lines)
 
 
+def model_override(data: dict, task_overrides: list[str]) -> dict:
+    """`model=<name>` on the command line (and no sweep.models override) runs that one model: the sweep's own
+    entries for it (their TP splits) when it lists any, else the model at the TP split the sweep's other
+    entries use most (the CPU sweeps: TP8), else at its config's TP."""
+    chosen = [o.split("=", 1)[1] for o in task_overrides if o.startswith("model=")]
+    if not chosen or any(o.lstrip("+~").startswith("sweep.models") for o in task_overrides):
+        return data
+    name = chosen[-1]
+    listed = [str(e) for e in data["sweep"].get("models") or []]
+    entries = [e for e in listed if e.split("@")[0] == name]
+    if not entries:
+        splits = Counter(e.split("@")[1] for e in listed if "@" in e)
+        entries = [f"{name}@{splits.most_common(1)[0][0]}" if splits else name]
+    return {**data, "sweep": {**data["sweep"], "models": entries}}
+
+
 def hydra_main(cfg, experiment: str) -> str:
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
     from experiments.harness.sweeps import check_sweep
 
     check_sweep(experiment)
     t0 = time.perf_counter()
-    run_dir, rows = run_hybrid(cfg, experiment)
+    data = OmegaConf.to_container(cfg, resolve=True)
+    data = model_override(data, list(HydraConfig.get().overrides.task))
+    run_dir, rows = run_hybrid(data, experiment)
     print(summarize(rows))
     print(f"{experiment}: {len(rows)} rows in {time.perf_counter() - t0:.1f} s -> {run_dir}")
     from experiments.harness.runner import exit_if_nothing_measured

@@ -43,6 +43,7 @@ class AttentionDims:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    output_gate: bool = False         # Qwen3.5: q_proj also emits a per-head gate, out = attn * sigmoid(gate)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ class HybridSpec:
     buffer_len: int
     history_len: int
     assumed: tuple[str, ...] = field(default=())   # conf keys whose values are assumptions, not sourced
+    weight_format: str | None = None  # the served checkpoint: nvfp4 | bfloat16 | None (= the activation dtype)
+    bf16_kinds: tuple[str, ...] = ()  # nvfp4: weight kinds kept in bf16 (experiments/hybrid/footprint.py KINDS)
 
     @property
     def counts(self) -> Counter:
@@ -88,13 +91,17 @@ class HybridSpec:
     def attention_layers(self) -> int:
         return self.counts["*"]
 
-    def block(self) -> tuple[str, ...]:
-        """One sub-layer per kind in order of first appearance: what a composed step builds."""
-        return tuple(dict.fromkeys(self.pattern))
+    def block(self, ssm_copies: int = 1) -> tuple[str, ...]:
+        """One sub-layer per kind in order of first appearance: what a composed step builds. `ssm_copies` > 1
+        builds that many SSM mixers (each its own state pool, as the kernel sweep's layer stack): on a GPU their
+        states together exceed the L2, so the composed SSM time is streamed from HBM, not an L2 artefact."""
+        return tuple(ch for k in dict.fromkeys(self.pattern) for ch in k * (ssm_copies if k in SSM_KINDS else 1))
 
-    def composition(self) -> str:
+    def composition(self, ssm_copies: int = 1) -> str:
         c = self.counts
-        return " + ".join(f"{c[k]}x{k}" for k in self.block()) + " (per-kind times of one built block) + embed/head"
+        stack = f" ({ssm_copies} SSM pools: their mean)" if ssm_copies > 1 else ""
+        return (" + ".join(f"{c[k]}x{k}" for k in dict.fromkeys(self.pattern)) + stack
+                + " (per-kind times of one built block) + embed/head")
 
 
 def _need(cfg: dict, path: str, key: str):
@@ -138,7 +145,8 @@ def hybrid_spec(cfg: dict, tp: int | None = None, key: str = "model") -> HybridS
         kv = max(1, kv // tp)                   # fewer KV heads than ranks: each rank keeps a replica
         if heads % kv:
             raise ValueError(f"{key}.attention: {heads} query heads per rank not a multiple of {kv} KV heads")
-        attention = AttentionDims(heads, kv, int(_need(cfg, "attention.head_dim", key)))
+        attention = AttentionDims(heads, kv, int(_need(cfg, "attention.head_dim", key)),
+                                  output_gate=bool((cfg.get("attention") or {}).get("output_gate")))
     mlp_cfg = cfg.get("mlp") or {}
     mlp = None
     uses_mlp = {"-", "E"} & (set(pattern) | set((cfg.get("mtp") or {}).get("pattern", "")))
@@ -162,10 +170,15 @@ def hybrid_spec(cfg: dict, tp: int | None = None, key: str = "model") -> HybridS
                 raise ValueError(f"{key}.mlp.experts_per_token={moe['top_k']} not in 1..{moe['num_experts']}")
         mlp = MLPDims(act=act, intermediate=inter, **moe)
     rs = cfg.get("replayssm") or {}
+    weights = cfg.get("weights") or {}
+    fmt = weights.get("dtype")
+    if fmt not in (None, "nvfp4", "bfloat16", "float16", "float32"):
+        raise ValueError(f"{key}.weights.dtype: expected nvfp4, bfloat16, float16 or float32, got {fmt!r}")
     mtp = (cfg.get("mtp") or {}).get("pattern") or ("*E" if "E" in pattern else "*-")
     return HybridSpec(name=base.name, family=base.family, tp=tp, geometry=base.geometry, has_z=base.has_z,
                       dt_softplus=base.dt_softplus, use_qk_l2norm=base.use_qk_l2norm, hidden=hidden, vocab=vocab,
                       conv_kernel=int(cfg.get("conv_kernel") or 4), pattern=pattern, attention=attention, mlp=mlp,
                       mtp_pattern=parse_pattern(mtp, f"{key}.mtp.pattern"),
                       buffer_len=int(rs.get("buffer_len") or 16), history_len=int(rs.get("history_len") or 16),
-                      assumed=tuple(cfg.get("assumed") or ()))
+                      assumed=tuple(cfg.get("assumed") or ()), weight_format=fmt,
+                      bf16_kinds=tuple(weights.get("bf16_kinds") or ()))

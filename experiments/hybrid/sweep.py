@@ -21,6 +21,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from experiments.harness import memory
 from experiments.harness.acceptance import parse_acceptance
 from experiments.harness.points import (
     DTYPES,
@@ -68,6 +69,7 @@ class HybridSweepSchema:
     at_concurrency: bool = False            # serving: add a point per mode at its max concurrency (capped)
     concurrency_batch_cap: int = 1024
     vocab_cap: int | None = None            # CPU: truncate the (per-rank) LM head to this many rows (recorded)
+    expert_cap: int | None = None           # CPU: build at most this many routed experts (>= top-k; recorded)
     threads: int | None = None
     cpu_repeats: int = 5
     cpu_warmup: int = 1
@@ -98,6 +100,8 @@ class HybridPoint:
     device: str
     seed: int
     at_max_concurrency: bool = False
+    ssm_copies: int = 1             # SSM mixers built in a composed block (GPU: a stack of state pools)
+    cache_resident: bool | None = None   # the timed SSM states fit l2_factor x last-level cache (None: unknown)
 
     @property
     def model_key(self) -> str:
@@ -116,6 +120,7 @@ class HybridPlan:
     sweep: dict
     timing: dict
     budget: dict = field(default_factory=dict)     # model_key -> (bytes, source)
+    full_specs: dict[str, HybridSpec] = field(default_factory=dict)   # model_key -> spec before the CPU caps
 
 
 def _models(sweep: dict) -> list[tuple[str, dict, int | None]]:
@@ -144,6 +149,14 @@ def _spec(key: str, cfg: dict, tp: int | None, sweep: dict) -> HybridSpec:
     if cap is not None and spec.vocab > _int("sweep.vocab_cap", cap):
         note = f"vocab truncated to {cap} per rank (sweep.vocab_cap)"
         spec = replace(spec, vocab=cap, assumed=spec.assumed + (note,))
+    cap = sweep.get("expert_cap")
+    if cap is not None and spec.mlp is not None and spec.mlp.num_experts and spec.mlp.num_experts > _int(
+            "sweep.expert_cap", cap):
+        if cap < spec.mlp.top_k:
+            raise ValueError(f"sweep.expert_cap={cap}: below {key}'s top-k {spec.mlp.top_k} (experts per token)")
+        note = (f"{cap} of {spec.mlp.num_experts} routed experts built (sweep.expert_cap; the analytic bytes count "
+                "all of them)")
+        spec = replace(spec, mlp=replace(spec.mlp, num_experts=cap), assumed=spec.assumed + (note,))
     return spec
 
 
@@ -188,7 +201,11 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
     batches = _int_list(sweep, "batch")
     contexts = _int_list(sweep, "context_len", minimum=0)
     max_len = _int("sweep.max_model_len", sweep.get("max_model_len"))
-    models = [(key, _spec(key, c, tp, sweep)) for key, c, tp in _models(sweep)]
+    loaded = _models(sweep)
+    models = [(key, _spec(key, c, tp, sweep)) for key, c, tp in loaded]
+    uncapped = {**sweep, "vocab_cap": None, "expert_cap": None}
+    full = {key_of(s): _spec(key, c, tp, uncapped) for (key, c, tp), (_, s) in zip(loaded, models)}
+    timing = dict(cfg.get("timing") or {})
     points: list[HybridPoint] = []
     common = dict(experiment=experiment, state_dtype=sd, act_dtype=ad, backend=backend, device=device, seed=seed)
     budgets = {}
@@ -204,7 +221,9 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
                             **common, model=spec.name, tp=spec.tp, family=spec.family, method=m, mode=None, batch=b,
                             context_len=ctx, buffer_len=spec.buffer_len if m == "replay_ar" else None, history_len=None,
                             spec_T=None, acceptance=None, route=_route(spec, m, route),
-                            build=_build(spec, build, sweep, ad)))
+                            build=_build(spec, build, sweep, ad),
+                            **_residency(spec, _build(spec, build, sweep, ad), m, b, None, device, hardware, timing,
+                                         sd, ad)))
     elif experiment == "serving":
         modes = _names(sweep, "modes", MODES, "serving modes")
         Ts = _int_list(sweep, "spec_T", minimum=2)
@@ -224,8 +243,8 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
                     _check_context(ctx, steps, T, max_len, key)
                     for mode in modes:
                         method = fpm.MODE_METHOD[mode]
-                        fp = fpm.footprint(spec, mode, act_dtype=DTYPES[ad], state_dtype=DTYPES[sd],
-                                           max_model_len=max_len, spec_T=T)
+                        fp = fpm.footprint(full[key_of(spec)], mode, act_dtype=DTYPES[ad], state_dtype=DTYPES[sd],
+                                           max_model_len=max_len, spec_T=T, weight_format="checkpoint")
                         cap = fpm.max_concurrency(budget[0], fp)
                         bs = list(batches)
                         if sweep.get("at_concurrency") and cap > 0:
@@ -244,13 +263,43 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
                                     mode=mode, batch=b, context_len=ctx,
                                     buffer_len=None, history_len=spec.history_len if mode == "replayssm" else None,
                                     spec_T=T if mode != "ar" else None, acceptance=acc.label if mode != "ar" else None,
-                                    route=None, build=_build(spec, build, sweep, ad), at_max_concurrency=at_cap))
+                                    route=None, build=_build(spec, build, sweep, ad), at_max_concurrency=at_cap,
+                                    **_residency(spec, _build(spec, build, sweep, ad), method, b, T, device,
+                                                 hardware, timing, sd, ad)))
         points = list(dict.fromkeys(points))          # `ar` rows repeat across T: keep one
     else:
         raise ValueError(f"experiment.name: unknown hybrid experiment {experiment!r}")
     return HybridPlan(experiment=experiment, device=device, points=points,
-                      specs={f"{s.name}@tp{s.tp}": s for _, s in models}, sweep=sweep,
-                      timing=dict(cfg.get("timing") or {}), budget=budgets)
+                      specs={key_of(s): s for _, s in models}, sweep=sweep, timing=timing, budget=budgets,
+                      full_specs=full)
+
+
+def key_of(spec: HybridSpec) -> str:
+    return f"{spec.name}@tp{spec.tp}"
+
+
+def _residency(spec: HybridSpec, build: str, method: str, batch: int, T: int | None, device: str,
+               hardware: dict | None, timing: dict, sd: str, ad: str) -> dict:
+    """SSM mixers to build and whether their states sit in the last-level cache, by the kernel sweep's rule
+    (experiments/harness/memory.py): a composed block on a GPU stacks enough mixers (own state pools) that
+    their states exceed l2_factor x L2, so each step streams every mixer's state from HBM; on a CPU one mixer
+    is built (more would only add Python dispatch) and the row says whether its state is cache-resident. A
+    full build's mixers are the model's own."""
+    fp, conv = fpm.ssm_layer_bytes(spec, fpm.MODE_BY_METHOD[method], act_dtype=DTYPES[ad], state_dtype=DTYPES[sd],
+                                   spec_T=T)
+    layer_bytes = batch * (fp.total + conv)
+    l2 = (hardware or {}).get("l2_bytes")
+    factor = float(timing.get("l2_factor", 4))
+    copies = 1
+    if build == "block" and device == "cuda":
+        free = memory.free_bytes(device)            # the stack may use hbm_budget_frac of the free memory
+        budget = int(free * float(timing.get("hbm_budget_frac", 0.5))) if free is not None else None
+        copies, _ = memory.stack_layers(min(layer_bytes, budget or layer_bytes), l2="cold", l2_bytes=l2,
+                                        l2_factor=factor, max_layers=int(timing.get("max_layers", 64)),
+                                        budget_bytes=budget)
+    built = copies if build == "block" else spec.ssm_layers
+    return {"ssm_copies": copies,
+            "cache_resident": memory.cache_resident(built, layer_bytes, l2="cold", l2_bytes=l2, l2_factor=factor)}
 
 
 def serving_steps(spec: HybridSpec, T: int, requested: int) -> int:

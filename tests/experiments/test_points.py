@@ -86,9 +86,11 @@ def test_model_configs_agree_with_geometry_and_cite_sources():
 
 
 def test_hardware_profiles_hold_the_datasheet_peaks():
-    peaks = {n: OmegaConf.load(CONF_DIR / "hardware" / f"{n}.yaml").peak_hbm_TBps for n in ("h100", "h200", "b200")}
-    assert peaks == {"h100": 3.35, "h200": 4.8, "b200": 8.0}
-    assert OmegaConf.load(CONF_DIR / "hardware" / "b300.yaml").peak_hbm_TBps is None     # no source: null
+    names = ("h100", "h200", "b200", "b300")
+    cfgs = {n: OmegaConf.load(CONF_DIR / "hardware" / f"{n}.yaml") for n in names}
+    assert {n: c.peak_hbm_TBps for n, c in cfgs.items()} == {"h100": 3.35, "h200": 4.8, "b200": 8.0, "b300": 8.0}
+    # HBM capacity (decimal GB, the datasheets): the analytic concurrency budget of experiments.hybrid.footprint
+    assert {n: c.hbm_bytes for n, c in cfgs.items()} == {"h100": 80e9, "h200": 141e9, "b200": 192e9, "b300": 288e9}
 
 
 @pytest.mark.parametrize("override, key", [
