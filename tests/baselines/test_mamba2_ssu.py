@@ -15,7 +15,7 @@ from replayssm.mamba2.ref import ssm_step_ref, window_ref
 from replayssm.testing import nan_like, rel_err, tolerance
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
-BACKENDS = ["ref", "torch", "triton"]
+BACKENDS = ["ref", "torch", "triton", "cpu"]
 
 
 def rounded(state64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

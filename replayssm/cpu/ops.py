@@ -1,0 +1,151 @@
+"""ctypes entry points of the fused CPU kernels (kernels_body.h): tensors in, nothing allocated per step.
+
+Each function takes the same tensors as the public API it serves (validated there) and calls one C kernel
+that loops over (row, head) with OpenMP on torch.get_num_threads() threads. Inputs are made contiguous
+(a no-op for the harness's inputs); the caches must be contiguous (they are allocated so). `out` is written
+in place when contiguous, else through a contiguous temporary.
+
+    mamba2_ssu(state [S, H, P, N], x [b, H, P], dt [b, H], A [H], B, C [b, G, N], D, z, dt_bias, softplus,
+               out [b, H, P], slots int32 [b])
+    mamba2_replay(cache (replayssm.mamba2.ReplayCache), x, dt, A, B, C, D, z, dt_bias, softplus, out, slots,
+                  route)
+    gdn_step(state [S, HV, V, K], q, k [b, H, K], v [b, HV, V], g, beta [b, HV], scale, l2norm, out, slots)
+    gdn_replay(cache (replayssm.gdn.ReplayCache), q, k, v, g, beta, scale, l2norm, out, slots)
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from replayssm.cpu.build import has_fp16, library
+
+DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+MAX_DIM = 1024      # kernels_body.h keeps a row of this many fp32 on the stack per program
+MAX_LEN = 64        # MAXL: buffer / ring length
+
+
+def supported_dtypes() -> tuple[torch.dtype, ...]:
+    """Storage dtypes the built library has kernels for (fp16 needs the compiler's _Float16)."""
+    return (torch.float32, torch.bfloat16) + ((torch.float16,) if has_fp16() else ())
+
+
+def check_cpu_dtypes(**tensors: torch.Tensor | torch.dtype | None) -> None:
+    """A clear error before any work when a state / activation dtype has no CPU kernel."""
+    ok = supported_dtypes()
+    for name, t in tensors.items():
+        dtype = t if isinstance(t, torch.dtype) or t is None else t.dtype
+        if dtype is not None and dtype not in ok:
+            hint = "" if dtype != torch.float16 else " (this C compiler has no _Float16)"
+            raise ValueError(f"backend='cpu' has no kernel for {name} dtype {dtype}; supported: "
+                             f"{[str(d) for d in ok]}{hint}")
+
+
+def check_cpu_sizes(**sizes: int) -> None:
+    for name, n in sizes.items():
+        limit = MAX_LEN if name in ("buffer_len", "ring_len", "window") else MAX_DIM
+        if n > limit:
+            raise ValueError(f"backend='cpu': {name}={n} exceeds {limit} (a row is kept on the kernel's stack)")
+
+
+_FNS: dict[str, ctypes._CFuncPtr] = {}
+
+
+def _fn(name: str, state_dtype: torch.dtype, act_dtype: torch.dtype):
+    key = f"{name}_{DTYPE_NAMES[state_dtype]}_{DTYPE_NAMES[act_dtype]}"
+    fn = _FNS.get(key)
+    if fn is None:
+        fn = _FNS[key] = getattr(library(), key)
+        fn.restype = None
+    return fn
+
+
+def _call(fn, *args) -> None:
+    """Call a kernel; tensors become data pointers here, so every temporary (a contiguous or fp32 copy) stays
+    referenced by `args` until the kernel returns. None is a NULL pointer, float a C float, int a C int."""
+    conv = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            conv.append(ctypes.c_void_p(a.data_ptr()))
+        elif isinstance(a, float):
+            conv.append(ctypes.c_float(a))
+        else:
+            conv.append(a)
+    fn(*conv)
+
+
+def _c(t: torch.Tensor | None, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    if t is None:
+        return None
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    return t.contiguous()
+
+
+def _out(out: torch.Tensor):
+    """(tensor the kernel writes, finaliser copying it back when `out` was not contiguous)."""
+    if out.is_contiguous():
+        return out, lambda: None
+    tmp = out.contiguous()
+    return tmp, lambda: out.copy_(tmp)
+
+
+def _require_contiguous(**caches: torch.Tensor) -> None:
+    for name, t in caches.items():
+        if not t.is_contiguous():
+            raise ValueError(f"backend='cpu' needs contiguous cache tensors; {name} is not")
+
+
+def _i64(values) -> list[ctypes.c_int64]:
+    """Element strides (the state's outer dims may be strided; its last dim is unit-stride, checked by the API)."""
+    return [ctypes.c_int64(v) for v in values]
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
+
+
+def mamba2_ssu(state, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots) -> None:
+    S, H, P, N = state.shape
+    G = B.shape[-2]
+    o, done = _out(out)
+    _call(_fn("m2_ssu", state.dtype, x.dtype),
+        state, _c(x), _c(dt, torch.float32), _c(A), _c(B), _c(C), _c(D), _c(z),
+        _c(dt_bias), int(bool(softplus)), o, _c(slots, torch.int32), x.shape[0], H, P, N, G,
+          *_i64(state.stride()[:3]), _threads())
+    done()
+
+
+def mamba2_replay(cache, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots, route: str) -> None:
+    _require_contiguous(state=cache.state, x=cache.x, B=cache.B, dt=cache.dt, write_pos=cache.write_pos)
+    g = cache.geometry
+    o, done = _out(out)
+    _call(_fn("m2_replay", cache.state.dtype, cache.x.dtype),
+        cache.state, cache.x, cache.B, cache.dt, cache.write_pos,
+        _c(x), _c(dt, torch.float32), _c(A), _c(B), _c(C), _c(D), _c(z),
+        _c(dt_bias), int(bool(softplus)), o, _c(slots, torch.int32), x.shape[0],
+        g.nheads, g.headdim, g.dstate, g.ngroups, cache.buffer_len, 0 if route == "output_only" else 1, _threads())
+    done()
+
+
+def gdn_step(state, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) -> None:
+    S, HV, V, K = state.shape
+    o, done = _out(out)
+    _call(_fn("gdn_step", state.dtype, q.dtype),
+        state, _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32),
+        float(scale), int(bool(l2norm)), o, _c(slots, torch.int32), q.shape[0], q.shape[1], HV,
+        K, V, *_i64(state.stride()[:3]), _threads())
+    done()
+
+
+def gdn_replay(cache, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) -> None:
+    _require_contiguous(state=cache.state, u=cache.u, k=cache.k, g=cache.g, write_pos=cache.write_pos)
+    gm = cache.geometry
+    o, done = _out(out)
+    _call(_fn("gdn_replay", cache.state.dtype, cache.u.dtype),
+        cache.state, cache.u, cache.k, cache.g, cache.write_pos,
+        _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32),
+        float(scale), int(bool(l2norm)), o, _c(slots, torch.int32), q.shape[0], gm.H, gm.HV,
+        gm.K, gm.V, cache.buffer_len, _threads())
+    done()
