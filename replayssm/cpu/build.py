@@ -28,9 +28,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SOURCES = ("kernels.c", "kernels_body.h")
 # (suffix, C storage type, load macro, store macro) per torch dtype name
-STORAGE = {"f32": ("float", "LD_F32", "ST_F32"), "f16": ("f16_t", "LD_F16", "ST_F16"),
-           "bf16": ("uint16_t", "LD_BF16", "ST_BF16")}
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno")
+STORAGE = {"f32": ("float", "F32"), "f16": ("f16_t", "F16"), "bf16": ("uint16_t", "BF16")}
+# Reassociation lets gcc vectorise the dot-product reductions (sums in another order, within fp32 rounding);
+# no -ffinite-math-only: NaN inputs and poisoned outputs must stay NaN.
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno", "-fassociative-math",
+         "-fno-signed-zeros", "-fno-trapping-math")
 
 
 class CpuKernelsUnavailable(RuntimeError):
@@ -69,14 +71,14 @@ def generated_source() -> str:
     """kernels.c plus one instantiation of kernels_body.h per (state, act) storage pair; the fp16 ones are
     guarded by HAVE_F16 (no _Float16 in the compiler: they are left out and has_fp16() says so)."""
     parts = ['#include "kernels.c"']
-    for s, (st, sl, ss) in STORAGE.items():
-        for a, (at, al, aa) in STORAGE.items():
+    for s, (st, sm) in STORAGE.items():
+        for a, (at, am) in STORAGE.items():
             guard = "f16" in (s, a)
             parts += (["#if HAVE_F16"] if guard else []) + [
-                f"#define STYPE {st}", f"#define LDS {sl}", f"#define STS {ss}",
-                f"#define ATYPE {at}", f"#define LDA {al}", f"#define STA {aa}",
+                f"#define STYPE {st}", f"#define LDS LD_{sm}", f"#define STS ST_{sm}", f"#define LDS8 LD8_{sm}",
+                f"#define STS8 ST8_{sm}", f"#define ATYPE {at}", f"#define LDA LD_{am}", f"#define STA ST_{am}",
                 f"#define SUF(n) n##_{s}_{a}", '#include "kernels_body.h"',
-                *(f"#undef {m}" for m in ("STYPE", "LDS", "STS", "ATYPE", "LDA", "STA", "SUF")),
+                *(f"#undef {m}" for m in ("STYPE", "LDS", "STS", "LDS8", "STS8", "ATYPE", "LDA", "STA", "SUF")),
             ] + (["#endif"] if guard else [])
     return "\n".join(parts) + "\n"
 

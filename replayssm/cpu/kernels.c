@@ -30,6 +30,32 @@ static inline uint16_t bf16_store(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);                                              /* round to nearest even */
     return (uint16_t)(u >> 16);
 }
+/* 8 fp32 lanes (GCC / clang vector extension: AVX on x86-64, two NEON registers on aarch64), the register
+ * tile of the blocked rank-J row rebuild; loads and stores go through memcpy (no alignment assumed). */
+typedef float v8f __attribute__((vector_size(32)));
+static inline v8f v8_load(const float *p) { v8f v; memcpy(&v, p, sizeof v); return v; }
+static inline void v8_store(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+typedef uint16_t v8u16 __attribute__((vector_size(16)));
+typedef uint32_t v8u32 __attribute__((vector_size(32)));
+typedef int32_t v8i32 __attribute__((vector_size(32)));
+static inline v8f v8_bits(v8u32 u) { v8f v; memcpy(&v, &u, sizeof v); return v; }
+static inline v8f v8_load_bf16(const uint16_t *p) {
+    v8u16 h; memcpy(&h, p, sizeof h);
+    return v8_bits(__builtin_convertvector(h, v8u32) << 16);
+}
+static inline void v8_store_bf16(uint16_t *p, v8f v) {
+    v8u32 u; memcpy(&u, &v, sizeof u);
+    const v8u32 nan = (v8u32)((v8i32)(u & 0x7fffffffu) > (v8i32){0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000,
+                                                                    0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000});
+    const v8u32 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+    const v8u16 h = __builtin_convertvector((nan & quiet) | (~nan & rounded), v8u16);
+    memcpy(p, &h, sizeof h);
+}
+static inline float hsum8(v8f v) {
+    float t[8];
+    v8_store(t, v);
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
 static inline float softplus_f(float x) { return x <= SOFTPLUS_THRESHOLD ? log1pf(expf(x)) : x; }
 static inline float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -51,3 +77,15 @@ int replayssm_cpu_abi(void) { return 1; }
 #define ST_F16(p, v) (*(p) = (f16_t)(v))
 #define LD_BF16(p) bf16_load(*(p))
 #define ST_BF16(p, v) (*(p) = bf16_store(v))
+/* 8 lanes at once (the blocked rebuild): LD8_* returns a v8f, ST8_* stores one */
+#define LD8_F32(p) v8_load(p)
+#define ST8_F32(p, v) v8_store((p), (v))
+#define LD8_BF16(p) v8_load_bf16(p)
+#define ST8_BF16(p, v) v8_store_bf16((p), (v))
+#if HAVE_F16
+typedef _Float16 v8h __attribute__((vector_size(16)));
+static inline v8f v8_load_f16(const f16_t *p) { v8h h; memcpy(&h, p, sizeof h); return __builtin_convertvector(h, v8f); }
+static inline void v8_store_f16(f16_t *p, v8f v) { const v8h h = __builtin_convertvector(v, v8h); memcpy(p, &h, sizeof h); }
+#define LD8_F16(p) v8_load_f16(p)
+#define ST8_F16(p, v) v8_store_f16((p), (v))
+#endif

@@ -2,6 +2,106 @@
  * STYPE / LDS / STS: state storage; ATYPE / LDA / STA: activation storage; SUF(name) names the variant.
  * Shapes are in the docstrings of the Python wrappers (replayssm/cpu/mamba2.py, replayssm/cpu/gdn.py). */
 
+/* Row primitives. A reduction over a [N] row with one accumulator is bound by the FMA latency chain (~20 GB/s
+ * on one core, below DRAM bandwidth on a big box), so rows whose length is a multiple of 16 use two 8-lane
+ * accumulators; other lengths take the plain loop. */
+static inline float SUF(dot_row)(const STYPE *row, const float *c, int N)
+{
+    if (N % 16 == 0) {
+        v8f a0 = {0}, a1 = {0};
+        for (int n = 0; n < N; n += 16) { a0 += LDS8(row + n) * v8_load(c + n); a1 += LDS8(row + n + 8) * v8_load(c + n + 8); }
+        return hsum8(a0 + a1);
+    }
+    float acc = 0.0f;
+    for (int n = 0; n < N; n++) acc += LDS(row + n) * c[n];
+    return acc;
+}
+
+/* (row . k, row . q) in one read of the row */
+static inline void SUF(dot2_row)(const STYPE *row, const float *k, const float *q, int N, float *rk, float *rq)
+{
+    if (N % 16 == 0) {
+        v8f a0 = {0}, a1 = {0}, c0 = {0}, c1 = {0};
+        for (int n = 0; n < N; n += 16) {
+            const v8f t0 = LDS8(row + n), t1 = LDS8(row + n + 8);
+            a0 += t0 * v8_load(k + n); a1 += t1 * v8_load(k + n + 8);
+            c0 += t0 * v8_load(q + n); c1 += t1 * v8_load(q + n + 8);
+        }
+        *rk = hsum8(a0 + a1); *rq = hsum8(c0 + c1);
+        return;
+    }
+    float a = 0.0f, c = 0.0f;
+    for (int n = 0; n < N; n++) { const float t = LDS(row + n); a += t * k[n]; c += t * q[n]; }
+    *rk = a; *rq = c;
+}
+
+/* out[r] = abar * (S_r . c) for R rows of N: four rows at a time (eight independent accumulators, each load
+ * of c feeds four rows), so the read streams at memory speed rather than at the FMA latency. */
+static inline void SUF(dot_rows)(const STYPE *S, int64_t rs, int R, int N, const float *c, float scale, float *out)
+{
+    int r = 0;
+    if (N % 16 == 0)
+        for (; r + 4 <= R; r += 4) {
+            v8f a[4][2] = {{{0}}};
+            for (int n = 0; n < N; n += 16) {
+                const v8f c0 = v8_load(c + n), c1 = v8_load(c + n + 8);
+                for (int i = 0; i < 4; i++) {
+                    const STYPE *row = S + (r + i) * rs + n;
+                    a[i][0] += LDS8(row) * c0; a[i][1] += LDS8(row + 8) * c1;
+                }
+            }
+            for (int i = 0; i < 4; i++) out[r + i] = scale * hsum8(a[i][0] + a[i][1]);
+        }
+    for (; r < R; r++) out[r] = scale * SUF(dot_row)(S + r * rs, c, N);
+}
+
+/* row <- a row + xd B (stored), returns the new row . C: one read and one write of the row */
+static inline float SUF(ssu_row)(STYPE *row, int N, float a, float xd, const float *Bv, const float *Cv)
+{
+    if (N % 16 == 0) {
+        v8f a0 = {0}, a1 = {0};
+        for (int n = 0; n < N; n += 16) {
+            const v8f v0 = a * LDS8(row + n) + xd * v8_load(Bv + n);
+            const v8f v1 = a * LDS8(row + n + 8) + xd * v8_load(Bv + n + 8);
+            STS8(row + n, v0); STS8(row + n + 8, v1);
+            a0 += v0 * v8_load(Cv + n); a1 += v1 * v8_load(Cv + n + 8);
+        }
+        return hsum8(a0 + a1);
+    }
+    float acc = 0.0f;
+    for (int n = 0; n < N; n++) { const float v = a * LDS(row + n) + xd * Bv[n]; STS(row + n, v); acc += v * Cv[n]; }
+    return acc;
+}
+
+/* GDN recurrent row: r = alpha row; u = beta (v - r . k); row <- r + u k (stored); returns row . q */
+static inline float SUF(gdn_row)(STYPE *row, int K, float alpha, float bt, float vi, const float *kv,
+                                 const float *qv)
+{
+    if (K % 16 == 0 && K <= MAXV) {
+        v8f r[MAXV / 8];
+        v8f a0 = {0}, a1 = {0};
+        for (int n = 0; n < K; n += 16) {
+            r[n / 8] = alpha * LDS8(row + n); r[n / 8 + 1] = alpha * LDS8(row + n + 8);
+            a0 += r[n / 8] * v8_load(kv + n); a1 += r[n / 8 + 1] * v8_load(kv + n + 8);
+        }
+        const float u = bt * (vi - hsum8(a0 + a1));
+        v8f o0 = {0}, o1 = {0};
+        for (int n = 0; n < K; n += 16) {
+            const v8f t0 = r[n / 8] + u * v8_load(kv + n), t1 = r[n / 8 + 1] + u * v8_load(kv + n + 8);
+            STS8(row + n, t0); STS8(row + n + 8, t1);
+            o0 += t0 * v8_load(qv + n); o1 += t1 * v8_load(qv + n + 8);
+        }
+        return hsum8(o0 + o1);
+    }
+    float r[K];
+    float sk = 0.0f;
+    for (int n = 0; n < K; n++) { r[n] = alpha * LDS(row + n); sk += r[n] * kv[n]; }
+    const float u = bt * (vi - sk);
+    float o = 0.0f;
+    for (int n = 0; n < K; n++) { const float t = r[n] + u * kv[n]; STS(row + n, t); o += t * qv[n]; }
+    return o;
+}
+
 /* ------------------------------------------------------------------------------------------ Mamba-2 AR */
 
 /* Baseline selective state update: per (row, head) S <- exp(A dt) S + dt x B^T; y = S C + D x, * silu(z).
@@ -28,19 +128,74 @@ void SUF(m2_ssu)(STYPE *state, const ATYPE *x, const float *dt, const float *A, 
             const size_t io = ((size_t)b * H + h) * P;
             for (int p = 0; p < P; p++) {
                 const float xv = LDA(x + io + p), xd = d * xv;
-                STYPE *row = S + p * ss2;
-                float acc = 0.0f;
-#pragma omp simd reduction(+:acc)
-                for (int n = 0; n < N; n++) {
-                    const float v = a * LDS(row + n) + xd * Bv[n];
-                    STS(row + n, v);
-                    acc += v * Cv[n];
-                }
+                const float acc = SUF(ssu_row)(S + p * ss2, N, a, xd, Bv, Cv);
                 float y = acc + (D ? D[h] * xv : 0.0f);
                 if (z) { const float zv = LDA(z + io + p); y *= zv * sigmoid_f(zv); }
                 STA(out + io + p, y);
             }
         }
+    }
+}
+
+/* The rebuild of state rows shared by the Mamba-2 state-and-output route / flush and the GDN flush:
+ *   row_r <- scale * S_r + sum_{j<J} X[j, r] * Y[j, :]      (r < R rows of N, row stride rs)
+ * stored into S when `store`; with Cv, yout[r] = row_r . Cv. A register-blocked rank-J update: 4 rows x 16
+ * columns of accumulators, so each Y element loaded feeds 4 FMAs and every S element is read (and
+ * written) once; the dot with Cv uses vector partial sums. N not a multiple of 16: the plain loop. */
+static inline void SUF(rebuild_rows)(STYPE *S, int64_t rs, int R, int N, float scale, const float *X,
+                                     const float *Y, int J, int store, const float *Cv, float *yout)
+{
+    if (N % 16 == 0) {
+        for (int r0 = 0; r0 < R; r0 += 4) {
+            int rr[4];
+            for (int i = 0; i < 4; i++) rr[i] = r0 + i < R ? r0 + i : R - 1;
+            v8f yv[4][2] = {{{0}}};
+            for (int n0 = 0; n0 < N; n0 += 16) {
+                v8f acc[4][2];
+                for (int i = 0; i < 4; i++) {
+                    const STYPE *row = S + rr[i] * rs + n0;
+                    acc[i][0] = scale * LDS8(row); acc[i][1] = scale * LDS8(row + 8);
+                }
+                for (int j = 0; j < J; j++) {
+                    const v8f y0 = v8_load(Y + (size_t)j * N + n0), y1 = v8_load(Y + (size_t)j * N + n0 + 8);
+                    const float *xj = X + (size_t)j * R;
+                    for (int i = 0; i < 4; i++) {
+                        const float xv = xj[rr[i]];
+                        acc[i][0] += xv * y0; acc[i][1] += xv * y1;
+                    }
+                }
+                if (store)
+                    for (int i = 0; i < 4; i++)
+                        if (r0 + i < R) {
+                            STYPE *row = S + rr[i] * rs + n0;
+                            STS8(row, acc[i][0]); STS8(row + 8, acc[i][1]);
+                        }
+                if (Cv) {
+                    const v8f c0 = v8_load(Cv + n0), c1 = v8_load(Cv + n0 + 8);
+                    for (int i = 0; i < 4; i++) { yv[i][0] += acc[i][0] * c0; yv[i][1] += acc[i][1] * c1; }
+                }
+            }
+            if (yout)
+                for (int i = 0; i < 4 && r0 + i < R; i++) {
+                    float t[8];
+                    v8_store(t, yv[i][0] + yv[i][1]);
+                    yout[r0 + i] = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+                }
+        }
+        return;
+    }
+    float r[N];
+    for (int i = 0; i < R; i++) {
+        STYPE *row = S + i * rs;
+        for (int n = 0; n < N; n++) r[n] = scale * LDS(row + n);
+        for (int j = 0; j < J; j++) {
+            const float xv = X[(size_t)j * R + i];
+            const float *y = Y + (size_t)j * N;
+            for (int n = 0; n < N; n++) r[n] += xv * y[n];
+        }
+        float t = 0.0f;
+        for (int n = 0; n < N; n++) { if (store) STS(row + n, r[n]); t += r[n] * (Cv ? Cv[n] : 0.0f); }
+        if (yout) yout[i] = t;
     }
 }
 
@@ -83,6 +238,7 @@ void SUF(m2_replay)(STYPE *state, ATYPE *xc, ATYPE *Bc, float *dtc, int32_t *wp,
             for (int j = 0; j < nj; j++) sw[j] = dts[j] * expf(Ah * (c_tot - c[j]));
             STYPE *S = state + ((size_t)s * H + h) * (size_t)P * N;
             const size_t io = ((size_t)b * H + h) * P;
+            float yv[P];
             if (!flush && route == 0) {
                 float bc[MAXL];
                 float bcur = 0.0f;
@@ -94,46 +250,30 @@ void SUF(m2_replay)(STYPE *state, ATYPE *xc, ATYPE *Bc, float *dtc, int32_t *wp,
                 }
 #pragma omp simd reduction(+:bcur)
                 for (int n = 0; n < N; n++) bcur += Bv[n] * Cv[n];
-                for (int p = 0; p < P; p++) {
-                    const STYPE *row = S + (size_t)p * N;
-                    float acc = 0.0f;
-#pragma omp simd reduction(+:acc)
-                    for (int n = 0; n < N; n++) acc += LDS(row + n) * Cv[n];
-                    const float xv = LDA(x + io + p);
-                    float y = abar * acc + d * bcur * xv;
-                    for (int j = 0; j < nj; j++) y += bc[j] * LDA(xs + (size_t)j * P + p);
-                    y += D ? D[h] * xv : 0.0f;
-                    if (z) { const float zv = LDA(z + io + p); y *= zv * sigmoid_f(zv); }
-                    STA(out + io + p, y);
+                SUF(dot_rows)(S, N, P, N, Cv, abar, yv);
+                for (int p = 0; p < P; p++) yv[p] += d * bcur * LDA(x + io + p);
+                for (int j = 0; j < nj; j++) {
+                    const ATYPE *xj = xs + (size_t)j * P;
+                    const float cj = bc[j];
+#pragma omp simd
+                    for (int p = 0; p < P; p++) yv[p] += cj * LDA(xj + p);
                 }
             } else {
-                float Bl[(nj > 0 ? nj : 1) * N];
-                for (int j = 0; j < nj; j++)
-                    for (int n = 0; n < N; n++) Bl[(size_t)j * N + n] = LDA(Bs + (size_t)j * N + n);
-                float r[N];
-                for (int p = 0; p < P; p++) {
-                    STYPE *row = S + (size_t)p * N;
-                    const float xv = LDA(x + io + p), xd = d * xv;
-#pragma omp simd
-                    for (int n = 0; n < N; n++) r[n] = abar * LDS(row + n) + xd * Bv[n];
-                    for (int j = 0; j < nj; j++) {
-                        const float cj = sw[j] * LDA(xs + (size_t)j * P + p);
-                        const float *Bj = Bl + (size_t)j * N;
-#pragma omp simd
-                        for (int n = 0; n < N; n++) r[n] += cj * Bj[n];
-                    }
-                    float acc = 0.0f;
-                    if (flush) {
-#pragma omp simd reduction(+:acc)
-                        for (int n = 0; n < N; n++) { STS(row + n, r[n]); acc += r[n] * Cv[n]; }
-                    } else {
-#pragma omp simd reduction(+:acc)
-                        for (int n = 0; n < N; n++) acc += r[n] * Cv[n];
-                    }
-                    float y = acc + (D ? D[h] * xv : 0.0f);
-                    if (z) { const float zv = LDA(z + io + p); y *= zv * sigmoid_f(zv); }
-                    STA(out + io + p, y);
+                /* rows S_t = abar S0 + X^T Y with X[j, p] = s_j x_j[p] (current token: dt x), Y[j] = B_j */
+                float Xm[(nj + 1) * P], Ym[(nj + 1) * N];
+                for (int j = 0; j < nj; j++) {
+                    for (int p = 0; p < P; p++) Xm[(size_t)j * P + p] = sw[j] * LDA(xs + (size_t)j * P + p);
+                    for (int n = 0; n < N; n++) Ym[(size_t)j * N + n] = LDA(Bs + (size_t)j * N + n);
                 }
+                for (int p = 0; p < P; p++) Xm[(size_t)nj * P + p] = d * LDA(x + io + p);
+                for (int n = 0; n < N; n++) Ym[(size_t)nj * N + n] = Bv[n];
+                SUF(rebuild_rows)(S, N, P, N, abar, Xm, Ym, nj + 1, flush, Cv, yv);
+            }
+            for (int p = 0; p < P; p++) {
+                const float xv = LDA(x + io + p);
+                float y = yv[p] + (D ? D[h] * xv : 0.0f);
+                if (z) { const float zv = LDA(z + io + p); y *= zv * sigmoid_f(zv); }
+                STA(out + io + p, y);
             }
             if (!flush) {
                 memcpy(xs + (size_t)hp * P, x + io, (size_t)P * sizeof(ATYPE));
@@ -178,14 +318,7 @@ void SUF(gdn_step)(STYPE *state, const ATYPE *q, const ATYPE *k, const ATYPE *v,
             STYPE *S = state + s * ss0 + hv * ss1;
             const size_t io = ((size_t)b * HV + hv) * V;
             for (int i = 0; i < V; i++) {
-                STYPE *row = S + i * ss2;
-                float sk = 0.0f;
-#pragma omp simd reduction(+:sk)
-                for (int n = 0; n < K; n++) { r[n] = alpha * LDS(row + n); sk += r[n] * kv[n]; }
-                const float u = bt * (LDA(v + io + i) - sk);
-                float o = 0.0f;
-#pragma omp simd reduction(+:o)
-                for (int n = 0; n < K; n++) { const float t = r[n] + u * kv[n]; STS(row + n, t); o += t * qv[n]; }
+                const float o = SUF(gdn_row)(S + i * ss2, K, alpha, bt, LDA(v + io + i), kv, qv);
                 STA(out + io + i, o);
             }
         }
@@ -213,7 +346,7 @@ void SUF(gdn_replay)(STYPE *state, ATYPE *uc, ATYPE *kc, float *gc, int32_t *wp,
             const int hp = wp[s];
             const int flush = hp >= L - 1;
             const int nj = hp < L - 1 ? hp : L - 1;
-            float qv[K], kv[K], bk[V], bq[V], Kl[(nj > 0 ? nj : 1) * K];
+            float qv[K], kv[K], bk[V], bq[V], Kl[(nj + 1) * K];
             SUF(gdn_qk)(q, k, ((size_t)b * H + hk) * K, K, l2norm, scale, qv, kv);
             const float gt = g[(size_t)b * HV + hv], alpha = expf(gt), bt = beta[(size_t)b * HV + hv];
             ATYPE *us = uc + ((size_t)s * HV + hv) * (size_t)L * V;
@@ -238,29 +371,27 @@ void SUF(gdn_replay)(STYPE *state, ATYPE *uc, ATYPE *kc, float *gc, int32_t *wp,
             }
             STYPE *S = state + ((size_t)s * HV + hv) * (size_t)V * K;
             const size_t io = ((size_t)b * HV + hv) * V;
-            const float keep = alpha * d0;
+            float uv[V];
             for (int i = 0; i < V; i++) {
-                STYPE *row = S + (size_t)i * K;
-                float a = 0.0f, c = 0.0f;
-#pragma omp simd reduction(+:a, c)
-                for (int n = 0; n < K; n++) { const float t = LDS(row + n); a += t * kv[n]; c += t * qv[n]; }
+                float a, c;
+                SUF(dot2_row)(S + (size_t)i * K, kv, qv, K, &a, &c);
                 const float u = bt * (LDA(v + io + i) - alpha * (d0 * a + bk[i]));
+                uv[i] = u;
                 STA(out + io + i, alpha * (d0 * c + bq[i]) + u * kq);
-                if (flush) {
-                    float r[K];
-#pragma omp simd
-                    for (int n = 0; n < K; n++) r[n] = keep * LDS(row + n) + u * kv[n];
-                    for (int j = 0; j < nj; j++) {
-                        const float cj = alpha * w[j] * LDA(us + (size_t)j * V + i);
-                        const float *kj = Kl + (size_t)j * K;
-#pragma omp simd
-                        for (int n = 0; n < K; n++) r[n] += cj * kj[n];
-                    }
-#pragma omp simd
-                    for (int n = 0; n < K; n++) STS(row + n, r[n]);
-                } else {
-                    STA(us + (size_t)hp * V + i, u);
+            }
+            if (flush) {
+                /* S0_i <- alpha d0 S0_i + sum_j (alpha w_j u_j,i) k_j + u_i k: a rank-(nj+1) rebuild of the rows
+                 * (their second read, one head = V x K, usually still in this core's L2) */
+                float Xm[(nj + 1) * V];
+                for (int j = 0; j < nj; j++) {
+                    const float cj = alpha * w[j];
+                    for (int i = 0; i < V; i++) Xm[(size_t)j * V + i] = cj * LDA(us + (size_t)j * V + i);
                 }
+                for (int i = 0; i < V; i++) Xm[(size_t)nj * V + i] = uv[i];
+                memcpy(Kl + (size_t)nj * K, kv, (size_t)K * sizeof(float));
+                SUF(rebuild_rows)(S, K, V, K, alpha * d0, Xm, Kl, nj + 1, 1, NULL, NULL);
+            } else {
+                for (int i = 0; i < V; i++) STA(us + (size_t)hp * V + i, uv[i]);
             }
             if (!flush) {
                 gs[hp] = gt;
