@@ -73,7 +73,13 @@ class Method:
     # model's partner/self ratio for it, the ceiling a purely bandwidth-bound speedup can reach.
     partner: str | None = None
 
-    def backend_for(self, backend: str) -> str:
+    # Families whose modules have backend="cpu" kernels (replayssm/cpu); a sweep with backend=cpu runs the
+    # others on the torch backend, and their rows say backend=torch.
+    cpu_families: tuple[str, ...] = ("mamba2", "gdn")
+
+    def backend_for(self, backend: str, family: str | None = None) -> str:
+        if backend == "cpu" and family is not None and family not in self.cpu_families:
+            return "torch"
         return backend
 
     def routes(self, family: str) -> tuple[str | None, ...]:
@@ -210,6 +216,10 @@ class ReplayAR(Method):
 
 class SpecMethod(Method):
     kind = "spec"
+    # Mamba-2 has fused CPU kernels for all three spec methods; GDN's ReplaySSM verify and commit-replay do not
+    # yet, so every GDN spec method runs the torch form under backend=cpu (a speedup is a ratio of rows of one
+    # backend, never of a C kernel over the torch form).
+    cpu_families = ("mamba2",)
     commit_takes_A = False
     cache_modules: dict[str, tuple[str, str]] = {}    # family -> (module, class)
 
@@ -334,7 +344,7 @@ class PeerAR(Method):
     peer: str = ""
     adapter: str = ""
 
-    def backend_for(self, backend):
+    def backend_for(self, backend, family=None):
         return "triton"                      # peers are their projects' Triton kernels
 
     def module(self, family):

@@ -405,3 +405,298 @@ void SUF(gdn_replay)(STYPE *state, ATYPE *uc, ATYPE *kc, float *gc, int32_t *wp,
         if (s >= 0) wp[s] = wp[s] >= L - 1 ? 0 : wp[s] + 1;
     }
 }
+
+/* ------------------------------------------------------------------------------------------------ spec */
+
+#define MAXT 16   /* largest speculative window (MAX_WINDOW in the Python modules) */
+
+/* out[t] = row . C_t for t < T in one read of the row (C [T, N] fp32) */
+static inline void SUF(dotT_row)(const STYPE *row, const float *Cm, int T, int N, float *out)
+{
+    if (N % 8 == 0) {
+        v8f acc[MAXT];
+        for (int t = 0; t < T; t++) acc[t] = (v8f){0};
+        for (int n = 0; n < N; n += 8) {
+            const v8f r = LDS8(row + n);
+            for (int t = 0; t < T; t++) acc[t] += r * v8_load(Cm + (size_t)t * N + n);
+        }
+        for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]);
+        return;
+    }
+    for (int t = 0; t < T; t++) {
+        float a = 0.0f;
+        for (int n = 0; n < N; n++) a += LDS(row + n) * Cm[(size_t)t * N + n];
+        out[t] = a;
+    }
+}
+
+/* Mamba-2 serial spec verify, two methods:
+ *   native (vLLM, `last` given): state [S, T, H, P, N]; each state row is loaded once from snapshot last[slot],
+ *     the T window tokens run serially on it, and the row after token t is stored into snapshot t;
+ *   commit-replay verify (`last` NULL): state [S, H, P, N] is the frozen checkpoint, read once, never written;
+ *     the window's x [S, H, T, P], B [S, G, T, N] (group's first head) and processed dt [S, H, T] are stashed.
+ * x, z, out [b, T, H, P]; dt [b, T, H] raw fp32; B, C [b, T, G, N]. */
+void SUF(m2_spec_native)(STYPE *state, const int32_t *last, ATYPE *stash_x, ATYPE *stash_B, float *stash_dt,
+                         const ATYPE *x, const float *dt, const float *A,
+                         const ATYPE *Bm, const ATYPE *Cm, const float *D, const ATYPE *z, const float *dt_bias,
+                         int softplus, ATYPE *out, const int32_t *slots, int batch, int T, int H, int P, int N, int G,
+                         int nt)
+{
+    const int hpg = H / G;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int h = 0; h < H; h++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int g = h / hpg;
+            float Bl[T * N], Cl[T * N], dts[MAXT], as[MAXT], r[N];
+            for (int t = 0; t < T; t++) {
+                const size_t o = (((size_t)b * T + t) * G + g) * N;
+                for (int n = 0; n < N; n++) { Bl[t * N + n] = LDA(Bm + o + n); Cl[t * N + n] = LDA(Cm + o + n); }
+                float d = dt[((size_t)b * T + t) * H + h] + (dt_bias ? dt_bias[h] : 0.0f);
+                if (softplus) d = softplus_f(d);
+                dts[t] = d; as[t] = expf(A[h] * d);
+            }
+            const size_t snap = (size_t)H * P * N;     /* elements between snapshots of one slot */
+            const int native = last != NULL;
+            const STYPE *src = native ? state + ((size_t)s * T + last[s]) * snap + (size_t)h * P * N
+                                      : state + ((size_t)s * H + h) * (size_t)P * N;
+            STYPE *dst0 = state + (size_t)s * T * snap + (size_t)h * P * N;
+            for (int p = 0; p < P; p++) {
+                for (int n = 0; n < N; n++) r[n] = LDS(src + (size_t)p * N + n);
+                for (int t = 0; t < T; t++) {
+                    const size_t io = (((size_t)b * T + t) * H + h) * P + p;
+                    const float xv = LDA(x + io), xd = dts[t] * xv;
+                    STYPE *row = dst0 + (size_t)t * snap + (size_t)p * N;
+                    const float *Bt = Bl + (size_t)t * N, *Ct = Cl + (size_t)t * N;
+                    float acc = 0.0f;
+                    if (N % 16 == 0) {
+                        v8f a0 = {0}, a1 = {0};
+                        for (int n = 0; n < N; n += 16) {
+                            const v8f v0 = as[t] * v8_load(r + n) + xd * v8_load(Bt + n);
+                            const v8f v1 = as[t] * v8_load(r + n + 8) + xd * v8_load(Bt + n + 8);
+                            v8_store(r + n, v0); v8_store(r + n + 8, v1);
+                            if (native) { STS8(row + n, v0); STS8(row + n + 8, v1); }
+                            a0 += v0 * v8_load(Ct + n); a1 += v1 * v8_load(Ct + n + 8);
+                        }
+                        acc = hsum8(a0 + a1);
+                    } else {
+                        for (int n = 0; n < N; n++) {
+                            r[n] = as[t] * r[n] + xd * Bt[n];
+                            if (native) STS(row + n, r[n]);
+                            acc += r[n] * Ct[n];
+                        }
+                    }
+                    float y = acc + (D ? D[h] * xv : 0.0f);
+                    if (z) { const float zv = LDA(z + io); y *= zv * sigmoid_f(zv); }
+                    STA(out + io, y);
+                }
+            }
+            if (!native)
+                for (int t = 0; t < T; t++) {
+                    memcpy(stash_x + (((size_t)s * H + h) * T + t) * P, x + (((size_t)b * T + t) * H + h) * P,
+                           (size_t)P * sizeof(ATYPE));
+                    stash_dt[((size_t)s * H + h) * T + t] = dts[t];
+                    if (h % hpg == 0)
+                        memcpy(stash_B + (((size_t)s * G + g) * T + t) * N, Bm + (((size_t)b * T + t) * G + g) * N,
+                               (size_t)N * sizeof(ATYPE));
+                }
+        }
+    }
+}
+
+/* Mamba-2 commit-replay commit: the first a = accepted[b] stashed tokens folded into the checkpoint in closed
+ * form, S <- exp(A sum_{t<a} dt_t) S + sum_{t<a} dt_t exp(A sum_{t<k<a} dt_k) x_t B_t^T: one read and one write
+ * of each state row (the blocked rebuild). */
+void SUF(m2_cr_commit)(STYPE *state, const ATYPE *stash_x, const ATYPE *stash_B, const float *stash_dt,
+                       const int32_t *accepted, const float *A, const int32_t *slots, int batch, int T, int H, int P,
+                       int N, int G, int nt)
+{
+    const int hpg = H / G;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int h = 0; h < H; h++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int g = h / hpg, a = accepted[b];
+            const float *dts = stash_dt + ((size_t)s * H + h) * T;
+            float after[MAXT], Xm[T * P], Ym[T * N];
+            float run = 0.0f;
+            for (int t = a - 1; t >= 0; t--) { after[t] = run; run += dts[t]; }
+            for (int t = 0; t < a; t++) {
+                const float w = dts[t] * expf(A[h] * after[t]);
+                const ATYPE *xt = stash_x + (((size_t)s * H + h) * T + t) * P;
+                const ATYPE *Bt = stash_B + (((size_t)s * G + g) * T + t) * N;
+                for (int p = 0; p < P; p++) Xm[(size_t)t * P + p] = w * LDA(xt + p);
+                for (int n = 0; n < N; n++) Ym[(size_t)t * N + n] = LDA(Bt + n);
+            }
+            SUF(rebuild_rows)(state + ((size_t)s * H + h) * (size_t)P * N, N, P, N, expf(A[h] * run), Xm, Ym, a, 1,
+                              NULL, NULL);
+        }
+    }
+}
+
+/* Mamba-2 ReplaySSM spec verify (replayssm/mamba2/spec_ref.py has the protocol). Per (row, head), h = write_pos,
+ * logical position j at ring row (origin + j) & (R-1); window token t at p_t = h + t (its x, B, dt taken from the
+ * inputs: the ring rows are written after every read), cum_j the inclusive prefix of processed dt:
+ *   y_t = E_t (S0 C_t) + sum_j coef[j, t] x_j, one read of the checkpoint for all T readouts, where
+ *   non-flush: E_t = e(cum_p), coef = dt_j e(cum_p - cum_j) (B_j . C_t) for j <= p_t;
+ *   flush:     E_t = e(cum_p - tot) e(tot), the history (j < h) weighted e(cum_p - tot) dt_j e(tot - cum_j), the
+ *              window as above; tot = cum_{h-1}; e(a) = exp(min(A a, 0)). The folded checkpoint
+ *              S1 = e(tot) S0 + sum_{j<h} dt_j e(tot - cum_j) x_j B_j^T is stored when h > 0 (rows re-read from cache).
+ * The window's x, B (group's first head) and processed dt are then written into the ring. */
+void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, const int32_t *wp, const int32_t *origin,
+                         const int32_t *is_flush, const ATYPE *x, const float *dt, const float *A, const ATYPE *Bm,
+                         const ATYPE *Cm, const float *D, const ATYPE *z, const float *dt_bias, int softplus,
+                         ATYPE *out, const int32_t *slots, int batch, int T, int H, int P, int N, int G, int R, int nt)
+{
+    const int hpg = H / G;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int h = 0; h < H; h++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int g = h / hpg, h0 = wp[s], org = origin[s], fl = is_flush[s] != 0, J = h0 + T;
+            const float Ah = A[h];
+            float dts[MAXL], cum[MAXL], Cl[T * N], E[MAXT], coef[MAXL * MAXT], yv[T * P];
+            const ATYPE *Bj[MAXL], *xj[MAXL];
+            float run = 0.0f;
+            for (int j = 0; j < J; j++) {
+                if (j < h0) {
+                    const int row = (org + j) & (R - 1);
+                    dts[j] = dtr[((size_t)s * H + h) * R + row];
+                    Bj[j] = Br + (((size_t)s * G + g) * R + row) * N;
+                    xj[j] = xr + (((size_t)s * H + h) * R + row) * P;
+                } else {
+                    const int t = j - h0;
+                    float d = dt[((size_t)b * T + t) * H + h] + (dt_bias ? dt_bias[h] : 0.0f);
+                    dts[j] = softplus ? softplus_f(d) : d;
+                    Bj[j] = Bm + (((size_t)b * T + t) * G + g) * N;
+                    xj[j] = x + (((size_t)b * T + t) * H + h) * P;
+                }
+                run += dts[j];
+                cum[j] = run;
+            }
+            for (int t = 0; t < T; t++) {
+                const ATYPE *Ct = Cm + (((size_t)b * T + t) * G + g) * N;
+                for (int n = 0; n < N; n++) Cl[t * N + n] = LDA(Ct + n);
+            }
+            const float tot = h0 > 0 ? cum[h0 - 1] : 0.0f, etot = expf(fminf(Ah * tot, 0.0f));
+            for (int j = 0; j < J; j++) {
+                float bc[MAXT];
+                for (int t = 0; t < T; t++) bc[t] = 0.0f;
+                for (int n = 0; n < N; n++) {
+                    const float bv = LDA(Bj[j] + n);
+                    for (int t = 0; t < T; t++) bc[t] += bv * Cl[t * N + n];
+                }
+                for (int t = 0; t < T; t++) {
+                    const int p = h0 + t;
+                    float c = 0.0f;
+                    if (j <= p) {
+                        if (fl && j < h0)
+                            c = expf(fminf(Ah * (cum[p] - tot), 0.0f)) * dts[j] * expf(fminf(Ah * (tot - cum[j]), 0.0f));
+                        else
+                            c = dts[j] * expf(fminf(Ah * (cum[p] - cum[j]), 0.0f));
+                    }
+                    coef[j * MAXT + t] = c * bc[t];
+                }
+            }
+            for (int t = 0; t < T; t++) {
+                const float cp = cum[h0 + t];
+                E[t] = fl ? expf(fminf(Ah * (cp - tot), 0.0f)) * etot : expf(fminf(Ah * cp, 0.0f));
+            }
+            STYPE *S = state + ((size_t)s * H + h) * (size_t)P * N;
+            for (int p = 0; p < P; p++) {
+                float rd[MAXT];
+                SUF(dotT_row)(S + (size_t)p * N, Cl, T, N, rd);
+                for (int t = 0; t < T; t++) yv[t * P + p] = E[t] * rd[t];
+            }
+            for (int j = 0; j < J; j++)
+                for (int t = 0; t < T; t++) {
+                    const float c = coef[j * MAXT + t];
+                    if (c == 0.0f) continue;
+                    float *yt = yv + (size_t)t * P;
+#pragma omp simd
+                    for (int p = 0; p < P; p++) yt[p] += c * LDA(xj[j] + p);
+                }
+            for (int t = 0; t < T; t++) {
+                const size_t io = (((size_t)b * T + t) * H + h) * P;
+                for (int p = 0; p < P; p++) {
+                    const float xv = LDA(x + io + p);
+                    float y = yv[t * P + p] + (D ? D[h] * xv : 0.0f);
+                    if (z) { const float zv = LDA(z + io + p); y *= zv * sigmoid_f(zv); }
+                    STA(out + io + p, y);
+                }
+            }
+            if (fl && h0 > 0) {
+                float Xm[h0 * P], Ym[h0 * N];
+                for (int j = 0; j < h0; j++) {
+                    const float w = dts[j] * expf(fminf(Ah * (tot - cum[j]), 0.0f));
+                    for (int p = 0; p < P; p++) Xm[(size_t)j * P + p] = w * LDA(xj[j] + p);
+                    for (int n = 0; n < N; n++) Ym[(size_t)j * N + n] = LDA(Bj[j] + n);
+                }
+                SUF(rebuild_rows)(S, N, P, N, etot, Xm, Ym, h0, 1, NULL, NULL);
+            }
+            for (int t = 0; t < T; t++) {
+                const int row = (org + h0 + t) & (R - 1);
+                memcpy(xr + (((size_t)s * H + h) * R + row) * P, x + (((size_t)b * T + t) * H + h) * P,
+                       (size_t)P * sizeof(ATYPE));
+                dtr[((size_t)s * H + h) * R + row] = dts[h0 + t];
+                if (h % hpg == 0)
+                    memcpy(Br + (((size_t)s * G + g) * R + row) * N, Bm + (((size_t)b * T + t) * G + g) * N,
+                           (size_t)N * sizeof(ATYPE));
+            }
+        }
+    }
+}
+
+/* GDN native spec verify (vLLM): per (row, value head), each state row [K] is loaded once from snapshot
+ * last[slot]; per token t: r = exp(g_t) r; u = beta_t (v_t - r . k_t); r += u k_t; stored into snapshot t;
+ * o_t = r . q_t. state [S, T, HV, V, K]; q, k [b, T, H, K]; v, out [b, T, HV, V]; g, beta [b, T, HV] fp32. */
+void SUF(gdn_spec_native)(STYPE *state, const int32_t *last, const ATYPE *q, const ATYPE *k, const ATYPE *v,
+                          const float *g, const float *beta, float scale, int l2norm, ATYPE *out,
+                          const int32_t *slots, int batch, int T, int H, int HV, int K, int V, int nt)
+{
+    const int gq = HV / H;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int hv = 0; hv < HV; hv++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int hk = hv / gq;
+            float ql[T * K], kl[T * K], al[MAXT], bl[MAXT], r[K];
+            for (int t = 0; t < T; t++) {
+                SUF(gdn_qk)(q, k, (((size_t)b * T + t) * H + hk) * K, K, l2norm, scale, ql + t * K, kl + t * K);
+                al[t] = expf(g[((size_t)b * T + t) * HV + hv]);
+                bl[t] = beta[((size_t)b * T + t) * HV + hv];
+            }
+            const size_t snap = (size_t)HV * V * K;
+            const STYPE *src = state + ((size_t)s * T + last[s]) * snap + (size_t)hv * V * K;
+            STYPE *dst0 = state + (size_t)s * T * snap + (size_t)hv * V * K;
+            for (int i = 0; i < V; i++) {
+                for (int n = 0; n < K; n++) r[n] = LDS(src + (size_t)i * K + n);
+                for (int t = 0; t < T; t++) {
+                    const float *kt = kl + t * K, *qt = ql + t * K;
+                    float sk = 0.0f;
+#pragma omp simd reduction(+:sk)
+                    for (int n = 0; n < K; n++) { r[n] *= al[t]; sk += r[n] * kt[n]; }
+                    const size_t io = (((size_t)b * T + t) * HV + hv) * V + i;
+                    const float u = bl[t] * (LDA(v + io) - sk);
+                    STYPE *row = dst0 + (size_t)t * snap + (size_t)i * K;
+                    float o = 0.0f;
+                    if (K % 8 == 0) {
+                        v8f o0 = {0};
+                        for (int n = 0; n < K; n += 8) {
+                            const v8f rv = v8_load(r + n) + u * v8_load(kt + n);
+                            v8_store(r + n, rv); STS8(row + n, rv); o0 += rv * v8_load(qt + n);
+                        }
+                        o = hsum8(o0);
+                    } else {
+                        for (int n = 0; n < K; n++) { r[n] += u * kt[n]; STS(row + n, r[n]); o += r[n] * qt[n]; }
+                    }
+                    STA(out + io, o);
+                }
+            }
+        }
+    }
+}

@@ -149,3 +149,67 @@ def gdn_replay(cache, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) 
         float(scale), int(bool(l2norm)), o, _c(slots, torch.int32), q.shape[0], gm.H, gm.HV,
         gm.K, gm.V, cache.buffer_len, _threads())
     done()
+
+
+# ------------------------------------------------------------------------------------------------- spec
+
+MAX_WINDOW = 16     # MAXT in kernels_body.h
+
+
+def mamba2_spec_native(states, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots) -> None:
+    """states: baselines.mamba2_ssu.SpecStates (state [S, T, H, P, N], last [S]); window inputs [b, T, ...]."""
+    _require_contiguous(state=states.state, last=states.last)
+    g, T = states.geometry, states.window
+    o, done = _out(out)
+    _call(_fn("m2_spec_native", states.state.dtype, x.dtype),
+          states.state, states.last, None, None, None, _c(x), _c(dt, torch.float32), _c(A, torch.float32), _c(B), _c(C),
+          _c(D, torch.float32), _c(z), _c(dt_bias, torch.float32), int(bool(softplus)), o, _c(slots, torch.int32),
+          x.shape[0], T, g.nheads, g.headdim, g.dstate, g.ngroups, _threads())
+    done()
+
+
+def mamba2_spec_replay(ring, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots) -> None:
+    """ring: replayssm.mamba2.cache.SpecRing; window inputs [b, T, ...]; cursors are left to spec_commit."""
+    _require_contiguous(state=ring.state, x=ring.x, B=ring.B, dt=ring.dt, write_pos=ring.write_pos,
+                        origin=ring.origin, is_flush=ring.is_flush)
+    check_cpu_sizes(ring_len=ring.ring_len)
+    g, T = ring.geometry, ring.window
+    o, done = _out(out)
+    _call(_fn("m2_spec_replay", ring.state.dtype, ring.x.dtype),
+          ring.state, ring.x, ring.B, ring.dt, ring.write_pos, ring.origin, ring.is_flush,
+          _c(x), _c(dt, torch.float32), _c(A, torch.float32), _c(B), _c(C), _c(D, torch.float32), _c(z),
+          _c(dt_bias, torch.float32), int(bool(softplus)), o, _c(slots, torch.int32), x.shape[0], T, g.nheads,
+          g.headdim, g.dstate, g.ngroups, ring.ring_len, _threads())
+    done()
+
+
+def gdn_spec_native(states, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) -> None:
+    """states: baselines.gdn_recurrent_spec.SpecStates (state [S, T, HV, V, K], last [S])."""
+    _require_contiguous(state=states.state, last=states.last)
+    gm, T = states.geometry, states.window
+    o, done = _out(out)
+    _call(_fn("gdn_spec_native", states.state.dtype, q.dtype),
+          states.state, states.last, _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32),
+          float(scale), int(bool(l2norm)), o, _c(slots, torch.int32), q.shape[0], T, gm.H, gm.HV, gm.K, gm.V,
+          _threads())
+    done()
+
+
+def mamba2_cr_verify(cache, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots) -> None:
+    """cache: baselines.mamba2_commit_replay.CommitReplayCache: the checkpoint is read, the window stashed."""
+    _require_contiguous(state=cache.state, x=cache.x, B=cache.B, dt=cache.dt)
+    g, T = cache.geometry, cache.window
+    o, done = _out(out)
+    _call(_fn("m2_spec_native", cache.state.dtype, x.dtype),
+          cache.state, None, cache.x, cache.B, cache.dt, _c(x), _c(dt, torch.float32), _c(A, torch.float32), _c(B),
+          _c(C), _c(D, torch.float32), _c(z), _c(dt_bias, torch.float32), int(bool(softplus)), o,
+          _c(slots, torch.int32), x.shape[0], T, g.nheads, g.headdim, g.dstate, g.ngroups, _threads())
+    done()
+
+
+def mamba2_cr_commit(cache, num_accepted, A, slots) -> None:
+    _require_contiguous(state=cache.state, x=cache.x, B=cache.B, dt=cache.dt)
+    g, T = cache.geometry, cache.window
+    _call(_fn("m2_cr_commit", cache.state.dtype, cache.x.dtype),
+          cache.state, cache.x, cache.B, cache.dt, _c(num_accepted, torch.int32), _c(A, torch.float32),
+          _c(slots, torch.int32), num_accepted.shape[0], T, g.nheads, g.headdim, g.dstate, g.ngroups, _threads())
