@@ -207,12 +207,32 @@ static inline void SUF(rebuild_rows)(STYPE *S, int64_t rs, int R, int N, float s
  *   flush (h >= L-1): the state_and_output row, stored into the checkpoint (the only state write).
  * Normal rows append x, dt (processed) and B (by the group's first head) at buffer row h; then the cursors
  * advance in a second loop (after every program has read them). */
-void SUF(m2_replay)(STYPE *state, ATYPE *xc, ATYPE *Bc, float *dtc, int32_t *wp,
+void SUF(m2_replay)(STYPE *state, ATYPE *xc, ATYPE *Bc, float *dtc, int32_t *wp, float *bcs,
                     const ATYPE *x, const float *dt, const float *A, const ATYPE *Bm, const ATYPE *Cm,
                     const float *D, const ATYPE *z, const float *dt_bias, int softplus, ATYPE *out,
                     const int32_t *slots, int batch, int H, int P, int N, int G, int L, int route, int nt)
 {
     const int hpg = H / G;
+    if (route == 0) {
+        /* B_j . C once per (row, group) into the bc scratch [S, G, L] (every head of the group shares it) */
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+        for (int b = 0; b < batch; b++) {
+            for (int g = 0; g < G; g++) {
+                const int s = slots[b];
+                if (s < 0 || wp[s] >= L - 1) continue;
+                float Cv[N];
+                const ATYPE *Cp = Cm + ((size_t)b * G + g) * N;
+                for (int n = 0; n < N; n++) Cv[n] = LDA(Cp + n);
+                const ATYPE *Bs = Bc + ((size_t)s * G + g) * (size_t)L * N;
+                for (int j = 0; j < wp[s]; j++) {
+                    float acc = 0.0f;
+#pragma omp simd reduction(+:acc)
+                    for (int n = 0; n < N; n++) acc += LDA(Bs + (size_t)j * N + n) * Cv[n];
+                    bcs[((size_t)s * G + g) * L + j] = acc;
+                }
+            }
+        }
+    }
 #pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
     for (int b = 0; b < batch; b++) {
         for (int h = 0; h < H; h++) {
@@ -242,12 +262,7 @@ void SUF(m2_replay)(STYPE *state, ATYPE *xc, ATYPE *Bc, float *dtc, int32_t *wp,
             if (!flush && route == 0) {
                 float bc[MAXL];
                 float bcur = 0.0f;
-                for (int j = 0; j < nj; j++) {
-                    float acc = 0.0f;
-#pragma omp simd reduction(+:acc)
-                    for (int n = 0; n < N; n++) acc += LDA(Bs + (size_t)j * N + n) * Cv[n];
-                    bc[j] = sw[j] * acc;
-                }
+                for (int j = 0; j < nj; j++) bc[j] = sw[j] * bcs[((size_t)s * G + g) * L + j];
 #pragma omp simd reduction(+:bcur)
                 for (int n = 0; n < N; n++) bcur += Bv[n] * Cv[n];
                 SUF(dot_rows)(S, N, P, N, Cv, abar, yv);
@@ -545,12 +560,40 @@ void SUF(m2_cr_commit)(STYPE *state, const ATYPE *stash_x, const ATYPE *stash_B,
  *              window as above; tot = cum_{h-1}; e(a) = exp(min(A a, 0)). The folded checkpoint
  *              S1 = e(tot) S0 + sum_{j<h} dt_j e(tot - cum_j) x_j B_j^T is stored when h > 0 (rows re-read from cache).
  * The window's x, B (group's first head) and processed dt are then written into the ring. */
-void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, const int32_t *wp, const int32_t *origin,
+void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *bcs, const int32_t *wp,
+                         const int32_t *origin,
                          const int32_t *is_flush, const ATYPE *x, const float *dt, const float *A, const ATYPE *Bm,
                          const ATYPE *Cm, const float *D, const ATYPE *z, const float *dt_bias, int softplus,
                          ATYPE *out, const int32_t *slots, int batch, int T, int H, int P, int N, int G, int R, int nt)
 {
     const int hpg = H / G;
+    /* B_j . C_t for every logical position j < h + T and window token t, once per (row, group), into the ring's
+     * bc scratch [S, G, R, T] at index j (all heads of the group share it) */
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int g = 0; g < G; g++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int h0 = wp[s], org = origin[s], J = h0 + T;
+            float Cl[T * N];
+            for (int t = 0; t < T; t++) {
+                const ATYPE *Ct = Cm + (((size_t)b * T + t) * G + g) * N;
+                for (int n = 0; n < N; n++) Cl[t * N + n] = LDA(Ct + n);
+            }
+            for (int j = 0; j < J; j++) {
+                const ATYPE *Bp = j < h0 ? Br + (((size_t)s * G + g) * R + ((org + j) & (R - 1))) * N
+                                         : Bm + (((size_t)b * T + (j - h0)) * G + g) * N;
+                float Bv[N];
+                for (int n = 0; n < N; n++) Bv[n] = LDA(Bp + n);
+                for (int t = 0; t < T; t++) {
+                    float acc = 0.0f;
+#pragma omp simd reduction(+:acc)
+                    for (int n = 0; n < N; n++) acc += Bv[n] * Cl[t * N + n];
+                    bcs[(((size_t)s * G + g) * R + j) * T + t] = acc;
+                }
+            }
+        }
+    }
 #pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
     for (int b = 0; b < batch; b++) {
         for (int h = 0; h < H; h++) {
@@ -583,12 +626,7 @@ void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, const i
             }
             const float tot = h0 > 0 ? cum[h0 - 1] : 0.0f, etot = expf(fminf(Ah * tot, 0.0f));
             for (int j = 0; j < J; j++) {
-                float bc[MAXT];
-                for (int t = 0; t < T; t++) bc[t] = 0.0f;
-                for (int n = 0; n < N; n++) {
-                    const float bv = LDA(Bj[j] + n);
-                    for (int t = 0; t < T; t++) bc[t] += bv * Cl[t * N + n];
-                }
+                const float *bc = bcs + (((size_t)s * G + g) * R + j) * T;
                 for (int t = 0; t < T; t++) {
                     const int p = h0 + t;
                     float c = 0.0f;

@@ -118,11 +118,12 @@ def mamba2_ssu(state, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots) -> No
 
 
 def mamba2_replay(cache, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots, route: str) -> None:
-    _require_contiguous(state=cache.state, x=cache.x, B=cache.B, dt=cache.dt, write_pos=cache.write_pos)
+    _require_contiguous(state=cache.state, x=cache.x, B=cache.B, dt=cache.dt, write_pos=cache.write_pos, bc=cache.bc)
+    check_cpu_sizes(buffer_len=cache.buffer_len)
     g = cache.geometry
     o, done = _out(out)
     _call(_fn("m2_replay", cache.state.dtype, cache.x.dtype),
-        cache.state, cache.x, cache.B, cache.dt, cache.write_pos,
+        cache.state, cache.x, cache.B, cache.dt, cache.write_pos, cache.bc,
         _c(x), _c(dt, torch.float32), _c(A), _c(B), _c(C), _c(D), _c(z),
         _c(dt_bias), int(bool(softplus)), o, _c(slots, torch.int32), x.shape[0],
         g.nheads, g.headdim, g.dstate, g.ngroups, cache.buffer_len, 0 if route == "output_only" else 1, _threads())
@@ -170,13 +171,15 @@ def mamba2_spec_native(states, x, dt, A, B, C, D, z, dt_bias, softplus, out, slo
 
 def mamba2_spec_replay(ring, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots) -> None:
     """ring: replayssm.mamba2.cache.SpecRing; window inputs [b, T, ...]; cursors are left to spec_commit."""
-    _require_contiguous(state=ring.state, x=ring.x, B=ring.B, dt=ring.dt, write_pos=ring.write_pos,
+    _require_contiguous(state=ring.state, x=ring.x, B=ring.B, dt=ring.dt, bc=ring.bc, write_pos=ring.write_pos,
                         origin=ring.origin, is_flush=ring.is_flush)
-    check_cpu_sizes(ring_len=ring.ring_len)
+    check_cpu_sizes(ring_len=ring.ring_len, window=ring.window)
+    if ring.bc.shape[-1] < ring.window:
+        raise ValueError(f"ring.bc holds {ring.bc.shape[-1]} window columns, the window is {ring.window}")
     g, T = ring.geometry, ring.window
     o, done = _out(out)
     _call(_fn("m2_spec_replay", ring.state.dtype, ring.x.dtype),
-          ring.state, ring.x, ring.B, ring.dt, ring.write_pos, ring.origin, ring.is_flush,
+          ring.state, ring.x, ring.B, ring.dt, ring.bc, ring.write_pos, ring.origin, ring.is_flush,
           _c(x), _c(dt, torch.float32), _c(A, torch.float32), _c(B), _c(C), _c(D, torch.float32), _c(z),
           _c(dt_bias, torch.float32), int(bool(softplus)), o, _c(slots, torch.int32), x.shape[0], T, g.nheads,
           g.headdim, g.dstate, g.ngroups, ring.ring_len, _threads())
