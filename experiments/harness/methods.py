@@ -216,10 +216,9 @@ class ReplayAR(Method):
 
 class SpecMethod(Method):
     kind = "spec"
-    # Mamba-2 has fused CPU kernels for all three spec methods; GDN's ReplaySSM verify and commit-replay do not
-    # yet, so every GDN spec method runs the torch form under backend=cpu (a speedup is a ratio of rows of one
-    # backend, never of a C kernel over the torch form).
-    cpu_families = ("mamba2",)
+    # Fused CPU kernels: every spec method of Mamba-2; GDN's native and ReplaySSM verify (its commit-replay has
+    # none yet and runs the torch form under backend=cpu: CommitReplaySpec narrows this).
+    cpu_families = ("mamba2", "gdn")
     commit_takes_A = False
     cache_modules: dict[str, tuple[str, str]] = {}    # family -> (module, class)
 
@@ -276,6 +275,7 @@ class BaselineSpec(SpecMethod):
 
 class CommitReplaySpec(SpecMethod):
     name, partner = "commit_replay_spec", "baseline_spec"
+    cpu_families = ("mamba2",)
     modules = {"mamba2": "baselines.mamba2_commit_replay", "gdn": "baselines.gdn_commit_replay"}
     cache_modules = {"mamba2": ("baselines.mamba2_commit_replay", "CommitReplayCache"),
                      "gdn": ("baselines.gdn_commit_replay", "CommitReplayCache")}

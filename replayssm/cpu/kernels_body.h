@@ -738,3 +738,112 @@ void SUF(gdn_spec_native)(STYPE *state, const int32_t *last, const ATYPE *q, con
         }
     }
 }
+
+/* GDN ReplaySSM spec verify (replayssm/gdn/spec_ref.py has the protocol). Per (row, value head), h = write_pos,
+ * committed entries j < h at ring rows (origin + j) & (R-1): w_j = exp(G_tot - G_pre_j), d0 = exp(G_tot).
+ * S_h x = d0 (S0 x) + sum_j w_j (k_j . x) u_j for x in {k_s, q_s}: one pass over each checkpoint row computes
+ * all 2T dots. Per row i the window is the T x T forward substitution of the chunked delta rule:
+ *   R_s = beta_s (v_s,i - e^{G_s} (S_h k_s)_i), U_s,i = R_s - sum_{s'<s} A[s, s'] U_s',i,
+ *   A[s, s'] = beta_s exp(min(G_s - G_s', 0)) (k_s . k_s'),
+ *   o_s,i = e^{G_s} (S_h q_s)_i + sum_{s'<=s} exp(min(G_s - G_s', 0)) (k_s' . q_s) U_s',i.
+ * is_flush and h > 0: the checkpoint rows become S_h (the blocked rebuild, after the dots). Then (U_s, k_s, g_s)
+ * go into the window's ring rows (k by the key head's first value head). 2T <= MAXT. */
+void SUF(gdn_spec_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const int32_t *wp, const int32_t *origin,
+                          const int32_t *is_flush, const ATYPE *q, const ATYPE *k, const ATYPE *v, const float *g,
+                          const float *beta, float scale, int l2norm, ATYPE *out, const int32_t *slots, int batch,
+                          int T, int H, int HV, int K, int V, int R, int nt)
+{
+    const int gq = HV / H;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int hv = 0; hv < HV; hv++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int hk = hv / gq, h0 = wp[s], org = origin[s], fl = is_flush[s] != 0;
+            float X2[2 * T * K], Kl[(h0 > 0 ? h0 : 1) * K], Gp[MAXL], w[MAXL], Gw[MAXT], bw[MAXT];
+            float A[MAXT * MAXT], E[MAXT * MAXT], dots[MAXL * MAXT], bkq[2 * T * V];
+            /* window keys and queries: X2[s] = k_s, X2[T + s] = q_s (normalised, q scaled) */
+            for (int t = 0; t < T; t++)
+                SUF(gdn_qk)(q, k, (((size_t)b * T + t) * H + hk) * K, K, l2norm, scale, X2 + (T + t) * K, X2 + t * K);
+            float run = 0.0f;
+            for (int t = 0; t < T; t++) {
+                run += g[((size_t)b * T + t) * HV + hv];
+                Gw[t] = run;
+                bw[t] = beta[((size_t)b * T + t) * HV + hv];
+            }
+            for (int t = 0; t < T; t++)
+                for (int t2 = 0; t2 < T; t2++) {
+                    float kk = 0.0f, kq = 0.0f;
+                    for (int n = 0; n < K; n++) { kk += X2[t * K + n] * X2[t2 * K + n]; kq += X2[t2 * K + n] * X2[(T + t) * K + n]; }
+                    const float e = expf(fminf(Gw[t] - Gw[t2], 0.0f));
+                    A[t * MAXT + t2] = t2 < t ? bw[t] * e * kk : 0.0f;       /* A[s, s'] */
+                    E[t * MAXT + t2] = t2 <= t ? e * kq : 0.0f;               /* o weight of U_s' in o_s */
+                }
+            /* history: decays, keys, and their dots with the 2T window vectors */
+            const float *gs = gr + ((size_t)s * HV + hv) * R;
+            run = 0.0f;
+            for (int j = 0; j < h0; j++) { run += gs[(org + j) & (R - 1)]; Gp[j] = run; }
+            const float d0 = expf(run);
+            for (int j = 0; j < h0; j++) {
+                w[j] = expf(run - Gp[j]);
+                const ATYPE *kj = kr + (((size_t)s * H + hk) * R + ((org + j) & (R - 1))) * K;
+                for (int n = 0; n < K; n++) Kl[(size_t)j * K + n] = LDA(kj + n);
+                for (int x = 0; x < 2 * T; x++) {
+                    float acc = 0.0f;
+                    for (int n = 0; n < K; n++) acc += Kl[(size_t)j * K + n] * X2[x * K + n];
+                    dots[j * MAXT + x] = w[j] * acc;
+                }
+            }
+            /* bkq[x][i] = sum_j w_j (k_j . x) u_j,i: the history part of (S_h x)_i, vectorised over i */
+            for (int i = 0; i < 2 * T * V; i++) bkq[i] = 0.0f;
+            for (int j = 0; j < h0; j++) {
+                const ATYPE *uj = ur + (((size_t)s * HV + hv) * R + ((org + j) & (R - 1))) * V;
+                for (int x = 0; x < 2 * T; x++) {
+                    const float c = dots[j * MAXT + x];
+                    float *dst = bkq + (size_t)x * V;
+#pragma omp simd
+                    for (int i = 0; i < V; i++) dst[i] += c * LDA(uj + i);
+                }
+            }
+            STYPE *S = state + ((size_t)s * HV + hv) * (size_t)V * K;
+            float Ul[T * V];                /* U_t,i, stored into the ring at the end */
+            for (int i = 0; i < V; i++) {
+                float d[MAXT];
+                SUF(dotT_row)(S + (size_t)i * K, X2, 2 * T, K, d);
+                float Ui[MAXT];
+                for (int t = 0; t < T; t++) {
+                    const float eg = expf(Gw[t]);
+                    const float hk_ = d0 * d[t] + bkq[(size_t)t * V + i];
+                    float r = bw[t] * (LDA(v + (((size_t)b * T + t) * HV + hv) * V + i) - eg * hk_);
+                    for (int t2 = 0; t2 < t; t2++) r -= A[t * MAXT + t2] * Ui[t2];
+                    Ui[t] = r;
+                    Ul[t * V + i] = r;
+                }
+                for (int t = 0; t < T; t++) {
+                    const float hq = d0 * d[T + t] + bkq[(size_t)(T + t) * V + i];
+                    float o = expf(Gw[t]) * hq;
+                    for (int t2 = 0; t2 <= t; t2++) o += E[t * MAXT + t2] * Ui[t2];
+                    STA(out + (((size_t)b * T + t) * HV + hv) * V + i, o);
+                }
+            }
+            if (fl && h0 > 0) {
+                float Xm[h0 * V];
+                for (int j = 0; j < h0; j++) {
+                    const ATYPE *uj = ur + (((size_t)s * HV + hv) * R + ((org + j) & (R - 1))) * V;
+                    for (int i = 0; i < V; i++) Xm[(size_t)j * V + i] = w[j] * LDA(uj + i);
+                }
+                SUF(rebuild_rows)(S, K, V, K, d0, Xm, Kl, h0, 1, NULL, NULL);
+            }
+            for (int t = 0; t < T; t++) {
+                const int row = (org + h0 + t) & (R - 1);
+                ATYPE *ud = ur + (((size_t)s * HV + hv) * R + row) * V;
+                for (int i = 0; i < V; i++) STA(ud + i, Ul[t * V + i]);
+                gr[((size_t)s * HV + hv) * R + row] = g[((size_t)b * T + t) * HV + hv];
+                if (hv % gq == 0) {
+                    ATYPE *kd = kr + (((size_t)s * H + hk) * R + row) * K;
+                    for (int n = 0; n < K; n++) STA(kd + n, X2[t * K + n]);
+                }
+            }
+        }
+    }
+}

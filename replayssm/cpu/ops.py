@@ -216,3 +216,20 @@ def mamba2_cr_commit(cache, num_accepted, A, slots) -> None:
     _call(_fn("m2_cr_commit", cache.state.dtype, cache.x.dtype),
           cache.state, cache.x, cache.B, cache.dt, _c(num_accepted, torch.int32), _c(A, torch.float32),
           _c(slots, torch.int32), num_accepted.shape[0], T, g.nheads, g.headdim, g.dstate, g.ngroups, _threads())
+
+
+def gdn_spec_replay(ring, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) -> None:
+    """ring: replayssm.gdn.ring.SpecRing; window inputs [b, T, ...]; cursors are left to spec_commit."""
+    _require_contiguous(state=ring.state, u=ring.u, k=ring.k, g=ring.g, write_pos=ring.write_pos,
+                        origin=ring.origin, is_flush=ring.is_flush)
+    check_cpu_sizes(ring_len=ring.ring_len)
+    if 2 * ring.window > MAX_WINDOW:
+        raise ValueError(f"backend='cpu': the GDN ReplaySSM verify holds 2T <= {MAX_WINDOW} dot products per row; "
+                         f"window T={ring.window}")
+    gm, T = ring.geometry, ring.window
+    o, done = _out(out)
+    _call(_fn("gdn_spec_replay", ring.state.dtype, ring.u.dtype),
+          ring.state, ring.u, ring.k, ring.g, ring.write_pos, ring.origin, ring.is_flush,
+          _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32), float(scale), int(bool(l2norm)), o,
+          _c(slots, torch.int32), q.shape[0], T, gm.H, gm.HV, gm.K, gm.V, ring.ring_len, _threads())
+    done()
