@@ -35,6 +35,9 @@ static inline void SUF(dot2_row)(const STYPE *row, const float *k, const float *
     *rk = a; *rq = c;
 }
 
+#ifndef PREFETCH_ROWS
+#define PREFETCH_ROWS 16
+#endif
 /* out[r] = abar * (S_r . c) for R rows of N: four rows at a time (eight independent accumulators, each load
  * of c feeds four rows), so the read streams at memory speed rather than at the FMA latency. */
 static inline void SUF(dot_rows)(const STYPE *S, int64_t rs, int R, int N, const float *c, float scale, float *out)
@@ -47,6 +50,10 @@ static inline void SUF(dot_rows)(const STYPE *S, int64_t rs, int R, int N, const
                 const v8f c0 = v8_load(c + n), c1 = v8_load(c + n + 8);
                 for (int i = 0; i < 4; i++) {
                     const STYPE *row = S + (r + i) * rs + n;
+                    /* a read-only stream has no write-backs to overlap with: prefetch PREFETCH_ROWS rows ahead
+                     * (into the next head's rows near the end: a prefetch never faults) to keep more misses
+                     * in flight */
+                    __builtin_prefetch(row + PREFETCH_ROWS * rs, 0, 0);
                     a[i][0] += LDS8(row) * c0; a[i][1] += LDS8(row + 8) * c1;
                 }
             }
