@@ -31,7 +31,8 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# CPU micro-benchmarks (pytest-benchmark): baseline AR vs ReplaySSM AR, torch backend.
+# CPU benchmark of every method with a backend="cpu" kernel (benchmarks/): a table per thread count of ms/step,
+# GB/s, % of the measured copy plateau, speedup and byte model. REPLAYSSM_BENCH_THREADS / _BACKEND override.
 bench-cpu: $(STAMP)
 	$(VENV)/bin/python -m pytest benchmarks -q --benchmark-enable \
 		--benchmark-columns=median,iqr,rounds --benchmark-sort=name -s

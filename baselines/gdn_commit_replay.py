@@ -298,7 +298,8 @@ def spec_verify(cache: CommitReplayCache, q: torch.Tensor, k: torch.Tensor, v: t
     if out is None:
         out = torch.empty(batch, cache.window, gm.HV, gm.V, dtype=cache.act_dtype, device=cache.device)
     if batch:
-        impl = {"triton": _verify_triton, "torch": _verify_torch, "ref": _verify_ref}[backend]
+        # backend="cpu": no fused CPU kernel for the GDN commit-replay yet; it runs the torch form
+        impl = {"triton": _verify_triton, "torch": _verify_torch, "ref": _verify_ref, "cpu": _verify_torch}[backend]
         impl(cache, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out)
     return out
 
@@ -320,4 +321,5 @@ def spec_commit(cache: CommitReplayCache, num_accepted: torch.Tensor, slots: tor
     num_accepted = num_accepted.to(torch.int32)
     if backend == "triton" and cache.geometry.K > MAX_K:
         raise ValueError(f"K={cache.geometry.K} > {MAX_K}: the kernel cannot tile a key dim this large")
-    {"triton": _commit_triton, "torch": _commit_torch, "ref": _commit_ref}[backend](cache, num_accepted, slots)
+    {"triton": _commit_triton, "torch": _commit_torch, "ref": _commit_ref,
+     "cpu": _commit_torch}[backend](cache, num_accepted, slots)

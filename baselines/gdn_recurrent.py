@@ -186,6 +186,9 @@ def fused_recurrent_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
         _launch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
     elif backend == "torch":
         _step_torch(state, q, k, v, g, beta, scale, use_qk_l2norm, None if slots is None else slots_i32, out)
+    elif backend == "cpu":
+        from replayssm.cpu import ops
+        ops.gdn_step(state, q, k, v, g, beta, scale, use_qk_l2norm, out, slots_i32)
     else:
         _step_ref(state, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
     return out

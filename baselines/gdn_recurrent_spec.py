@@ -223,6 +223,11 @@ def _verify_ref(states, q, k, v, g, beta, scale, use_qk_l2norm, slots, out):
             states.state[slot, t] = S[0].to(states.state_dtype)
 
 
+def _verify_cpu(states, q, k, v, g, beta, scale, use_qk_l2norm, slots, out):
+    from replayssm.cpu import ops
+    ops.gdn_spec_native(states, q, k, v, g, beta, scale, use_qk_l2norm, out, slots)
+
+
 def _check_states(states) -> None:
     if not isinstance(states, SpecStates):
         raise ValueError(f"expected a baselines.gdn_recurrent_spec.SpecStates, got {type(states).__name__}")
@@ -251,7 +256,7 @@ def spec_verify(states: SpecStates, q: torch.Tensor, k: torch.Tensor, v: torch.T
     if out is None:
         out = torch.empty(batch, states.window, gm.HV, gm.V, dtype=q.dtype, device=q.device)
     if batch:
-        impl = {"triton": _verify_triton, "torch": _verify_torch, "ref": _verify_ref}[backend]
+        impl = {"triton": _verify_triton, "torch": _verify_torch, "ref": _verify_ref, "cpu": _verify_cpu}[backend]
         impl(states, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out)
     return out
 

@@ -212,6 +212,9 @@ def spec_verify(cache, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus
         _verify_triton(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots_checked, out)
     elif backend == "torch":
         _verify_torch(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out)
+    elif backend == "cpu":
+        from replayssm.cpu import ops
+        ops.mamba2_cr_verify(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, slots_checked)
     else:
         _verify_ref(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out)
     return out
@@ -233,6 +236,9 @@ def spec_commit(cache, num_accepted, A, slots=None, backend="triton"):
         _commit_triton(cache, num_accepted, A, slots_checked)
     elif backend == "torch":
         _commit_torch(cache, num_accepted, A, slots)
+    elif backend == "cpu":
+        from replayssm.cpu import ops
+        ops.mamba2_cr_commit(cache, num_accepted, A, slots_checked)
     else:
         _commit_ref(cache, num_accepted, A, slots)
 

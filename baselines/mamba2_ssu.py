@@ -150,6 +150,9 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         _ssu_triton(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots_checked, out, ngroups)
     elif backend == "torch":
         _ssu_torch(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out, ngroups)
+    elif backend == "cpu":
+        from replayssm.cpu import ops
+        ops.mamba2_ssu(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, slots_checked)
     else:
         _ssu_ref(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out)
     return out
@@ -306,6 +309,9 @@ def spec_verify(states, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplu
         _spec_triton(states, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots_checked, out)
     elif backend == "torch":
         _spec_torch(states, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out)
+    elif backend == "cpu":
+        from replayssm.cpu import ops
+        ops.mamba2_spec_native(states, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, slots_checked)
     else:
         _spec_ref(states, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out)
     return out

@@ -1,32 +1,66 @@
-"""CPU micro-benchmarks (make bench-cpu): pytest-benchmark timings plus a ratio table at the end.
+"""make bench-cpu: the per-method table printed after the pytest-benchmark timings.
 
-Each benchmark records its per-step median in RESULTS; the terminal summary prints measured speedups
-(baseline / ReplaySSM, rows of this same session) beside the byte model's ratio for the same dtypes.
+Per thread count and family: ms/step, GB/s (byte model / time), % of the copy plateau measured by the cold
+probe at that thread count (experiments/harness/bandwidth.py, cached per machine), speedup over the partner
+method (rows of this session), the byte model's ratio for the same pair, and speedup / byte model.
 """
 
 from __future__ import annotations
 
-import os
+RESULTS: dict[tuple, dict] = {}
 
-# The torch backend is timed here; Triton is not involved, but keep the interpreter flag consistent.
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
-RESULTS: dict[str, dict] = {}
-RATIOS: list[dict] = []
+PLATEAU: dict[int, float | None] = {}
+
+
+def plateau(threads: int) -> float | None:
+    """The copy plateau at `threads`, probed afresh once per session (before that thread count's first
+    timing, so it sees the machine as the timings do) and refreshing the per-machine cache."""
+    if threads not in PLATEAU:
+        import torch
+
+        before = torch.get_num_threads()
+        try:
+            from experiments.harness.bandwidth import cold_point
+            from experiments.harness.env import cpu_llc
+
+            PLATEAU[threads] = cold_point(threads, mode="fresh",
+                                          llc_bytes=cpu_llc()["llc_bytes"])["plateau_copy_GBps"]
+        except Exception:  # noqa: BLE001 - the table still prints, without the % column
+            PLATEAU[threads] = None
+        finally:
+            torch.set_num_threads(before)
+    return PLATEAU[threads]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if not RATIOS:
+    if not RESULTS:
         return
     import torch
 
+    from experiments.harness.env import cpu_name, short_sha
+
     tr = terminalreporter
-    tr.section("ReplaySSM CPU micro-benchmark: measured vs byte-model speedup")
-    tr.write_line(f"torch {torch.__version__}, threads {torch.get_num_threads()}, backend=torch (CPU)")
-    header = f"{'family':8} {'geometry':34} {'batch':>5} {'L':>3} {'baseline ms':>12} {'replay ms':>10} " \
-             f"{'flush ms':>9} {'measured':>9} {'bytes':>7}"
-    tr.write_line(header)
-    for r in RATIOS:
-        tr.write_line(f"{r['family']:8} {r['geometry']:34} {r['batch']:>5} {r['L']:>3} {r['baseline_ms']:>12.2f} "
-                      f"{r['replay_ms']:>10.2f} {r['flush_ms']:>9.2f} {r['measured']:>8.2f}x {r['model']:>6.2f}x")
-        tr.write_line(f"         baseline: {r['baseline_form']}, replay: {r['replay_form']}")
+    tr.section("ReplaySSM CPU benchmark: per method (batch 32, fp32, L = 16, T = 4, B = 16)")
+    tr.write_line(f"{cpu_name()}, torch {torch.__version__}, commit {short_sha()}")
+    for threads in sorted({k[0] for k in RESULTS}):
+        plat = plateau(threads)
+        tr.write_line("")
+        tr.write_line(f"threads {threads}; copy plateau "
+                      + (f"{plat:.1f} GB/s (measured by the cold probe this session)" if plat else "unknown"))
+        tr.write_line(f"{'family':7} {'method':34} {'backend':7} {'ms/step':>9} {'GB/s':>7} {'%plat':>6} "
+                      f"{'speedup':>8} {'bytes':>7} {'sp/bytes':>8}")
+        for (t, family, label), r in RESULTS.items():
+            if t != threads:
+                continue
+            gbps = r["bytes"] / (r["ms"] * 1e-3) / 1e9
+            pct = f"{100 * gbps / plat:6.0f}" if plat else f"{'-':>6}"
+            part = RESULTS.get((t, family, r["partner"])) if r["partner"] else None
+            if part is not None:
+                speed, model = part["ms"] / r["ms"], part["bytes"] / r["bytes"]
+                tail = f"{speed:7.2f}x {model:6.2f}x {speed / model:8.2f}"
+            else:
+                tail = f"{'-':>8} {'-':>7} {'-':>8}"
+            tr.write_line(f"{family:7} {label:34} {r['backend']:7} {r['ms']:9.2f} {gbps:7.1f} {pct} {tail}")
+    tr.write_line("speedup = partner ms / method ms (replay_ar vs baseline_ar; spec methods vs baseline_spec); "
+                  "bytes = the byte model's ratio for the same pair")

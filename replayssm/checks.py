@@ -12,7 +12,8 @@ import os
 import torch
 
 NULL_SLOT = -1  # a row whose slot is NULL_SLOT is padding: skipped, its output left as is
-BACKENDS = ("triton", "torch", "ref")
+# "cpu": the fused C/OpenMP kernels of replayssm/cpu (CPU tensors only; the CPU timing backend)
+BACKENDS = ("triton", "torch", "ref", "cpu")
 ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # bf16 state: kernels load the state, compute in fp32 and store with .to(state_ptr.dtype.element_ty), so a
 # bf16 pool is one more storage format (the Triton interpreter cannot run it: check_backend refuses).
@@ -66,6 +67,15 @@ def check_backend(backend: str, *tensors: torch.Tensor | None) -> None:
                              "it computes on the raw bit patterns; use float16/float32 on CPU")
         if any(t is not None and t.dtype in FP8_STATE_DTYPES for t in tensors):
             raise ValueError(f"backend='triton' has no fp8 state kernels: {FP8_SCOPE}")
+    if backend == "cpu":
+        devices = {t.device.type for t in tensors if t is not None}
+        if devices - {"cpu"}:
+            raise ValueError(f"backend='cpu' runs on CPU tensors only, got tensors on {sorted(devices)}")
+        if any(t is not None and t.dtype in FP8_STATE_DTYPES for t in tensors):
+            raise ValueError(f"backend='cpu' has no fp8 state kernels: {FP8_SCOPE}")
+        from replayssm.cpu.ops import check_cpu_dtypes
+        check_cpu_dtypes(**{f"tensor {i}": t for i, t in enumerate(tensors)
+                            if t is not None and t.is_floating_point() and t.dtype.itemsize == 2})
 
 
 def check_dtype(name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]) -> None:

@@ -82,7 +82,9 @@ def commit(ring, num_accepted: torch.Tensor, slots: torch.Tensor | None = None, 
     num_accepted, slots = check_commit_args(ring, num_accepted, slots, backend)
     if slots.shape[0] == 0:
         return
-    {"triton": commit_triton, "torch": commit_torch, "ref": commit_ref}[backend](ring, num_accepted, slots)
+    # backend="cpu": a commit is a handful of integer cursor updates; the torch form is what it runs
+    {"triton": commit_triton, "torch": commit_torch, "ref": commit_ref, "cpu": commit_torch}[backend](
+        ring, num_accepted, slots)
 
 
 def reset(ring, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
@@ -91,7 +93,7 @@ def reset(ring, slots: torch.Tensor | None = None, backend: str = "triton") -> N
     slots = check_reset_slots(ring, slots, backend)
     if slots.shape[0] == 0:
         return
-    {"triton": reset_triton, "torch": reset_torch, "ref": reset_ref}[backend](ring, slots)
+    {"triton": reset_triton, "torch": reset_torch, "ref": reset_ref, "cpu": reset_torch}[backend](ring, slots)
 
 
 def _reset_flush(ring) -> int:

@@ -175,7 +175,7 @@ def bench_cpu_table(run: Run) -> str | None:
     records = []
     for b in json.loads(path.read_text()).get("benchmarks", []):
         info, stats = b.get("extra_info", {}), b.get("stats", {})
-        steps = info.get("buffer_len", 1) if "cycle" in str(info.get("per", "")) else 1
+        steps = info.get("steps") or (info.get("buffer_len", 1) if "cycle" in str(info.get("per", "")) else 1)
         records.append({"benchmark": b.get("name"), "family": b.get("param"), "model": info.get("model"),
                         "batch": info.get("batch"), "L": info.get("buffer_len"),
                         "ms per step": stats.get("median", math.nan) * 1e3 / steps,

@@ -73,7 +73,13 @@ class Method:
     # model's partner/self ratio for it, the ceiling a purely bandwidth-bound speedup can reach.
     partner: str | None = None
 
-    def backend_for(self, backend: str) -> str:
+    # Families whose modules have backend="cpu" kernels (replayssm/cpu); a sweep with backend=cpu runs the
+    # others on the torch backend, and their rows say backend=torch.
+    cpu_families: tuple[str, ...] = ("mamba2", "gdn")
+
+    def backend_for(self, backend: str, family: str | None = None) -> str:
+        if backend == "cpu" and family is not None and family not in self.cpu_families:
+            return "torch"
         return backend
 
     def routes(self, family: str) -> tuple[str | None, ...]:
@@ -210,6 +216,9 @@ class ReplayAR(Method):
 
 class SpecMethod(Method):
     kind = "spec"
+    # Fused CPU kernels: every spec method of Mamba-2; GDN's native and ReplaySSM verify (its commit-replay has
+    # none yet and runs the torch form under backend=cpu: CommitReplaySpec narrows this).
+    cpu_families = ("mamba2", "gdn")
     commit_takes_A = False
     cache_modules: dict[str, tuple[str, str]] = {}    # family -> (module, class)
 
@@ -266,6 +275,7 @@ class BaselineSpec(SpecMethod):
 
 class CommitReplaySpec(SpecMethod):
     name, partner = "commit_replay_spec", "baseline_spec"
+    cpu_families = ("mamba2",)
     modules = {"mamba2": "baselines.mamba2_commit_replay", "gdn": "baselines.gdn_commit_replay"}
     cache_modules = {"mamba2": ("baselines.mamba2_commit_replay", "CommitReplayCache"),
                      "gdn": ("baselines.gdn_commit_replay", "CommitReplayCache")}
@@ -334,7 +344,7 @@ class PeerAR(Method):
     peer: str = ""
     adapter: str = ""
 
-    def backend_for(self, backend):
+    def backend_for(self, backend, family=None):
         return "triton"                      # peers are their projects' Triton kernels
 
     def module(self, family):

@@ -34,7 +34,7 @@ ACT_DTYPES = ("float32", "float16", "bfloat16")
 ROUTES = ("output_only", "state_and_output")
 TIMING_MODES = ("graph", "eager", "auto")   # auto: graph on a GPU (Triton backend), else eager
 L2_MODES = ("cold", "warm")
-BACKENDS = ("triton", "torch")
+BACKENDS = ("triton", "torch", "cpu")   # cpu: the fused C/OpenMP kernels (replayssm/cpu), CPU only
 SLOT_LAYOUTS = ("identity", "permuted")
 EXPERIMENT_KINDS = ("ar", "spec")
 _MODEL_ENTRY = re.compile(r"^([A-Za-z0-9_]+)(?:@tp(\d+))?$")
@@ -380,10 +380,10 @@ def expand(cfg) -> Plan:
     if device == "cpu":
         if timing_mode == "graph":
             raise ValueError("sweep.timing_mode=graph needs a CUDA device; use eager on CPU (sweep=cpu)")
-        if "bfloat16" in state_dtypes:
+        if "bfloat16" in state_dtypes and backend != "cpu":
             raise ValueError("sweep.state_dtype: a bfloat16 state is not timed on CPU (the Triton interpreter computes "
                              "bf16 on raw bits); experiments.accuracy measures its error on CPU")
-        if "bfloat16" in act_dtypes:
+        if "bfloat16" in act_dtypes and backend != "cpu":
             raise ValueError("sweep.act_dtype: bfloat16 is not timed on CPU (the Triton interpreter computes bf16 "
                              "on raw bits and CPU bf16 is not a target); use float32/float16")
         if backend == "triton":
@@ -392,6 +392,8 @@ def expand(cfg) -> Plan:
             if not interpreter_active():
                 raise ValueError("sweep.backend=triton on CPU needs TRITON_INTERPRET=1 (correctness only, never "
                                  "timed); use backend=torch to time on CPU")
+    if backend == "cpu" and device != "cpu":
+        raise ValueError("sweep.backend=cpu runs the C/OpenMP kernels on CPU tensors; on a GPU use backend=triton")
     if backend == "torch" and timing_mode == "graph":
         raise ValueError("sweep.timing_mode=graph with backend=torch: the torch backends read cursors on the host "
                          "(data-dependent flushes), so they cannot be graph-captured; use timing_mode=eager")
@@ -419,7 +421,7 @@ def expand(cfg) -> Plan:
                     for ad in act_dtypes:
                         base = dict(common, family=spec.family, model=spec.name, tp=spec.tp, method=method.name,
                                     batch=batch, state_dtype=sd, act_dtype=ad, geometry=geo,
-                                    backend=method.backend_for(backend))
+                                    backend=method.backend_for(backend, spec.family))
                         points += _method_points(method, base, spec.family, kind, method.name in reference,
                                                  buffer_lens, routes, spec_Ts, history_lens, accs)
     if not points:

@@ -101,8 +101,17 @@ def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
     hardware = resolve_hardware(data.get("hardware") or {}, plan.device, CONF_DIR)
     store = RunStore.open(data, hardware["name"])
     copy_bytes = int(settings.get("copy_bytes", 1 << 30))
-    copy_GBps = timing.measure_copy_GBps(plan.device, copy_bytes if plan.device == "cuda" else copy_bytes // 16)
+    probe = None
+    if plan.device == "cpu":
+        # cold CPU points from a measured bandwidth plateau, not from sysfs (experiments/harness/bandwidth.py)
+        probe = cold_stack_bytes(hardware, settings)
+    if probe is not None:
+        copy_GBps = probe["plateau_copy_GBps"]
+    else:
+        copy_GBps = timing.measure_copy_GBps(plan.device, copy_bytes if plan.device == "cuda" else copy_bytes // 16)
     env = collect_env(device=plan.device, hardware=hardware, timing=settings, sweep=data["sweep"])
+    if probe is not None:
+        env["cpu_cold_probe"] = probe
     env.update(run_id=store.run_id, copy_GBps=copy_GBps, copy_bytes=copy_bytes, points=len(plan.points))
     if plan.device == "cpu":
         env["cpu_clock"] = timing.cpu_clock(settings.get("cpu_clock", "auto")).__name__
@@ -127,6 +136,25 @@ def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
         env["nvml_used_bytes_end"] = memory.nvml_used_bytes()
         store.write_json(name, env)
     return RunResult(run_dir=store.run_dir, run_id=store.run_id, rows=rows, resumed_skipped=skipped, env=env)
+
+
+def cold_stack_bytes(hardware: dict, settings: dict) -> dict | None:
+    """CPU: run (or reuse) the bandwidth probe at the run's thread count and size cold stacks past its plateau
+    knee: hardware["l2_bytes"] becomes cold_bytes / l2_factor, so the stack rule (layers x layer bytes >=
+    l2_factor x l2_bytes) reaches cold_bytes. The sysfs LLC stays in hardware["llc_bytes"] and env.json.
+    timing.cpu_cold_probe: cached (default) | fresh | off (off: the sysfs LLC sizes the stack, as before)."""
+    from experiments.harness.bandwidth import cold_point
+
+    probe = cold_point(mode=str(settings.get("cpu_cold_probe", "cached")), llc_bytes=hardware.get("llc_bytes"))
+    if probe is None:
+        return None
+    factor = float(settings["l2_factor"])
+    hardware["l2_bytes"] = int(-(-probe["cold_bytes"] // factor))
+    hardware["l2_source"] = (f"measured: copy bandwidth plateaus at {probe['plateau_copy_GBps']:.1f} GB/s from "
+                             f"{probe['knee_bytes'] >> 20} MiB; cold stacks reach {probe['cold_bytes'] >> 20} MiB "
+                             f"({probe['threads']} threads; sysfs LLC {hardware.get('llc_bytes')} B)"
+                             + ("" if probe["reached"] else "; plateau not confirmed up to the largest size probed"))
+    return probe
 
 
 # ------------------------------------------------------------------------------------------------ points

@@ -184,7 +184,7 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
     validate_timing(cfg.get("timing") or {})
     _int("sweep.cpu_repeats", sweep.get("cpu_repeats", 5))
     _int("sweep.cpu_warmup", sweep.get("cpu_warmup", 1), minimum=0)
-    backend = _choice("sweep.backend", sweep.get("backend"), ("torch", "triton"))
+    backend = _choice("sweep.backend", sweep.get("backend"), ("torch", "triton", "cpu"))
     build = _choice("sweep.build", sweep.get("build", "auto"), ("auto", "full", "block"))
     _choice("sweep.moe_impl", sweep.get("moe_impl", "auto"), ("auto", "grouped_mm", "loop"))
     route = _choice("sweep.route", sweep.get("route"), ("output_only", "state_and_output"))
@@ -198,6 +198,8 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
             raise ValueError("sweep.act_dtype: bfloat16 is not timed on CPU; use float32/float16")
         if backend == "triton":
             raise ValueError("sweep.backend=triton on CPU would time the Triton interpreter; use backend=torch")
+    if backend == "cpu" and device != "cpu":
+        raise ValueError("sweep.backend=cpu runs the C/OpenMP kernels on CPU tensors; on a GPU use backend=triton")
     batches = _int_list(sweep, "batch")
     contexts = _int_list(sweep, "context_len", minimum=0)
     max_len = _int("sweep.max_model_len", sweep.get("max_model_len"))

@@ -103,6 +103,9 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
     elif backend == "torch":
         decode_torch.replay_step_torch(cache, q, k, v, g, beta, scale, use_qk_l2norm,
                                        None if slots is None else slots_i32, out)
+    elif backend == "cpu":
+        from replayssm.cpu import ops
+        ops.gdn_replay(cache, q, k, v, g, beta, scale, use_qk_l2norm, out, slots_i32)
     else:
         decode_ref.replay_step_ref(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
     return out
@@ -134,7 +137,7 @@ def materialize(cache: ReplayCache, slots: torch.Tensor | None = None, backend: 
         return out
     if backend == "triton":
         launch_materialize(cache, slots_i32, out)
-    elif backend == "torch":
+    elif backend in ("torch", "cpu"):        # cpu: a debug / gate read, not a timed path: the torch form
         decode_torch.materialize_torch(cache, slots_i32, out)
     else:
         decode_ref.materialize_ref(cache, slots_i32, out)

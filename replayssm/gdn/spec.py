@@ -110,8 +110,15 @@ def spec_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         out = torch.empty(batch, ring.window, gm.HV, gm.V, dtype=ring.act_dtype, device=ring.device)
     if batch == 0:
         return out
-    impl = {"triton": spec_kernels.verify_triton, "torch": spec_torch.verify_torch, "ref": spec_ref.verify_ref}
+    impl = {"triton": spec_kernels.verify_triton, "torch": spec_torch.verify_torch, "ref": spec_ref.verify_ref,
+            "cpu": _verify_cpu}
     return impl[backend](ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out)
+
+
+def _verify_cpu(ring, q, k, v, g, beta, scale, use_qk_l2norm, slots, out):
+    from replayssm.cpu import ops
+    ops.gdn_spec_replay(ring, q, k, v, g, beta, scale, use_qk_l2norm, out, slots)
+    return out
 
 
 def spec_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
@@ -152,5 +159,5 @@ def spec_materialize(ring: SpecRing, slots: torch.Tensor | None = None, backend:
     if slots.numel() == 0:
         return out
     impl = {"triton": spec_kernels.materialize_triton, "torch": spec_torch.materialize_torch,
-            "ref": spec_ref.materialize_ref}
+            "ref": spec_ref.materialize_ref, "cpu": spec_torch.materialize_torch}
     return impl[backend](ring, slots, out)

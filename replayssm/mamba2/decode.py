@@ -142,6 +142,9 @@ def replay_step(cache: ReplayCache, x: torch.Tensor, dt: torch.Tensor, A: torch.
         from replayssm.mamba2.decode_torch import replay_step_torch
         # slots=None lets the torch backend read the cache through views (no gather copies)
         replay_step_torch(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, None if slots is None else slot_ids, out)
+    elif backend == "cpu":
+        from replayssm.cpu import ops
+        ops.mamba2_replay(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, slot_ids, route)
     else:
         _launch_step(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slot_ids, route, out)
     return out
@@ -176,7 +179,7 @@ def materialize(cache: ReplayCache, slots: torch.Tensor | None = None, backend: 
     if backend == "ref":
         from replayssm.mamba2.decode_ref import materialize_ref
         materialize_ref(cache, A, slot_ids, out)
-    elif backend == "torch":
+    elif backend in ("torch", "cpu"):        # cpu: a debug / gate read, not a timed path: the torch form
         from replayssm.mamba2.decode_torch import materialize_torch
         materialize_torch(cache, A, None if slots is None else slot_ids, out)
     else:

@@ -100,6 +100,10 @@ def spec_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
         return out
     if backend == "ref":
         return spec_ref.verify_ref(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out)
+    if backend == "cpu":
+        from replayssm.cpu import ops
+        ops.mamba2_spec_replay(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, slots)
+        return out
     if backend == "torch":
         # slots=None lets the torch backend read rows 0..batch-1 as views instead of gathering them
         torch_slots = None if slots_in is None else slots
@@ -152,7 +156,7 @@ def spec_materialize(ring: SpecRing, slots: torch.Tensor | None = None, backend:
     slots = check_slots(slots, n, ring.num_slots, ring.device, ring.null_slot)
     if backend == "ref":
         return spec_ref.materialize_ref(ring, A, slots)
-    if backend == "torch":
+    if backend in ("torch", "cpu"):          # cpu: a debug / gate read, not a timed path: the torch form
         return spec_torch.materialize_torch(ring, A, slots)
     from replayssm.mamba2.spec_kernels import launch_materialize
 

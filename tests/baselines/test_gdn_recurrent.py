@@ -15,7 +15,7 @@ from replayssm.geometry import GDNGeometry, get_geometry
 from replayssm.testing import poison_, rel_err, tolerance
 
 F32, F16 = torch.float32, torch.float16
-BACKENDS = ["ref", "torch", "triton"]
+BACKENDS = ["ref", "torch", "triton", "cpu"]
 TINY = GDNGeometry(H=2, HV=4, K=32, V=32)
 
 
@@ -89,7 +89,7 @@ def test_odd_geometry(backend, gen, device):
     run_scenario(backend, gm, F32, F32, 3, gen, device, use_qk_l2norm=True, batch=2, extra_slots=1)
 
 
-@pytest.mark.parametrize("backend", ["ref", "torch"])
+@pytest.mark.parametrize("backend", ["ref", "torch", "cpu"])
 @pytest.mark.parametrize("model", ["qwen35_122b_a10b", "qwen35_4b"])
 def test_tp_split_geometry(backend, model, gen, device):
     run_scenario(backend, get_geometry(model, 8), F32, F32, 3, gen, device, use_qk_l2norm=True, batch=2,

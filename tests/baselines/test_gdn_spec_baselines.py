@@ -80,7 +80,7 @@ def assert_same_cache(method, cache, twin, tol):
 
 @pytest.mark.parametrize("use_qk_l2norm", [False, True])
 @pytest.mark.parametrize("T", [2, 4])
-@pytest.mark.parametrize("backend", ["torch", "ref"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "cpu"])
 @pytest.mark.parametrize("method", ["native", "commit_replay"])
 def test_long_run_matches_serial_ground_truth(method, backend, T, use_qk_l2norm, gen):
     """40 steps with random accepted counts; permuted slots in a bigger pool and a NULL_SLOT row."""
@@ -94,7 +94,7 @@ def test_long_run_matches_serial_ground_truth(method, backend, T, use_qk_l2norm,
 
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.float16, torch.float32), (torch.float32, torch.float16),
                                                    (torch.float16, torch.float16), (torch.float32, torch.bfloat16)])
-@pytest.mark.parametrize("backend", ["torch", "ref"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "cpu"])
 @pytest.mark.parametrize("method", ["native", "commit_replay"])
 def test_long_run_half_precision(method, backend, act_dtype, state_dtype, gen):
     cache = make_cache(method, SMALL, 3, 4, gen, state_dtype=state_dtype, act_dtype=act_dtype)

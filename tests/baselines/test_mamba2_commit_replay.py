@@ -86,7 +86,7 @@ def run_commit_replay_stream(backend, T, state_dtype, act_dtype, steps, geom, ba
 @pytest.mark.parametrize("state_dtype,act_dtype", [(F32, F32), (F16, F16), (F32, BF16), (BF16, F32)],
                          ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("T", [2, 4])
-@pytest.mark.parametrize("backend", ["torch", "ref"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "cpu"])
 def test_commit_replay_rollback_stream(backend, T, state_dtype, act_dtype, gen, device):
     run_commit_replay_stream(backend, T, state_dtype, act_dtype, 40, GEOM, 3, 4, gen, device)
 
@@ -100,7 +100,7 @@ def test_commit_replay_rollback_stream_triton(T, state_dtype, act_dtype, gen, de
     run_commit_replay_stream("triton", T, state_dtype, act_dtype, 3, GEOM_TINY, 2, 3, gen, device)
 
 
-@pytest.mark.parametrize("backend", ["torch", "ref"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "cpu"])
 def test_commit_replay_production_geometry(backend, gen, device):
     """Super-120B full width, T = 4, every accepted count once (a row per count, dense slots)."""
     geom, T = get_geometry("nemotron3_super_120b"), 4

@@ -15,7 +15,7 @@ from replayssm.mamba2.ref import ssm_step_ref, window_ref
 from replayssm.testing import nan_like, rel_err, tolerance
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
-BACKENDS = ["ref", "torch", "triton"]
+BACKENDS = ["ref", "torch", "triton", "cpu"]
 
 
 def rounded(state64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -218,7 +218,7 @@ def run_native_stream(backend, T, state_dtype, act_dtype, steps, geom, batch, nu
 @pytest.mark.parametrize("state_dtype,act_dtype", [(F32, F32), (F16, F16), (F32, BF16), (BF16, F32)],
                          ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("T", [2, 4])
-@pytest.mark.parametrize("backend", ["torch", "ref"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "cpu"])
 def test_native_spec_rollback_stream(backend, T, state_dtype, act_dtype, gen, device):
     run_native_stream(backend, T, state_dtype, act_dtype, 40, SPEC_GEOM, 3, 4, gen, device)
 

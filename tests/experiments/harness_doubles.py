@@ -16,7 +16,7 @@ from experiments.harness.runner import load_config
 # Small and quick: one repeat set of a few samples, short spec cycles, a tiny copy-bandwidth probe.
 FAST = [
     "timing.cpu_repeats=3", "timing.cpu_warmup=1", "timing.cpu_min_sample_us=0", "timing.spec_steps=6",
-    "timing.copy_bytes=1048576", "progress=false",
+    "timing.copy_bytes=1048576", "timing.cpu_cold_probe=off", "progress=false",
 ]
 
 

@@ -43,7 +43,7 @@ class HostSyncs(TorchDispatchMode):
 
 
 def _points(tmp_path, experiment):
-    cfg = compose(tmp_path, experiment, ["method=all", "sweep.routes=[state_and_output]"])
+    cfg = compose(tmp_path, experiment, ["method=all", "sweep.routes=[state_and_output]", "sweep.backend=torch"])
     plan = expand(OmegaConf.to_container(cfg, resolve=True))
     return plan, [p for p in plan.points if not p.method.startswith("peer:")]
 

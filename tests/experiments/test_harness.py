@@ -131,7 +131,8 @@ def test_interpreter_backend_checks_but_never_times(tmp_path):
 
 def test_torch_compile_auto_keeps_the_faster_variant(tmp_path):
     cfg = compose(tmp_path, overrides=["sweep.models=[tiny_mamba2]", "method.names=[baseline_ar]",
-                                       "sweep.torch_compile=auto", "timing.compile_backend=eager"])
+                                       "sweep.backend=torch", "sweep.torch_compile=auto",
+                                       "timing.compile_backend=eager"])
     (row,) = run_experiment(cfg).rows
     assert row["status"] == "ok" and isinstance(row["compiled"], bool)
     assert "compiled" in row["message"]                  # both variants were timed (or the drop is noted)

@@ -30,7 +30,7 @@ def test_cpu_sweep_expands_to_every_method_of_each_kind(tmp_path):
     assert ("tiny_gdn", "peer:mamba_ssm", None) not in methods          # family filter
     assert not any(p.method.endswith("_spec") for p in plan.points)     # decode runs AR methods only
     baseline = next(p for p in plan.points if p.method == "baseline_ar")
-    assert baseline.buffer_len is None and baseline.route is None and baseline.backend == "torch"
+    assert baseline.buffer_len is None and baseline.route is None and baseline.backend == "cpu"
 
     spec = expand(compose(tmp_path, "kernel_spec", ["sweep.acceptance=[rate:0.5,fixed:all]"]))
     kinds = {(p.method, p.acceptance) for p in spec.points}
@@ -101,8 +101,8 @@ def test_hardware_profiles_hold_the_datasheet_peaks():
     (["sweep.batch=[x]"], "sweep.batch[0]"),
     (["sweep.buffer_len=[4.5]"], "sweep.buffer_len[0]"),
     (["sweep.state_dtype=[float8]"], "sweep.state_dtype[0]"),
-    (["sweep.state_dtype=[bfloat16]"], "sweep.state_dtype"),             # bf16 state not timed on CPU
-    (["sweep.act_dtype=[bfloat16]"], "sweep.act_dtype"),                  # bf16 on CPU / interpreter
+    (["sweep.backend=torch", "sweep.state_dtype=[bfloat16]"], "sweep.state_dtype"),  # bf16 torch not timed
+    (["sweep.backend=torch", "sweep.act_dtype=[bfloat16]"], "sweep.act_dtype"),      # (backend=cpu has bf16)
     (["sweep.routes=[output_only,sideways]"], "sweep.routes[1]"),
     (["sweep.backend=cuda_graphs"], "sweep.backend"),
     (["sweep.timing_mode=graph"], "sweep.timing_mode"),                   # graphs need a GPU

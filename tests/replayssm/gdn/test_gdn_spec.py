@@ -85,7 +85,7 @@ def assert_same_cache(ring, ref_ring, tol):
 
 @pytest.mark.parametrize("use_qk_l2norm", [False, True])
 @pytest.mark.parametrize("T,B", [(2, 2), (2, 8), (2, 16), (4, 4), (4, 8), (4, 16)])
-@pytest.mark.parametrize("backend", ["torch", "ref"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "cpu"])
 def test_long_run_matches_serial_ground_truth(backend, T, B, use_qk_l2norm, gen):
     """48 steps, random accepted counts, permuted slots in a bigger pool, desynchronised cursors."""
     ring = make_ring(SMALL, 5, B, T, gen)
@@ -100,7 +100,7 @@ def test_long_run_matches_serial_ground_truth(backend, T, B, use_qk_l2norm, gen)
 
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.float16, torch.float32), (torch.float32, torch.float16),
                                                    (torch.float16, torch.float16), (torch.float32, torch.bfloat16)])
-@pytest.mark.parametrize("backend", ["torch", "ref"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "cpu"])
 def test_long_run_half_precision(backend, act_dtype, state_dtype, gen):
     """fp16 ring / checkpoint: rounding where the cache stores, bounded and not accumulating over 40 steps."""
     ring = make_ring(SMALL, 3, 4, 2, gen, state_dtype=state_dtype, act_dtype=act_dtype)
@@ -134,7 +134,7 @@ def test_triton_matches_ground_truth_and_torch_cache(T, B, gm, act_dtype, state_
         assert torch.equal(getattr(ring, name)[1], getattr(untouched, name)[1]), f"slot 1 {name} touched"
 
 
-@pytest.mark.parametrize("backend", ["torch", "ref", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "triton", "cpu"])
 def test_ill_conditioned_window(backend, gen):
     """beta 0.999 and nearly parallel keys (k_s = normalize(k0 + 1e-3 noise)): the unit lower triangular
     solve stays as accurate as the serial recurrence (fp32 tolerance 1e-5, measured ~3e-7)."""
@@ -151,7 +151,7 @@ def test_ill_conditioned_window(backend, gen):
         assert torch.isfinite(ring.u).all() and torch.isfinite(ring.state).all()
 
 
-@pytest.mark.parametrize("backend", ["torch", "ref", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "triton", "cpu"])
 def test_strided_inputs_and_output(backend, gen):
     """q, k, v as views into one packed [batch, T, 2HK + HV V] tensor (vLLM's mixed_qkv); out a padded view."""
     gm, T, batch = SMALL, 2, 2
@@ -175,7 +175,7 @@ def test_strided_inputs_and_output(backend, gen):
     assert_same_cache(ring, twin, tolerance(torch.float32))
 
 
-@pytest.mark.parametrize("backend", ["torch", "ref"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "cpu"])
 def test_tp_split_qwen_geometry(backend, gen):
     """Qwen3.5-4B at TP=8 (H=2, HV=4, K=V=128), B=16, T=4."""
     gm = get_geometry("qwen35_4b", tp=8)
@@ -203,7 +203,7 @@ def test_triton_one_step_at_tp_split_qwen_geometry(gen):
     assert_same_cache(ring, twin, tolerance(torch.float32))
 
 
-@pytest.mark.parametrize("backend", ["torch", "ref", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "triton", "cpu"])
 def test_reset_and_cursor_protocol(backend, gen):
     """Commit moves cursors exactly as documented; reset empties the history of the named slots only."""
     T, B = 2, 4

@@ -160,7 +160,7 @@ def run_schedule(run: Run, gen, steps: int, batch: int, nulls: bool = True) -> R
 DTYPES = [(F32, F32), (F16, F32), (F16, F16), (F32, F16), (F32, torch.bfloat16)]  # (act, state)
 
 
-@pytest.mark.parametrize("backend", ["torch", "ref"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "cpu"])
 @pytest.mark.parametrize("L", [1, 4, 16])
 @pytest.mark.parametrize("act,state", DTYPES)
 def test_torch_ref_vs_ground_truth(gen, device, backend, L, act, state):
@@ -168,7 +168,7 @@ def test_torch_ref_vs_ground_truth(gen, device, backend, L, act, state):
     run_schedule(run, gen, steps=2 * L + 3, batch=3)
 
 
-@pytest.mark.parametrize("backend", ["torch", "ref"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "cpu"])
 @pytest.mark.parametrize("options", [
     dict(with_z=False, with_D=False, with_bias=False),
     dict(with_bias=False, dt_softplus=False),
@@ -180,7 +180,7 @@ def test_options_and_strided_inputs(gen, device, backend, options):
     run_schedule(run, gen, steps=9, batch=3)
 
 
-@pytest.mark.parametrize("backend", ["torch", "ref", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "triton", "cpu"])
 def test_default_slots(gen, device, backend):
     """slots=None: rows are slots 0..batch-1, with batch == num_slots (the torch backend's no-gather path),
     then batch < num_slots (a prefix of the pool)."""
@@ -209,7 +209,7 @@ def test_torch_default_slots_reads_through_views(gen, device, monkeypatch):
     assert run.cache.write_pos.tolist() == [0, 0]
 
 
-@pytest.mark.parametrize("backend", ["torch", "ref", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "triton", "cpu"])
 def test_reset_some_slots(gen, device, backend):
     """A new request enters one slot mid-buffer: new checkpoint, empty buffer; the others keep going."""
     geometry, L = (MINI, 3) if backend == "triton" else (TINY, 4)
@@ -228,14 +228,14 @@ def test_reset_some_slots(gen, device, backend):
     assert run.flushes > 0
 
 
-@pytest.mark.parametrize("backend", ["torch", "ref"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "cpu"])
 @pytest.mark.parametrize("model,tp", [("nemotron3_super_120b", 8), ("nemotron3_nano_4b", 4)])
 def test_production_geometry(gen, device, backend, model, tp):
     run = start(gen, get_geometry(model, tp), 3, 4, backend, device=device)
     run_schedule(run, gen, steps=6, batch=2)
 
 
-@pytest.mark.parametrize("backend", ["torch", "ref", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "triton", "cpu"])
 def test_l1_is_plain_state_update(gen, device, backend):
     """L = 1 flushes every step: the checkpoint follows the plain recurrence, fp32 error <= 1e-6."""
     geometry = MINI if backend == "triton" else TINY
@@ -252,6 +252,16 @@ def test_l1_is_plain_state_update(gen, device, backend):
         assert rel_err(out, y_ref) <= 1e-6
         assert rel_err(run.cache.state, run.truth) <= 1e-6
         assert run.cache.write_pos.tolist() == [0, 0]
+
+
+# ---------------------------------------------------------------------------------------- cpu (fused C kernels)
+
+@pytest.mark.parametrize("route", ["output_only", "state_and_output"])
+@pytest.mark.parametrize("act,state", [(F32, F32), (F16, F16), (torch.bfloat16, torch.bfloat16)])
+def test_cpu_routes_vs_ground_truth(gen, device, route, act, state):
+    """Both routes of the C kernel (its state_and_output normal step rebuilds rows it never stores)."""
+    run = start(gen, TINY, 3, 4, "cpu", route, state, act, device)
+    run_schedule(run, gen, steps=11, batch=3)
 
 
 # ------------------------------------------------------------------------------------- triton (interpreter)

@@ -196,7 +196,7 @@ def run_protocol(backend: str, case: Case, gen: torch.Generator, device, steps: 
 
 
 @pytest.mark.parametrize("case", LONG_CASES, ids=str)
-@pytest.mark.parametrize("backend", ["ref", "torch"])
+@pytest.mark.parametrize("backend", ["ref", "torch", "cpu"])
 def test_long_protocol_run(backend, case, gen, device):
     count = run_protocol(backend, case, gen, device, steps=48, batch=4, num_slots=5)
     assert count.flushes > 0 and count.origin_wraps > 0 and count.window_wraps > 0 and count.null_rows > 0, count
@@ -209,7 +209,7 @@ def test_triton_protocol_run(case, gen, device):
     assert count.flushes > 0 and count.origin_wraps > 0 and count.window_wraps > 0 and count.null_rows > 0, count
 
 
-@pytest.mark.parametrize("backend", ["ref", "torch"])
+@pytest.mark.parametrize("backend", ["ref", "torch", "cpu"])
 def test_tp_split_production_geometry(backend, gen, device):
     """Nemotron-3 Super at TP=8 (16 heads, headdim 64, dstate 128, one group), history 16, window 4."""
     case = Case(4, 16, geometry=get_geometry("nemotron3_super_120b", tp=8), accept_lo=3)
@@ -222,7 +222,7 @@ def _live_ring_rows(ring: SpecRing, slot: int, count: int) -> list[int]:
     return [(o + k) & (ring.ring_len - 1) for k in range(count)]
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", ["triton", "torch", "cpu"])
 def test_cache_contents_match_ref(backend, gen, device):
     """Same inputs into a ref ring and a `backend` ring: live ring rows, bc, checkpoint and cursors agree."""
     geo, T = TINY, 4

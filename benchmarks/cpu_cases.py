@@ -1,0 +1,125 @@
+"""What `make bench-cpu` times: every method of the registry at the issue's CPU geometries, through the same
+plumbing a sweep uses (experiments/harness/methods.py: allocate, step / verify + commit, traffic).
+
+    Mamba-2  Nemotron-3-Super-120B (128 heads, headdim 64, dstate 128, 8 groups)
+    GDN      Qwen3.5-122B-A10B     (H 16, HV 64, K = V = 128)
+batch 32, fp32 state and activations, AR buffer L = 16, spec window T = 4 with history B = 16, accepted
+counts a deterministic pattern 1 + (row + step) mod T (mean 2.5). One layer: its state alone (128 MiB) is
+far past any CPU's cache, so every step streams from DRAM.
+
+A case is (family, method, route) -> a cycle (AR: L steps from an empty buffer, the flush included; spec:
+STEPS verify + commit steps from a reset ring) and the byte model of a step (replayssm/traffic.py via the
+method's own traffic(), bytes per step per sequence x batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from experiments.harness.methods import REGISTRY
+from experiments.harness.points import Point, load_model_config, model_spec
+from experiments.harness.workload import Workload
+
+BATCH = 32
+BUFFER_LEN = 16
+WINDOW = 4
+HISTORY = 16
+SPEC_STEPS = 10
+MODELS = {"mamba2": "nemotron3_super_120b", "gdn": "qwen35_122b_a10b"}
+AR_METHODS = [("baseline_ar", None), ("replay_ar", "output_only"), ("replay_ar", "state_and_output")]
+SPEC_METHODS = ["baseline_spec", "commit_replay_spec", "replay_spec"]
+
+
+@dataclass
+class Case:
+    family: str
+    method: str
+    route: str | None
+    backend: str           # what the method runs under backend=<asked> (registry backend_for)
+    cycle: object          # () -> None
+    steps: int             # steps per cycle
+    bytes_per_step: float  # byte model x batch
+    partner: str | None    # the method this one's speedup is measured against
+
+    @property
+    def label(self) -> str:
+        return self.method + (f"[{self.route}]" if self.route else "")
+
+
+def _point(family: str, method: str, route: str | None, backend: str, kind: str) -> tuple[Point, object]:
+    spec = model_spec(load_model_config(MODELS[family]), None)
+    p = Point(experiment=f"bench_{kind}", family=family, model=spec.name, tp=1, method=method, route=route,
+              backend=backend, batch=BATCH, buffer_len=BUFFER_LEN if kind == "ar" else None,
+              spec_T=WINDOW if kind == "spec" else None, history_len=HISTORY if kind == "spec" else None,
+              acceptance=None, state_dtype="float32", act_dtype="float32", context_len=None, timing_mode="eager",
+              l2="cold", torch_compile="false", slot_layout="identity", device="cpu", seed=0)
+    return p, spec
+
+
+def accepted_pattern(steps: int = SPEC_STEPS, batch: int = BATCH, T: int = WINDOW) -> torch.Tensor:
+    """[steps, batch] int32 accepted counts (bonus token included): 1 + (row + step) mod T."""
+    s = torch.arange(steps)[:, None]
+    b = torch.arange(batch)[None, :]
+    return (1 + (s + b) % T).to(torch.int32)
+
+
+def _traffic(method, p, wl, accepted) -> float:
+    ns = SimpleNamespace(family=wl.family, geometry=wl.geometry, state_dtype=wl.state_dtype, act_dtype=wl.act_dtype)
+    t = method.traffic(p, ns, accepted)
+    return float(t.total) * BATCH
+
+
+def build(family: str, method_name: str, route: str | None, backend: str) -> Case:
+    method = REGISTRY[method_name]
+    kind = method.kind
+    used = method.backend_for(backend, family)
+    p, spec = _point(family, method_name, route, used, kind)
+    gen = torch.Generator().manual_seed(0)
+    wl = Workload(spec, p, "cpu", gen)
+    cache = method.allocate(p, wl, BATCH, "cpu")
+    method.set_state(cache, wl.random_state(BATCH))
+    fns = method.api(family)
+    if kind == "ar":
+        kw = wl.call_kwargs(wl.inputs(BATCH))
+        out = wl.out(BATCH)
+        steps = BUFFER_LEN if method.uses_buffer else 1
+        cursor = method.flush_cursor(cache)
+
+        def cycle():
+            if cursor is not None:
+                cursor.zero_()
+            for _ in range(steps):
+                method.step(fns, cache, p, kw, None, out)
+
+        accepted = None
+    else:
+        kw = wl.call_kwargs(wl.inputs(BATCH, window=WINDOW))
+        out = wl.out(BATCH, window=WINDOW)
+        accepted = accepted_pattern()
+        A = wl.params.get("A")
+        reset = getattr(method.module(family), "spec_reset", None)
+        steps = SPEC_STEPS
+
+        def cycle():
+            if reset is not None:
+                reset(cache, backend=used)
+            for s in range(steps):
+                method.verify(fns, cache, p, kw, None, out)
+                method.commit(fns, cache, p, accepted[s], None, A)
+
+    return Case(family, method_name, route, used, cycle, steps, _traffic(method, p, wl, accepted),
+                method.partner)
+
+
+def cases(backend: str) -> list[tuple[str, str, str | None]]:
+    out = []
+    for family in MODELS:
+        for name, route in AR_METHODS:
+            if route is None or route in REGISTRY[name].routes(family):
+                out.append((family, name, route))
+        out += [(family, name, None) for name in SPEC_METHODS]
+    return out
+

@@ -1,0 +1,91 @@
+/* Fused CPU kernels of ReplaySSM Bench (backend="cpu"): one C translation unit, built once per machine by
+ * replayssm/cpu/build.py and loaded with ctypes.
+ *
+ * Every kernel is one OpenMP loop over (row, head): a program owns one head of one row's state, walks the
+ * state row by row (a Mamba-2 row is [dstate], a GDN row is [K]: the update of one row never needs another
+ * row), and touches each state element once per step as the GPU kernel does: read once, written once when the
+ * method stores (baseline steps, flushes, per-draft snapshots), never when it does not (ReplaySSM normal steps).
+ * Inner loops run over the contiguous last dim with `omp simd`, so gcc vectorises them (AVX2 on x86).
+ *
+ * Dtypes: kernels_body.h is included once per (state dtype, activation dtype) pair; math is fp32. bf16 is
+ * a uint16 with round-to-nearest-even stores; fp16 is the compiler's _Float16 (present in gcc >= 12 and
+ * clang on x86-64 / aarch64). Where _Float16 is missing the fp16 variants are not built and
+ * replayssm_cpu_has_fp16() returns 0 (the Python side then refuses fp16 with a clear error).
+ *
+ * Conventions: every tensor is contiguous; `slots` is int32 [batch], a negative slot is a padding row
+ * (skipped, output untouched); nt = OpenMP threads (the caller passes torch.get_num_threads()).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define SOFTPLUS_THRESHOLD 20.0f
+#define MAXV 1024   /* largest headdim / V / dstate / K a kernel keeps on its stack (checked in Python) */
+#define MAXL 64     /* largest buffer / ring length (checked in Python) */
+
+static inline float bf16_load(uint16_t v) { uint32_t u = (uint32_t)v << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t bf16_store(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);   /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                              /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+/* 8 fp32 lanes (GCC / clang vector extension: AVX on x86-64, two NEON registers on aarch64), the register
+ * tile of the blocked rank-J row rebuild; loads and stores go through memcpy (no alignment assumed). */
+typedef float v8f __attribute__((vector_size(32)));
+static inline v8f v8_load(const float *p) { v8f v; memcpy(&v, p, sizeof v); return v; }
+static inline void v8_store(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+typedef uint16_t v8u16 __attribute__((vector_size(16)));
+typedef uint32_t v8u32 __attribute__((vector_size(32)));
+typedef int32_t v8i32 __attribute__((vector_size(32)));
+static inline v8f v8_bits(v8u32 u) { v8f v; memcpy(&v, &u, sizeof v); return v; }
+static inline v8f v8_load_bf16(const uint16_t *p) {
+    v8u16 h; memcpy(&h, p, sizeof h);
+    return v8_bits(__builtin_convertvector(h, v8u32) << 16);
+}
+static inline void v8_store_bf16(uint16_t *p, v8f v) {
+    v8u32 u; memcpy(&u, &v, sizeof u);
+    const v8u32 nan = (v8u32)((v8i32)(u & 0x7fffffffu) > (v8i32){0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000,
+                                                                    0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000});
+    const v8u32 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+    const v8u16 h = __builtin_convertvector((nan & quiet) | (~nan & rounded), v8u16);
+    memcpy(p, &h, sizeof h);
+}
+static inline float hsum8(v8f v) {
+    float t[8];
+    v8_store(t, v);
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+static inline float softplus_f(float x) { return x <= SOFTPLUS_THRESHOLD ? log1pf(expf(x)) : x; }
+static inline float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+#if defined(__FLT16_MAX__)
+#define HAVE_F16 1
+typedef _Float16 f16_t;
+#else
+#define HAVE_F16 0
+#endif
+
+int replayssm_cpu_has_fp16(void) { return HAVE_F16; }
+int replayssm_cpu_abi(void) { return 1; }
+
+/* Loads and stores per storage dtype; build.py appends one `#include "kernels_body.h"` per (state, act)
+ * pair with STYPE/LDS/STS (state) and ATYPE/LDA/STA (activations) defined, SUF(name) giving the suffix. */
+#define LD_F32(p) (*(p))
+#define ST_F32(p, v) (*(p) = (v))
+#define LD_F16(p) ((float)*(p))
+#define ST_F16(p, v) (*(p) = (f16_t)(v))
+#define LD_BF16(p) bf16_load(*(p))
+#define ST_BF16(p, v) (*(p) = bf16_store(v))
+/* 8 lanes at once (the blocked rebuild): LD8_* returns a v8f, ST8_* stores one */
+#define LD8_F32(p) v8_load(p)
+#define ST8_F32(p, v) v8_store((p), (v))
+#define LD8_BF16(p) v8_load_bf16(p)
+#define ST8_BF16(p, v) v8_store_bf16((p), (v))
+#if HAVE_F16
+typedef _Float16 v8h __attribute__((vector_size(16)));
+static inline v8f v8_load_f16(const f16_t *p) { v8h h; memcpy(&h, p, sizeof h); return __builtin_convertvector(h, v8f); }
+static inline void v8_store_f16(f16_t *p, v8f v) { const v8h h = __builtin_convertvector(v, v8h); memcpy(p, &h, sizeof h); }
+#define LD8_F16(p) v8_load_f16(p)
+#define ST8_F16(p, v) v8_store_f16((p), (v))
+#endif

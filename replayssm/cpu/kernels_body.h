@@ -1,0 +1,856 @@
+/* Kernel bodies, included once per (state dtype, activation dtype) pair by the source build.py generates.
+ * STYPE / LDS / STS: state storage; ATYPE / LDA / STA: activation storage; SUF(name) names the variant.
+ * Shapes are in the docstrings of the Python wrappers (replayssm/cpu/mamba2.py, replayssm/cpu/gdn.py). */
+
+/* Row primitives. A reduction over a [N] row with one accumulator is bound by the FMA latency chain (~20 GB/s
+ * on one core, below DRAM bandwidth on a big box), so rows whose length is a multiple of 16 use two 8-lane
+ * accumulators; other lengths take the plain loop. */
+static inline float SUF(dot_row)(const STYPE *row, const float *c, int N)
+{
+    if (N % 16 == 0) {
+        v8f a0 = {0}, a1 = {0};
+        for (int n = 0; n < N; n += 16) { a0 += LDS8(row + n) * v8_load(c + n); a1 += LDS8(row + n + 8) * v8_load(c + n + 8); }
+        return hsum8(a0 + a1);
+    }
+    float acc = 0.0f;
+    for (int n = 0; n < N; n++) acc += LDS(row + n) * c[n];
+    return acc;
+}
+
+/* (row . k, row . q) in one read of the row */
+static inline void SUF(dot2_row)(const STYPE *row, const float *k, const float *q, int N, float *rk, float *rq)
+{
+    if (N % 16 == 0) {
+        v8f a0 = {0}, a1 = {0}, c0 = {0}, c1 = {0};
+        for (int n = 0; n < N; n += 16) {
+            const v8f t0 = LDS8(row + n), t1 = LDS8(row + n + 8);
+            a0 += t0 * v8_load(k + n); a1 += t1 * v8_load(k + n + 8);
+            c0 += t0 * v8_load(q + n); c1 += t1 * v8_load(q + n + 8);
+        }
+        *rk = hsum8(a0 + a1); *rq = hsum8(c0 + c1);
+        return;
+    }
+    float a = 0.0f, c = 0.0f;
+    for (int n = 0; n < N; n++) { const float t = LDS(row + n); a += t * k[n]; c += t * q[n]; }
+    *rk = a; *rq = c;
+}
+
+#ifndef PREFETCH_ROWS
+#define PREFETCH_ROWS 16
+#endif
+/* out[r] = abar * (S_r . c) for R rows of N: four rows at a time (eight independent accumulators, each load
+ * of c feeds four rows), so the read streams at memory speed rather than at the FMA latency. */
+static inline void SUF(dot_rows)(const STYPE *S, int64_t rs, int R, int N, const float *c, float scale, float *out)
+{
+    int r = 0;
+    if (N % 16 == 0)
+        for (; r + 4 <= R; r += 4) {
+            v8f a[4][2] = {{{0}}};
+            for (int n = 0; n < N; n += 16) {
+                const v8f c0 = v8_load(c + n), c1 = v8_load(c + n + 8);
+                for (int i = 0; i < 4; i++) {
+                    const STYPE *row = S + (r + i) * rs + n;
+                    /* a read-only stream has no write-backs to overlap with: prefetch PREFETCH_ROWS rows ahead
+                     * (into the next head's rows near the end: a prefetch never faults) to keep more misses
+                     * in flight */
+                    __builtin_prefetch(row + PREFETCH_ROWS * rs, 0, 0);
+                    a[i][0] += LDS8(row) * c0; a[i][1] += LDS8(row + 8) * c1;
+                }
+            }
+            for (int i = 0; i < 4; i++) out[r + i] = scale * hsum8(a[i][0] + a[i][1]);
+        }
+    for (; r < R; r++) out[r] = scale * SUF(dot_row)(S + r * rs, c, N);
+}
+
+/* row <- a row + xd B (stored), returns the new row . C: one read and one write of the row */
+static inline float SUF(ssu_row)(STYPE *row, int N, float a, float xd, const float *Bv, const float *Cv)
+{
+    if (N % 16 == 0) {
+        v8f a0 = {0}, a1 = {0};
+        for (int n = 0; n < N; n += 16) {
+            const v8f v0 = a * LDS8(row + n) + xd * v8_load(Bv + n);
+            const v8f v1 = a * LDS8(row + n + 8) + xd * v8_load(Bv + n + 8);
+            STS8(row + n, v0); STS8(row + n + 8, v1);
+            a0 += v0 * v8_load(Cv + n); a1 += v1 * v8_load(Cv + n + 8);
+        }
+        return hsum8(a0 + a1);
+    }
+    float acc = 0.0f;
+    for (int n = 0; n < N; n++) { const float v = a * LDS(row + n) + xd * Bv[n]; STS(row + n, v); acc += v * Cv[n]; }
+    return acc;
+}
+
+/* GDN recurrent row: r = alpha row; u = beta (v - r . k); row <- r + u k (stored); returns row . q */
+static inline float SUF(gdn_row)(STYPE *row, int K, float alpha, float bt, float vi, const float *kv,
+                                 const float *qv)
+{
+    if (K % 16 == 0 && K <= MAXV) {
+        v8f r[MAXV / 8];
+        v8f a0 = {0}, a1 = {0};
+        for (int n = 0; n < K; n += 16) {
+            r[n / 8] = alpha * LDS8(row + n); r[n / 8 + 1] = alpha * LDS8(row + n + 8);
+            a0 += r[n / 8] * v8_load(kv + n); a1 += r[n / 8 + 1] * v8_load(kv + n + 8);
+        }
+        const float u = bt * (vi - hsum8(a0 + a1));
+        v8f o0 = {0}, o1 = {0};
+        for (int n = 0; n < K; n += 16) {
+            const v8f t0 = r[n / 8] + u * v8_load(kv + n), t1 = r[n / 8 + 1] + u * v8_load(kv + n + 8);
+            STS8(row + n, t0); STS8(row + n + 8, t1);
+            o0 += t0 * v8_load(qv + n); o1 += t1 * v8_load(qv + n + 8);
+        }
+        return hsum8(o0 + o1);
+    }
+    float r[K];
+    float sk = 0.0f;
+    for (int n = 0; n < K; n++) { r[n] = alpha * LDS(row + n); sk += r[n] * kv[n]; }
+    const float u = bt * (vi - sk);
+    float o = 0.0f;
+    for (int n = 0; n < K; n++) { const float t = r[n] + u * kv[n]; STS(row + n, t); o += t * qv[n]; }
+    return o;
+}
+
+/* ------------------------------------------------------------------------------------------ Mamba-2 AR */
+
+/* Baseline selective state update: per (row, head) S <- exp(A dt) S + dt x B^T; y = S C + D x, * silu(z).
+ * The state is read once and written once. */
+void SUF(m2_ssu)(STYPE *state, const ATYPE *x, const float *dt, const float *A, const ATYPE *Bm, const ATYPE *Cm,
+                 const float *D, const ATYPE *z, const float *dt_bias, int softplus, ATYPE *out,
+                 const int32_t *slots, int batch, int H, int P, int N, int G, int64_t ss0, int64_t ss1,
+                 int64_t ss2, int nt)
+{
+    const int hpg = H / G;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int h = 0; h < H; h++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int g = h / hpg;
+            float Bv[N], Cv[N];
+            const ATYPE *Bp = Bm + ((size_t)b * G + g) * N, *Cp = Cm + ((size_t)b * G + g) * N;
+            for (int n = 0; n < N; n++) { Bv[n] = LDA(Bp + n); Cv[n] = LDA(Cp + n); }
+            float d = dt[(size_t)b * H + h] + (dt_bias ? dt_bias[h] : 0.0f);
+            if (softplus) d = softplus_f(d);
+            const float a = expf(A[h] * d);
+            STYPE *S = state + s * ss0 + h * ss1;
+            const size_t io = ((size_t)b * H + h) * P;
+            for (int p = 0; p < P; p++) {
+                const float xv = LDA(x + io + p), xd = d * xv;
+                const float acc = SUF(ssu_row)(S + p * ss2, N, a, xd, Bv, Cv);
+                float y = acc + (D ? D[h] * xv : 0.0f);
+                if (z) { const float zv = LDA(z + io + p); y *= zv * sigmoid_f(zv); }
+                STA(out + io + p, y);
+            }
+        }
+    }
+}
+
+/* The rebuild of state rows shared by the Mamba-2 state-and-output route / flush and the GDN flush:
+ *   row_r <- scale * S_r + sum_{j<J} X[j, r] * Y[j, :]      (r < R rows of N, row stride rs)
+ * stored into S when `store`; with Cv, yout[r] = row_r . Cv. A register-blocked rank-J update: 4 rows x 16
+ * columns of accumulators, so each Y element loaded feeds 4 FMAs and every S element is read (and
+ * written) once; the dot with Cv uses vector partial sums. N not a multiple of 16: the plain loop. */
+static inline void SUF(rebuild_rows)(STYPE *S, int64_t rs, int R, int N, float scale, const float *X,
+                                     const float *Y, int J, int store, const float *Cv, float *yout)
+{
+    if (N % 16 == 0) {
+        for (int r0 = 0; r0 < R; r0 += 4) {
+            int rr[4];
+            for (int i = 0; i < 4; i++) rr[i] = r0 + i < R ? r0 + i : R - 1;
+            v8f yv[4][2] = {{{0}}};
+            for (int n0 = 0; n0 < N; n0 += 16) {
+                v8f acc[4][2];
+                for (int i = 0; i < 4; i++) {
+                    const STYPE *row = S + rr[i] * rs + n0;
+                    acc[i][0] = scale * LDS8(row); acc[i][1] = scale * LDS8(row + 8);
+                }
+                for (int j = 0; j < J; j++) {
+                    const v8f y0 = v8_load(Y + (size_t)j * N + n0), y1 = v8_load(Y + (size_t)j * N + n0 + 8);
+                    const float *xj = X + (size_t)j * R;
+                    for (int i = 0; i < 4; i++) {
+                        const float xv = xj[rr[i]];
+                        acc[i][0] += xv * y0; acc[i][1] += xv * y1;
+                    }
+                }
+                if (store)
+                    for (int i = 0; i < 4; i++)
+                        if (r0 + i < R) {
+                            STYPE *row = S + rr[i] * rs + n0;
+                            STS8(row, acc[i][0]); STS8(row + 8, acc[i][1]);
+                        }
+                if (Cv) {
+                    const v8f c0 = v8_load(Cv + n0), c1 = v8_load(Cv + n0 + 8);
+                    for (int i = 0; i < 4; i++) { yv[i][0] += acc[i][0] * c0; yv[i][1] += acc[i][1] * c1; }
+                }
+            }
+            if (yout)
+                for (int i = 0; i < 4 && r0 + i < R; i++) {
+                    float t[8];
+                    v8_store(t, yv[i][0] + yv[i][1]);
+                    yout[r0 + i] = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+                }
+        }
+        return;
+    }
+    float r[N];
+    for (int i = 0; i < R; i++) {
+        STYPE *row = S + i * rs;
+        for (int n = 0; n < N; n++) r[n] = scale * LDS(row + n);
+        for (int j = 0; j < J; j++) {
+            const float xv = X[(size_t)j * R + i];
+            const float *y = Y + (size_t)j * N;
+            for (int n = 0; n < N; n++) r[n] += xv * y[n];
+        }
+        float t = 0.0f;
+        for (int n = 0; n < N; n++) { if (store) STS(row + n, r[n]); t += r[n] * (Cv ? Cv[n] : 0.0f); }
+        if (yout) yout[i] = t;
+    }
+}
+
+/* ReplaySSM AR step (replayssm/mamba2/decode.py has the protocol). Per (row, head) with h = write_pos:
+ *   c_j inclusive prefix of the cached dt, c_tot = sum_{j<h} dt_j + dt, s_j = dt_j exp(A (c_tot - c_j)),
+ *   abar = exp(A c_tot).
+ *   normal, output_only (route 0): y = abar (S0 C) + sum_j s_j (B_j . C) x_j + dt (B . C) x: S0 read once;
+ *   normal, state_and_output (1): each state row S_t = abar S0 + sum_j s_j x_j B_j + dt x B, y = S_t C;
+ *   flush (h >= L-1): the state_and_output row, stored into the checkpoint (the only state write).
+ * Normal rows append x, dt (processed) and B (by the group's first head) at buffer row h; then the cursors
+ * advance in a second loop (after every program has read them). */
+void SUF(m2_replay)(STYPE *state, ATYPE *xc, ATYPE *Bc, float *dtc, int32_t *wp, float *bcs,
+                    const ATYPE *x, const float *dt, const float *A, const ATYPE *Bm, const ATYPE *Cm,
+                    const float *D, const ATYPE *z, const float *dt_bias, int softplus, ATYPE *out,
+                    const int32_t *slots, int batch, int H, int P, int N, int G, int L, int route, int nt)
+{
+    const int hpg = H / G;
+    if (route == 0) {
+        /* B_j . C once per (row, group) into the bc scratch [S, G, L] (every head of the group shares it) */
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+        for (int b = 0; b < batch; b++) {
+            for (int g = 0; g < G; g++) {
+                const int s = slots[b];
+                if (s < 0 || wp[s] >= L - 1) continue;
+                float Cv[N];
+                const ATYPE *Cp = Cm + ((size_t)b * G + g) * N;
+                for (int n = 0; n < N; n++) Cv[n] = LDA(Cp + n);
+                const ATYPE *Bs = Bc + ((size_t)s * G + g) * (size_t)L * N;
+                for (int j = 0; j < wp[s]; j++) {
+                    float acc = 0.0f;
+#pragma omp simd reduction(+:acc)
+                    for (int n = 0; n < N; n++) acc += LDA(Bs + (size_t)j * N + n) * Cv[n];
+                    bcs[((size_t)s * G + g) * L + j] = acc;
+                }
+            }
+        }
+    }
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int h = 0; h < H; h++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int g = h / hpg;
+            const int hp = wp[s];
+            const int flush = hp >= L - 1;
+            const int nj = hp < L - 1 ? hp : L - 1;
+            const ATYPE *Bp = Bm + ((size_t)b * G + g) * N, *Cp = Cm + ((size_t)b * G + g) * N;
+            float Bv[N], Cv[N];
+            for (int n = 0; n < N; n++) { Bv[n] = LDA(Bp + n); Cv[n] = LDA(Cp + n); }
+            float d = dt[(size_t)b * H + h] + (dt_bias ? dt_bias[h] : 0.0f);
+            if (softplus) d = softplus_f(d);
+            const float Ah = A[h];
+            float *dts = dtc + ((size_t)s * H + h) * L;
+            ATYPE *xs = xc + ((size_t)s * H + h) * (size_t)L * P;
+            ATYPE *Bs = Bc + ((size_t)s * G + g) * (size_t)L * N;
+            float c[MAXL], sw[MAXL];
+            float run = 0.0f;
+            for (int j = 0; j < nj; j++) { run += dts[j]; c[j] = run; }
+            const float c_tot = run + d, abar = expf(Ah * c_tot);
+            for (int j = 0; j < nj; j++) sw[j] = dts[j] * expf(Ah * (c_tot - c[j]));
+            STYPE *S = state + ((size_t)s * H + h) * (size_t)P * N;
+            const size_t io = ((size_t)b * H + h) * P;
+            float yv[P];
+            if (!flush && route == 0) {
+                float bc[MAXL];
+                float bcur = 0.0f;
+                for (int j = 0; j < nj; j++) bc[j] = sw[j] * bcs[((size_t)s * G + g) * L + j];
+#pragma omp simd reduction(+:bcur)
+                for (int n = 0; n < N; n++) bcur += Bv[n] * Cv[n];
+                SUF(dot_rows)(S, N, P, N, Cv, abar, yv);
+                for (int p = 0; p < P; p++) yv[p] += d * bcur * LDA(x + io + p);
+                for (int j = 0; j < nj; j++) {
+                    const ATYPE *xj = xs + (size_t)j * P;
+                    const float cj = bc[j];
+#pragma omp simd
+                    for (int p = 0; p < P; p++) yv[p] += cj * LDA(xj + p);
+                }
+            } else {
+                /* rows S_t = abar S0 + X^T Y with X[j, p] = s_j x_j[p] (current token: dt x), Y[j] = B_j */
+                float Xm[(nj + 1) * P], Ym[(nj + 1) * N];
+                for (int j = 0; j < nj; j++) {
+                    for (int p = 0; p < P; p++) Xm[(size_t)j * P + p] = sw[j] * LDA(xs + (size_t)j * P + p);
+                    for (int n = 0; n < N; n++) Ym[(size_t)j * N + n] = LDA(Bs + (size_t)j * N + n);
+                }
+                for (int p = 0; p < P; p++) Xm[(size_t)nj * P + p] = d * LDA(x + io + p);
+                for (int n = 0; n < N; n++) Ym[(size_t)nj * N + n] = Bv[n];
+                SUF(rebuild_rows)(S, N, P, N, abar, Xm, Ym, nj + 1, flush, Cv, yv);
+            }
+            for (int p = 0; p < P; p++) {
+                const float xv = LDA(x + io + p);
+                float y = yv[p] + (D ? D[h] * xv : 0.0f);
+                if (z) { const float zv = LDA(z + io + p); y *= zv * sigmoid_f(zv); }
+                STA(out + io + p, y);
+            }
+            if (!flush) {
+                memcpy(xs + (size_t)hp * P, x + io, (size_t)P * sizeof(ATYPE));
+                dts[hp] = d;
+                if (h % hpg == 0) memcpy(Bs + (size_t)hp * N, Bp, (size_t)N * sizeof(ATYPE));
+            }
+        }
+    }
+    for (int b = 0; b < batch; b++) {
+        const int s = slots[b];
+        if (s >= 0) wp[s] = wp[s] >= L - 1 ? 0 : wp[s] + 1;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- GDN AR */
+
+/* q, k of key head hk for row b, fp32, L2-normalised when asked, q scaled. */
+static inline void SUF(gdn_qk)(const ATYPE *q, const ATYPE *k, size_t off, int K, int l2norm, float scale,
+                               float *qv, float *kv)
+{
+    float sq = 0.0f, sk = 0.0f;
+    for (int n = 0; n < K; n++) { qv[n] = LDA(q + off + n); kv[n] = LDA(k + off + n); sq += qv[n] * qv[n]; sk += kv[n] * kv[n]; }
+    const float fq = (l2norm ? 1.0f / sqrtf(sq + 1e-6f) : 1.0f) * scale, fk = l2norm ? 1.0f / sqrtf(sk + 1e-6f) : 1.0f;
+    for (int n = 0; n < K; n++) { qv[n] *= fq; kv[n] *= fk; }
+}
+
+/* Baseline fused recurrent step: per (row, value head), each state row [K]: r = exp(g) S_i; u = beta (v_i - r.k);
+ * S_i <- r + u k; o_i = S_i . q. One read and one write of the state. */
+void SUF(gdn_step)(STYPE *state, const ATYPE *q, const ATYPE *k, const ATYPE *v, const float *g, const float *beta,
+                   float scale, int l2norm, ATYPE *out, const int32_t *slots, int batch, int H, int HV, int K, int V,
+                   int64_t ss0, int64_t ss1, int64_t ss2, int nt)
+{
+    const int gq = HV / H;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int hv = 0; hv < HV; hv++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            float qv[K], kv[K], r[K];
+            SUF(gdn_qk)(q, k, ((size_t)b * H + hv / gq) * K, K, l2norm, scale, qv, kv);
+            const float alpha = expf(g[(size_t)b * HV + hv]), bt = beta[(size_t)b * HV + hv];
+            STYPE *S = state + s * ss0 + hv * ss1;
+            const size_t io = ((size_t)b * HV + hv) * V;
+            for (int i = 0; i < V; i++) {
+                const float o = SUF(gdn_row)(S + i * ss2, K, alpha, bt, LDA(v + io + i), kv, qv);
+                STA(out + io + i, o);
+            }
+        }
+    }
+}
+
+/* ReplaySSM GDN AR step (replayssm/gdn/decode.py has the protocol). Per (row, value head), h = write_pos:
+ *   G_pre_j inclusive prefix of the cached g, G_tot = sum_{j<h} g_j, w_j = exp(G_tot - G_pre_j), d0 = exp(G_tot)
+ *   S_h x = d0 (S0 x) + sum_j w_j (k_j . x) u_j  for x in {k, q}: one pass over S0 with two dot products,
+ *   u = beta (v - alpha S_h k), o = alpha S_h q + u (k . q).
+ *   normal (h < L-1): append (u, k, g) at h; the checkpoint is not written.
+ *   flush: each row S0_i <- alpha d0 S0_i + sum_j alpha w_j u_j,i k_j + u_i k, written once, right after its read. */
+void SUF(gdn_replay)(STYPE *state, ATYPE *uc, ATYPE *kc, float *gc, int32_t *wp,
+                     const ATYPE *q, const ATYPE *k, const ATYPE *v, const float *g, const float *beta,
+                     float scale, int l2norm, ATYPE *out, const int32_t *slots, int batch, int H, int HV, int K,
+                     int V, int L, int nt)
+{
+    const int gq = HV / H;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int hv = 0; hv < HV; hv++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int hk = hv / gq;
+            const int hp = wp[s];
+            const int flush = hp >= L - 1;
+            const int nj = hp < L - 1 ? hp : L - 1;
+            float qv[K], kv[K], bk[V], bq[V], Kl[(nj + 1) * K];
+            SUF(gdn_qk)(q, k, ((size_t)b * H + hk) * K, K, l2norm, scale, qv, kv);
+            const float gt = g[(size_t)b * HV + hv], alpha = expf(gt), bt = beta[(size_t)b * HV + hv];
+            ATYPE *us = uc + ((size_t)s * HV + hv) * (size_t)L * V;
+            ATYPE *ks = kc + ((size_t)s * H + hk) * (size_t)L * K;
+            float *gs = gc + ((size_t)s * HV + hv) * L;
+            float Gp[MAXL], w[MAXL];
+            float run = 0.0f;
+            for (int j = 0; j < nj; j++) { run += gs[j]; Gp[j] = run; }
+            const float d0 = expf(run);
+            for (int j = 0; j < nj; j++) w[j] = expf(run - Gp[j]);
+            float kq = 0.0f;
+            for (int n = 0; n < K; n++) kq += kv[n] * qv[n];
+            for (int i = 0; i < V; i++) { bk[i] = 0.0f; bq[i] = 0.0f; }
+            for (int j = 0; j < nj; j++) {
+                float dk = 0.0f, dq = 0.0f;
+                float *kj = Kl + (size_t)j * K;
+                for (int n = 0; n < K; n++) { kj[n] = LDA(ks + (size_t)j * K + n); dk += kj[n] * kv[n]; dq += kj[n] * qv[n]; }
+                const float ck = w[j] * dk, cq = w[j] * dq;
+                const ATYPE *uj = us + (size_t)j * V;
+#pragma omp simd
+                for (int i = 0; i < V; i++) { const float t = LDA(uj + i); bk[i] += ck * t; bq[i] += cq * t; }
+            }
+            STYPE *S = state + ((size_t)s * HV + hv) * (size_t)V * K;
+            const size_t io = ((size_t)b * HV + hv) * V;
+            float uv[V];
+            for (int i = 0; i < V; i++) {
+                float a, c;
+                SUF(dot2_row)(S + (size_t)i * K, kv, qv, K, &a, &c);
+                const float u = bt * (LDA(v + io + i) - alpha * (d0 * a + bk[i]));
+                uv[i] = u;
+                STA(out + io + i, alpha * (d0 * c + bq[i]) + u * kq);
+            }
+            if (flush) {
+                /* S0_i <- alpha d0 S0_i + sum_j (alpha w_j u_j,i) k_j + u_i k: a rank-(nj+1) rebuild of the rows
+                 * (their second read, one head = V x K, usually still in this core's L2) */
+                float Xm[(nj + 1) * V];
+                for (int j = 0; j < nj; j++) {
+                    const float cj = alpha * w[j];
+                    for (int i = 0; i < V; i++) Xm[(size_t)j * V + i] = cj * LDA(us + (size_t)j * V + i);
+                }
+                for (int i = 0; i < V; i++) Xm[(size_t)nj * V + i] = uv[i];
+                memcpy(Kl + (size_t)nj * K, kv, (size_t)K * sizeof(float));
+                SUF(rebuild_rows)(S, K, V, K, alpha * d0, Xm, Kl, nj + 1, 1, NULL, NULL);
+            } else {
+                for (int i = 0; i < V; i++) STA(us + (size_t)hp * V + i, uv[i]);
+            }
+            if (!flush) {
+                gs[hp] = gt;
+                if (hv % gq == 0)
+                    for (int n = 0; n < K; n++) STA(ks + (size_t)hp * K + n, kv[n]);
+            }
+        }
+    }
+    for (int b = 0; b < batch; b++) {
+        const int s = slots[b];
+        if (s >= 0) wp[s] = wp[s] >= L - 1 ? 0 : wp[s] + 1;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ spec */
+
+#define MAXT 16   /* largest speculative window (MAX_WINDOW in the Python modules) */
+
+/* out[t] = row . C_t for t < T in one read of the row (C [T, N] fp32) */
+static inline void SUF(dotT_row)(const STYPE *row, const float *Cm, int T, int N, float *out)
+{
+    if (N % 8 == 0) {
+        v8f acc[MAXT];
+        for (int t = 0; t < T; t++) acc[t] = (v8f){0};
+        for (int n = 0; n < N; n += 8) {
+            const v8f r = LDS8(row + n);
+            for (int t = 0; t < T; t++) acc[t] += r * v8_load(Cm + (size_t)t * N + n);
+        }
+        for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]);
+        return;
+    }
+    for (int t = 0; t < T; t++) {
+        float a = 0.0f;
+        for (int n = 0; n < N; n++) a += LDS(row + n) * Cm[(size_t)t * N + n];
+        out[t] = a;
+    }
+}
+
+/* Mamba-2 serial spec verify, two methods:
+ *   native (vLLM, `last` given): state [S, T, H, P, N]; each state row is loaded once from snapshot last[slot],
+ *     the T window tokens run serially on it, and the row after token t is stored into snapshot t;
+ *   commit-replay verify (`last` NULL): state [S, H, P, N] is the frozen checkpoint, read once, never written;
+ *     the window's x [S, H, T, P], B [S, G, T, N] (group's first head) and processed dt [S, H, T] are stashed.
+ * x, z, out [b, T, H, P]; dt [b, T, H] raw fp32; B, C [b, T, G, N]. */
+void SUF(m2_spec_native)(STYPE *state, const int32_t *last, ATYPE *stash_x, ATYPE *stash_B, float *stash_dt,
+                         const ATYPE *x, const float *dt, const float *A,
+                         const ATYPE *Bm, const ATYPE *Cm, const float *D, const ATYPE *z, const float *dt_bias,
+                         int softplus, ATYPE *out, const int32_t *slots, int batch, int T, int H, int P, int N, int G,
+                         int nt)
+{
+    const int hpg = H / G;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int h = 0; h < H; h++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int g = h / hpg;
+            float Bl[T * N], Cl[T * N], dts[MAXT], as[MAXT], r[N];
+            for (int t = 0; t < T; t++) {
+                const size_t o = (((size_t)b * T + t) * G + g) * N;
+                for (int n = 0; n < N; n++) { Bl[t * N + n] = LDA(Bm + o + n); Cl[t * N + n] = LDA(Cm + o + n); }
+                float d = dt[((size_t)b * T + t) * H + h] + (dt_bias ? dt_bias[h] : 0.0f);
+                if (softplus) d = softplus_f(d);
+                dts[t] = d; as[t] = expf(A[h] * d);
+            }
+            const size_t snap = (size_t)H * P * N;     /* elements between snapshots of one slot */
+            const int native = last != NULL;
+            const STYPE *src = native ? state + ((size_t)s * T + last[s]) * snap + (size_t)h * P * N
+                                      : state + ((size_t)s * H + h) * (size_t)P * N;
+            STYPE *dst0 = state + (size_t)s * T * snap + (size_t)h * P * N;
+            for (int p = 0; p < P; p++) {
+                for (int n = 0; n < N; n++) r[n] = LDS(src + (size_t)p * N + n);
+                for (int t = 0; t < T; t++) {
+                    const size_t io = (((size_t)b * T + t) * H + h) * P + p;
+                    const float xv = LDA(x + io), xd = dts[t] * xv;
+                    STYPE *row = dst0 + (size_t)t * snap + (size_t)p * N;
+                    const float *Bt = Bl + (size_t)t * N, *Ct = Cl + (size_t)t * N;
+                    float acc = 0.0f;
+                    if (N % 16 == 0) {
+                        v8f a0 = {0}, a1 = {0};
+                        for (int n = 0; n < N; n += 16) {
+                            const v8f v0 = as[t] * v8_load(r + n) + xd * v8_load(Bt + n);
+                            const v8f v1 = as[t] * v8_load(r + n + 8) + xd * v8_load(Bt + n + 8);
+                            v8_store(r + n, v0); v8_store(r + n + 8, v1);
+                            if (native) { STS8(row + n, v0); STS8(row + n + 8, v1); }
+                            a0 += v0 * v8_load(Ct + n); a1 += v1 * v8_load(Ct + n + 8);
+                        }
+                        acc = hsum8(a0 + a1);
+                    } else {
+                        for (int n = 0; n < N; n++) {
+                            r[n] = as[t] * r[n] + xd * Bt[n];
+                            if (native) STS(row + n, r[n]);
+                            acc += r[n] * Ct[n];
+                        }
+                    }
+                    float y = acc + (D ? D[h] * xv : 0.0f);
+                    if (z) { const float zv = LDA(z + io); y *= zv * sigmoid_f(zv); }
+                    STA(out + io, y);
+                }
+            }
+            if (!native)
+                for (int t = 0; t < T; t++) {
+                    memcpy(stash_x + (((size_t)s * H + h) * T + t) * P, x + (((size_t)b * T + t) * H + h) * P,
+                           (size_t)P * sizeof(ATYPE));
+                    stash_dt[((size_t)s * H + h) * T + t] = dts[t];
+                    if (h % hpg == 0)
+                        memcpy(stash_B + (((size_t)s * G + g) * T + t) * N, Bm + (((size_t)b * T + t) * G + g) * N,
+                               (size_t)N * sizeof(ATYPE));
+                }
+        }
+    }
+}
+
+/* Mamba-2 commit-replay commit: the first a = accepted[b] stashed tokens folded into the checkpoint in closed
+ * form, S <- exp(A sum_{t<a} dt_t) S + sum_{t<a} dt_t exp(A sum_{t<k<a} dt_k) x_t B_t^T: one read and one write
+ * of each state row (the blocked rebuild). */
+void SUF(m2_cr_commit)(STYPE *state, const ATYPE *stash_x, const ATYPE *stash_B, const float *stash_dt,
+                       const int32_t *accepted, const float *A, const int32_t *slots, int batch, int T, int H, int P,
+                       int N, int G, int nt)
+{
+    const int hpg = H / G;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int h = 0; h < H; h++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int g = h / hpg, a = accepted[b];
+            const float *dts = stash_dt + ((size_t)s * H + h) * T;
+            float after[MAXT], Xm[T * P], Ym[T * N];
+            float run = 0.0f;
+            for (int t = a - 1; t >= 0; t--) { after[t] = run; run += dts[t]; }
+            for (int t = 0; t < a; t++) {
+                const float w = dts[t] * expf(A[h] * after[t]);
+                const ATYPE *xt = stash_x + (((size_t)s * H + h) * T + t) * P;
+                const ATYPE *Bt = stash_B + (((size_t)s * G + g) * T + t) * N;
+                for (int p = 0; p < P; p++) Xm[(size_t)t * P + p] = w * LDA(xt + p);
+                for (int n = 0; n < N; n++) Ym[(size_t)t * N + n] = LDA(Bt + n);
+            }
+            SUF(rebuild_rows)(state + ((size_t)s * H + h) * (size_t)P * N, N, P, N, expf(A[h] * run), Xm, Ym, a, 1,
+                              NULL, NULL);
+        }
+    }
+}
+
+/* Mamba-2 ReplaySSM spec verify (replayssm/mamba2/spec_ref.py has the protocol). Per (row, head), h = write_pos,
+ * logical position j at ring row (origin + j) & (R-1); window token t at p_t = h + t (its x, B, dt taken from the
+ * inputs: the ring rows are written after every read), cum_j the inclusive prefix of processed dt:
+ *   y_t = E_t (S0 C_t) + sum_j coef[j, t] x_j, one read of the checkpoint for all T readouts, where
+ *   non-flush: E_t = e(cum_p), coef = dt_j e(cum_p - cum_j) (B_j . C_t) for j <= p_t;
+ *   flush:     E_t = e(cum_p - tot) e(tot), the history (j < h) weighted e(cum_p - tot) dt_j e(tot - cum_j), the
+ *              window as above; tot = cum_{h-1}; e(a) = exp(min(A a, 0)). The folded checkpoint
+ *              S1 = e(tot) S0 + sum_{j<h} dt_j e(tot - cum_j) x_j B_j^T is stored when h > 0 (rows re-read from cache).
+ * The window's x, B (group's first head) and processed dt are then written into the ring. */
+void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *bcs, const int32_t *wp,
+                         const int32_t *origin,
+                         const int32_t *is_flush, const ATYPE *x, const float *dt, const float *A, const ATYPE *Bm,
+                         const ATYPE *Cm, const float *D, const ATYPE *z, const float *dt_bias, int softplus,
+                         ATYPE *out, const int32_t *slots, int batch, int T, int H, int P, int N, int G, int R, int nt)
+{
+    const int hpg = H / G;
+    /* B_j . C_t for every logical position j < h + T and window token t, once per (row, group), into the ring's
+     * bc scratch [S, G, R, T] at index j (all heads of the group share it) */
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int g = 0; g < G; g++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int h0 = wp[s], org = origin[s], J = h0 + T;
+            float Cl[T * N];
+            for (int t = 0; t < T; t++) {
+                const ATYPE *Ct = Cm + (((size_t)b * T + t) * G + g) * N;
+                for (int n = 0; n < N; n++) Cl[t * N + n] = LDA(Ct + n);
+            }
+            for (int j = 0; j < J; j++) {
+                const ATYPE *Bp = j < h0 ? Br + (((size_t)s * G + g) * R + ((org + j) & (R - 1))) * N
+                                         : Bm + (((size_t)b * T + (j - h0)) * G + g) * N;
+                float Bv[N];
+                for (int n = 0; n < N; n++) Bv[n] = LDA(Bp + n);
+                for (int t = 0; t < T; t++) {
+                    float acc = 0.0f;
+#pragma omp simd reduction(+:acc)
+                    for (int n = 0; n < N; n++) acc += Bv[n] * Cl[t * N + n];
+                    bcs[(((size_t)s * G + g) * R + j) * T + t] = acc;
+                }
+            }
+        }
+    }
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int h = 0; h < H; h++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int g = h / hpg, h0 = wp[s], org = origin[s], fl = is_flush[s] != 0, J = h0 + T;
+            const float Ah = A[h];
+            float dts[MAXL], cum[MAXL], Cl[T * N], E[MAXT], coef[MAXL * MAXT], yv[T * P];
+            const ATYPE *Bj[MAXL], *xj[MAXL];
+            float run = 0.0f;
+            for (int j = 0; j < J; j++) {
+                if (j < h0) {
+                    const int row = (org + j) & (R - 1);
+                    dts[j] = dtr[((size_t)s * H + h) * R + row];
+                    Bj[j] = Br + (((size_t)s * G + g) * R + row) * N;
+                    xj[j] = xr + (((size_t)s * H + h) * R + row) * P;
+                } else {
+                    const int t = j - h0;
+                    float d = dt[((size_t)b * T + t) * H + h] + (dt_bias ? dt_bias[h] : 0.0f);
+                    dts[j] = softplus ? softplus_f(d) : d;
+                    Bj[j] = Bm + (((size_t)b * T + t) * G + g) * N;
+                    xj[j] = x + (((size_t)b * T + t) * H + h) * P;
+                }
+                run += dts[j];
+                cum[j] = run;
+            }
+            for (int t = 0; t < T; t++) {
+                const ATYPE *Ct = Cm + (((size_t)b * T + t) * G + g) * N;
+                for (int n = 0; n < N; n++) Cl[t * N + n] = LDA(Ct + n);
+            }
+            const float tot = h0 > 0 ? cum[h0 - 1] : 0.0f, etot = expf(fminf(Ah * tot, 0.0f));
+            for (int j = 0; j < J; j++) {
+                const float *bc = bcs + (((size_t)s * G + g) * R + j) * T;
+                for (int t = 0; t < T; t++) {
+                    const int p = h0 + t;
+                    float c = 0.0f;
+                    if (j <= p) {
+                        if (fl && j < h0)
+                            c = expf(fminf(Ah * (cum[p] - tot), 0.0f)) * dts[j] * expf(fminf(Ah * (tot - cum[j]), 0.0f));
+                        else
+                            c = dts[j] * expf(fminf(Ah * (cum[p] - cum[j]), 0.0f));
+                    }
+                    coef[j * MAXT + t] = c * bc[t];
+                }
+            }
+            for (int t = 0; t < T; t++) {
+                const float cp = cum[h0 + t];
+                E[t] = fl ? expf(fminf(Ah * (cp - tot), 0.0f)) * etot : expf(fminf(Ah * cp, 0.0f));
+            }
+            STYPE *S = state + ((size_t)s * H + h) * (size_t)P * N;
+            for (int p = 0; p < P; p++) {
+                float rd[MAXT];
+                SUF(dotT_row)(S + (size_t)p * N, Cl, T, N, rd);
+                for (int t = 0; t < T; t++) yv[t * P + p] = E[t] * rd[t];
+            }
+            for (int j = 0; j < J; j++)
+                for (int t = 0; t < T; t++) {
+                    const float c = coef[j * MAXT + t];
+                    if (c == 0.0f) continue;
+                    float *yt = yv + (size_t)t * P;
+#pragma omp simd
+                    for (int p = 0; p < P; p++) yt[p] += c * LDA(xj[j] + p);
+                }
+            for (int t = 0; t < T; t++) {
+                const size_t io = (((size_t)b * T + t) * H + h) * P;
+                for (int p = 0; p < P; p++) {
+                    const float xv = LDA(x + io + p);
+                    float y = yv[t * P + p] + (D ? D[h] * xv : 0.0f);
+                    if (z) { const float zv = LDA(z + io + p); y *= zv * sigmoid_f(zv); }
+                    STA(out + io + p, y);
+                }
+            }
+            if (fl && h0 > 0) {
+                float Xm[h0 * P], Ym[h0 * N];
+                for (int j = 0; j < h0; j++) {
+                    const float w = dts[j] * expf(fminf(Ah * (tot - cum[j]), 0.0f));
+                    for (int p = 0; p < P; p++) Xm[(size_t)j * P + p] = w * LDA(xj[j] + p);
+                    for (int n = 0; n < N; n++) Ym[(size_t)j * N + n] = LDA(Bj[j] + n);
+                }
+                SUF(rebuild_rows)(S, N, P, N, etot, Xm, Ym, h0, 1, NULL, NULL);
+            }
+            for (int t = 0; t < T; t++) {
+                const int row = (org + h0 + t) & (R - 1);
+                memcpy(xr + (((size_t)s * H + h) * R + row) * P, x + (((size_t)b * T + t) * H + h) * P,
+                       (size_t)P * sizeof(ATYPE));
+                dtr[((size_t)s * H + h) * R + row] = dts[h0 + t];
+                if (h % hpg == 0)
+                    memcpy(Br + (((size_t)s * G + g) * R + row) * N, Bm + (((size_t)b * T + t) * G + g) * N,
+                           (size_t)N * sizeof(ATYPE));
+            }
+        }
+    }
+}
+
+/* GDN native spec verify (vLLM): per (row, value head), each state row [K] is loaded once from snapshot
+ * last[slot]; per token t: r = exp(g_t) r; u = beta_t (v_t - r . k_t); r += u k_t; stored into snapshot t;
+ * o_t = r . q_t. state [S, T, HV, V, K]; q, k [b, T, H, K]; v, out [b, T, HV, V]; g, beta [b, T, HV] fp32. */
+void SUF(gdn_spec_native)(STYPE *state, const int32_t *last, const ATYPE *q, const ATYPE *k, const ATYPE *v,
+                          const float *g, const float *beta, float scale, int l2norm, ATYPE *out,
+                          const int32_t *slots, int batch, int T, int H, int HV, int K, int V, int nt)
+{
+    const int gq = HV / H;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int hv = 0; hv < HV; hv++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int hk = hv / gq;
+            float ql[T * K], kl[T * K], al[MAXT], bl[MAXT], r[K];
+            for (int t = 0; t < T; t++) {
+                SUF(gdn_qk)(q, k, (((size_t)b * T + t) * H + hk) * K, K, l2norm, scale, ql + t * K, kl + t * K);
+                al[t] = expf(g[((size_t)b * T + t) * HV + hv]);
+                bl[t] = beta[((size_t)b * T + t) * HV + hv];
+            }
+            const size_t snap = (size_t)HV * V * K;
+            const STYPE *src = state + ((size_t)s * T + last[s]) * snap + (size_t)hv * V * K;
+            STYPE *dst0 = state + (size_t)s * T * snap + (size_t)hv * V * K;
+            for (int i = 0; i < V; i++) {
+                for (int n = 0; n < K; n++) r[n] = LDS(src + (size_t)i * K + n);
+                for (int t = 0; t < T; t++) {
+                    const float *kt = kl + t * K, *qt = ql + t * K;
+                    float sk = 0.0f;
+#pragma omp simd reduction(+:sk)
+                    for (int n = 0; n < K; n++) { r[n] *= al[t]; sk += r[n] * kt[n]; }
+                    const size_t io = (((size_t)b * T + t) * HV + hv) * V + i;
+                    const float u = bl[t] * (LDA(v + io) - sk);
+                    STYPE *row = dst0 + (size_t)t * snap + (size_t)i * K;
+                    float o = 0.0f;
+                    if (K % 8 == 0) {
+                        v8f o0 = {0};
+                        for (int n = 0; n < K; n += 8) {
+                            const v8f rv = v8_load(r + n) + u * v8_load(kt + n);
+                            v8_store(r + n, rv); STS8(row + n, rv); o0 += rv * v8_load(qt + n);
+                        }
+                        o = hsum8(o0);
+                    } else {
+                        for (int n = 0; n < K; n++) { r[n] += u * kt[n]; STS(row + n, r[n]); o += r[n] * qt[n]; }
+                    }
+                    STA(out + io, o);
+                }
+            }
+        }
+    }
+}
+
+/* GDN ReplaySSM spec verify (replayssm/gdn/spec_ref.py has the protocol). Per (row, value head), h = write_pos,
+ * committed entries j < h at ring rows (origin + j) & (R-1): w_j = exp(G_tot - G_pre_j), d0 = exp(G_tot).
+ * S_h x = d0 (S0 x) + sum_j w_j (k_j . x) u_j for x in {k_s, q_s}: one pass over each checkpoint row computes
+ * all 2T dots. Per row i the window is the T x T forward substitution of the chunked delta rule:
+ *   R_s = beta_s (v_s,i - e^{G_s} (S_h k_s)_i), U_s,i = R_s - sum_{s'<s} A[s, s'] U_s',i,
+ *   A[s, s'] = beta_s exp(min(G_s - G_s', 0)) (k_s . k_s'),
+ *   o_s,i = e^{G_s} (S_h q_s)_i + sum_{s'<=s} exp(min(G_s - G_s', 0)) (k_s' . q_s) U_s',i.
+ * is_flush and h > 0: the checkpoint rows become S_h (the blocked rebuild, after the dots). Then (U_s, k_s, g_s)
+ * go into the window's ring rows (k by the key head's first value head). 2T <= MAXT. */
+void SUF(gdn_spec_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const int32_t *wp, const int32_t *origin,
+                          const int32_t *is_flush, const ATYPE *q, const ATYPE *k, const ATYPE *v, const float *g,
+                          const float *beta, float scale, int l2norm, ATYPE *out, const int32_t *slots, int batch,
+                          int T, int H, int HV, int K, int V, int R, int nt)
+{
+    const int gq = HV / H;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int hv = 0; hv < HV; hv++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int hk = hv / gq, h0 = wp[s], org = origin[s], fl = is_flush[s] != 0;
+            float X2[2 * T * K], Kl[(h0 > 0 ? h0 : 1) * K], Gp[MAXL], w[MAXL], Gw[MAXT], bw[MAXT];
+            float A[MAXT * MAXT], E[MAXT * MAXT], dots[MAXL * MAXT], bkq[2 * T * V];
+            /* window keys and queries: X2[s] = k_s, X2[T + s] = q_s (normalised, q scaled) */
+            for (int t = 0; t < T; t++)
+                SUF(gdn_qk)(q, k, (((size_t)b * T + t) * H + hk) * K, K, l2norm, scale, X2 + (T + t) * K, X2 + t * K);
+            float run = 0.0f;
+            for (int t = 0; t < T; t++) {
+                run += g[((size_t)b * T + t) * HV + hv];
+                Gw[t] = run;
+                bw[t] = beta[((size_t)b * T + t) * HV + hv];
+            }
+            for (int t = 0; t < T; t++)
+                for (int t2 = 0; t2 < T; t2++) {
+                    float kk = 0.0f, kq = 0.0f;
+                    for (int n = 0; n < K; n++) { kk += X2[t * K + n] * X2[t2 * K + n]; kq += X2[t2 * K + n] * X2[(T + t) * K + n]; }
+                    const float e = expf(fminf(Gw[t] - Gw[t2], 0.0f));
+                    A[t * MAXT + t2] = t2 < t ? bw[t] * e * kk : 0.0f;       /* A[s, s'] */
+                    E[t * MAXT + t2] = t2 <= t ? e * kq : 0.0f;               /* o weight of U_s' in o_s */
+                }
+            /* history: decays, keys, and their dots with the 2T window vectors */
+            const float *gs = gr + ((size_t)s * HV + hv) * R;
+            run = 0.0f;
+            for (int j = 0; j < h0; j++) { run += gs[(org + j) & (R - 1)]; Gp[j] = run; }
+            const float d0 = expf(run);
+            for (int j = 0; j < h0; j++) {
+                w[j] = expf(run - Gp[j]);
+                const ATYPE *kj = kr + (((size_t)s * H + hk) * R + ((org + j) & (R - 1))) * K;
+                for (int n = 0; n < K; n++) Kl[(size_t)j * K + n] = LDA(kj + n);
+                for (int x = 0; x < 2 * T; x++) {
+                    float acc = 0.0f;
+                    for (int n = 0; n < K; n++) acc += Kl[(size_t)j * K + n] * X2[x * K + n];
+                    dots[j * MAXT + x] = w[j] * acc;
+                }
+            }
+            /* bkq[x][i] = sum_j w_j (k_j . x) u_j,i: the history part of (S_h x)_i, vectorised over i */
+            for (int i = 0; i < 2 * T * V; i++) bkq[i] = 0.0f;
+            for (int j = 0; j < h0; j++) {
+                const ATYPE *uj = ur + (((size_t)s * HV + hv) * R + ((org + j) & (R - 1))) * V;
+                for (int x = 0; x < 2 * T; x++) {
+                    const float c = dots[j * MAXT + x];
+                    float *dst = bkq + (size_t)x * V;
+#pragma omp simd
+                    for (int i = 0; i < V; i++) dst[i] += c * LDA(uj + i);
+                }
+            }
+            STYPE *S = state + ((size_t)s * HV + hv) * (size_t)V * K;
+            float Ul[T * V];                /* U_t,i, stored into the ring at the end */
+            for (int i = 0; i < V; i++) {
+                float d[MAXT];
+                SUF(dotT_row)(S + (size_t)i * K, X2, 2 * T, K, d);
+                float Ui[MAXT];
+                for (int t = 0; t < T; t++) {
+                    const float eg = expf(Gw[t]);
+                    const float hk_ = d0 * d[t] + bkq[(size_t)t * V + i];
+                    float r = bw[t] * (LDA(v + (((size_t)b * T + t) * HV + hv) * V + i) - eg * hk_);
+                    for (int t2 = 0; t2 < t; t2++) r -= A[t * MAXT + t2] * Ui[t2];
+                    Ui[t] = r;
+                    Ul[t * V + i] = r;
+                }
+                for (int t = 0; t < T; t++) {
+                    const float hq = d0 * d[T + t] + bkq[(size_t)(T + t) * V + i];
+                    float o = expf(Gw[t]) * hq;
+                    for (int t2 = 0; t2 <= t; t2++) o += E[t * MAXT + t2] * Ui[t2];
+                    STA(out + (((size_t)b * T + t) * HV + hv) * V + i, o);
+                }
+            }
+            if (fl && h0 > 0) {
+                float Xm[h0 * V];
+                for (int j = 0; j < h0; j++) {
+                    const ATYPE *uj = ur + (((size_t)s * HV + hv) * R + ((org + j) & (R - 1))) * V;
+                    for (int i = 0; i < V; i++) Xm[(size_t)j * V + i] = w[j] * LDA(uj + i);
+                }
+                SUF(rebuild_rows)(S, K, V, K, d0, Xm, Kl, h0, 1, NULL, NULL);
+            }
+            for (int t = 0; t < T; t++) {
+                const int row = (org + h0 + t) & (R - 1);
+                ATYPE *ud = ur + (((size_t)s * HV + hv) * R + row) * V;
+                for (int i = 0; i < V; i++) STA(ud + i, Ul[t * V + i]);
+                gr[((size_t)s * HV + hv) * R + row] = g[((size_t)b * T + t) * HV + hv];
+                if (hv % gq == 0) {
+                    ATYPE *kd = kr + (((size_t)s * H + hk) * R + row) * K;
+                    for (int n = 0; n < K; n++) STA(kd + n, X2[t * K + n]);
+                }
+            }
+        }
+    }
+}

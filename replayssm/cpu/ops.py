@@ -1,0 +1,235 @@
+"""ctypes entry points of the fused CPU kernels (kernels_body.h): tensors in, nothing allocated per step.
+
+Each function takes the same tensors as the public API it serves (validated there) and calls one C kernel
+that loops over (row, head) with OpenMP on torch.get_num_threads() threads. Inputs are made contiguous
+(a no-op for the harness's inputs); the caches must be contiguous (they are allocated so). `out` is written
+in place when contiguous, else through a contiguous temporary.
+
+    mamba2_ssu(state [S, H, P, N], x [b, H, P], dt [b, H], A [H], B, C [b, G, N], D, z, dt_bias, softplus,
+               out [b, H, P], slots int32 [b])
+    mamba2_replay(cache (replayssm.mamba2.ReplayCache), x, dt, A, B, C, D, z, dt_bias, softplus, out, slots,
+                  route)
+    gdn_step(state [S, HV, V, K], q, k [b, H, K], v [b, HV, V], g, beta [b, HV], scale, l2norm, out, slots)
+    gdn_replay(cache (replayssm.gdn.ReplayCache), q, k, v, g, beta, scale, l2norm, out, slots)
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from replayssm.cpu.build import has_fp16, library
+
+DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+MAX_DIM = 1024      # kernels_body.h keeps a row of this many fp32 on the stack per program
+MAX_LEN = 64        # MAXL: buffer / ring length
+
+
+def supported_dtypes() -> tuple[torch.dtype, ...]:
+    """Storage dtypes the built library has kernels for (fp16 needs the compiler's _Float16)."""
+    return (torch.float32, torch.bfloat16) + ((torch.float16,) if has_fp16() else ())
+
+
+def check_cpu_dtypes(**tensors: torch.Tensor | torch.dtype | None) -> None:
+    """A clear error before any work when a state / activation dtype has no CPU kernel."""
+    ok = supported_dtypes()
+    for name, t in tensors.items():
+        dtype = t if isinstance(t, torch.dtype) or t is None else t.dtype
+        if dtype is not None and dtype not in ok:
+            hint = "" if dtype != torch.float16 else " (this C compiler has no _Float16)"
+            raise ValueError(f"backend='cpu' has no kernel for {name} dtype {dtype}; supported: "
+                             f"{[str(d) for d in ok]}{hint}")
+
+
+def check_cpu_sizes(**sizes: int) -> None:
+    for name, n in sizes.items():
+        limit = MAX_LEN if name in ("buffer_len", "ring_len", "window") else MAX_DIM
+        if n > limit:
+            raise ValueError(f"backend='cpu': {name}={n} exceeds {limit} (a row is kept on the kernel's stack)")
+
+
+_FNS: dict[str, ctypes._CFuncPtr] = {}
+
+
+def _fn(name: str, state_dtype: torch.dtype, act_dtype: torch.dtype):
+    key = f"{name}_{DTYPE_NAMES[state_dtype]}_{DTYPE_NAMES[act_dtype]}"
+    fn = _FNS.get(key)
+    if fn is None:
+        fn = _FNS[key] = getattr(library(), key)
+        fn.restype = None
+    return fn
+
+
+def _call(fn, *args) -> None:
+    """Call a kernel; tensors become data pointers here, so every temporary (a contiguous or fp32 copy) stays
+    referenced by `args` until the kernel returns. None is a NULL pointer, float a C float, int a C int."""
+    conv = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            conv.append(ctypes.c_void_p(a.data_ptr()))
+        elif isinstance(a, float):
+            conv.append(ctypes.c_float(a))
+        else:
+            conv.append(a)
+    fn(*conv)
+
+
+def _c(t: torch.Tensor | None, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    if t is None:
+        return None
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    return t.contiguous()
+
+
+def _out(out: torch.Tensor):
+    """(tensor the kernel writes, finaliser copying it back when `out` was not contiguous)."""
+    if out.is_contiguous():
+        return out, lambda: None
+    tmp = out.contiguous()
+    return tmp, lambda: out.copy_(tmp)
+
+
+def _require_contiguous(**caches: torch.Tensor) -> None:
+    for name, t in caches.items():
+        if not t.is_contiguous():
+            raise ValueError(f"backend='cpu' needs contiguous cache tensors; {name} is not")
+
+
+def _i64(values) -> list[ctypes.c_int64]:
+    """Element strides (the state's outer dims may be strided; its last dim is unit-stride, checked by the API)."""
+    return [ctypes.c_int64(v) for v in values]
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
+
+
+def mamba2_ssu(state, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots) -> None:
+    S, H, P, N = state.shape
+    G = B.shape[-2]
+    o, done = _out(out)
+    _call(_fn("m2_ssu", state.dtype, x.dtype),
+        state, _c(x), _c(dt, torch.float32), _c(A), _c(B), _c(C), _c(D), _c(z),
+        _c(dt_bias), int(bool(softplus)), o, _c(slots, torch.int32), x.shape[0], H, P, N, G,
+          *_i64(state.stride()[:3]), _threads())
+    done()
+
+
+def mamba2_replay(cache, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots, route: str) -> None:
+    _require_contiguous(state=cache.state, x=cache.x, B=cache.B, dt=cache.dt, write_pos=cache.write_pos, bc=cache.bc)
+    check_cpu_sizes(buffer_len=cache.buffer_len)
+    g = cache.geometry
+    o, done = _out(out)
+    _call(_fn("m2_replay", cache.state.dtype, cache.x.dtype),
+        cache.state, cache.x, cache.B, cache.dt, cache.write_pos, cache.bc,
+        _c(x), _c(dt, torch.float32), _c(A), _c(B), _c(C), _c(D), _c(z),
+        _c(dt_bias), int(bool(softplus)), o, _c(slots, torch.int32), x.shape[0],
+        g.nheads, g.headdim, g.dstate, g.ngroups, cache.buffer_len, 0 if route == "output_only" else 1, _threads())
+    done()
+
+
+def gdn_step(state, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) -> None:
+    S, HV, V, K = state.shape
+    o, done = _out(out)
+    _call(_fn("gdn_step", state.dtype, q.dtype),
+        state, _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32),
+        float(scale), int(bool(l2norm)), o, _c(slots, torch.int32), q.shape[0], q.shape[1], HV,
+        K, V, *_i64(state.stride()[:3]), _threads())
+    done()
+
+
+def gdn_replay(cache, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) -> None:
+    _require_contiguous(state=cache.state, u=cache.u, k=cache.k, g=cache.g, write_pos=cache.write_pos)
+    gm = cache.geometry
+    o, done = _out(out)
+    _call(_fn("gdn_replay", cache.state.dtype, cache.u.dtype),
+        cache.state, cache.u, cache.k, cache.g, cache.write_pos,
+        _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32),
+        float(scale), int(bool(l2norm)), o, _c(slots, torch.int32), q.shape[0], gm.H, gm.HV,
+        gm.K, gm.V, cache.buffer_len, _threads())
+    done()
+
+
+# ------------------------------------------------------------------------------------------------- spec
+
+MAX_WINDOW = 16     # MAXT in kernels_body.h
+
+
+def mamba2_spec_native(states, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots) -> None:
+    """states: baselines.mamba2_ssu.SpecStates (state [S, T, H, P, N], last [S]); window inputs [b, T, ...]."""
+    _require_contiguous(state=states.state, last=states.last)
+    g, T = states.geometry, states.window
+    o, done = _out(out)
+    _call(_fn("m2_spec_native", states.state.dtype, x.dtype),
+          states.state, states.last, None, None, None, _c(x), _c(dt, torch.float32), _c(A, torch.float32), _c(B), _c(C),
+          _c(D, torch.float32), _c(z), _c(dt_bias, torch.float32), int(bool(softplus)), o, _c(slots, torch.int32),
+          x.shape[0], T, g.nheads, g.headdim, g.dstate, g.ngroups, _threads())
+    done()
+
+
+def mamba2_spec_replay(ring, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots) -> None:
+    """ring: replayssm.mamba2.cache.SpecRing; window inputs [b, T, ...]; cursors are left to spec_commit."""
+    _require_contiguous(state=ring.state, x=ring.x, B=ring.B, dt=ring.dt, bc=ring.bc, write_pos=ring.write_pos,
+                        origin=ring.origin, is_flush=ring.is_flush)
+    check_cpu_sizes(ring_len=ring.ring_len, window=ring.window)
+    if ring.bc.shape[-1] < ring.window:
+        raise ValueError(f"ring.bc holds {ring.bc.shape[-1]} window columns, the window is {ring.window}")
+    g, T = ring.geometry, ring.window
+    o, done = _out(out)
+    _call(_fn("m2_spec_replay", ring.state.dtype, ring.x.dtype),
+          ring.state, ring.x, ring.B, ring.dt, ring.bc, ring.write_pos, ring.origin, ring.is_flush,
+          _c(x), _c(dt, torch.float32), _c(A, torch.float32), _c(B), _c(C), _c(D, torch.float32), _c(z),
+          _c(dt_bias, torch.float32), int(bool(softplus)), o, _c(slots, torch.int32), x.shape[0], T, g.nheads,
+          g.headdim, g.dstate, g.ngroups, ring.ring_len, _threads())
+    done()
+
+
+def gdn_spec_native(states, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) -> None:
+    """states: baselines.gdn_recurrent_spec.SpecStates (state [S, T, HV, V, K], last [S])."""
+    _require_contiguous(state=states.state, last=states.last)
+    gm, T = states.geometry, states.window
+    o, done = _out(out)
+    _call(_fn("gdn_spec_native", states.state.dtype, q.dtype),
+          states.state, states.last, _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32),
+          float(scale), int(bool(l2norm)), o, _c(slots, torch.int32), q.shape[0], T, gm.H, gm.HV, gm.K, gm.V,
+          _threads())
+    done()
+
+
+def mamba2_cr_verify(cache, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots) -> None:
+    """cache: baselines.mamba2_commit_replay.CommitReplayCache: the checkpoint is read, the window stashed."""
+    _require_contiguous(state=cache.state, x=cache.x, B=cache.B, dt=cache.dt)
+    g, T = cache.geometry, cache.window
+    o, done = _out(out)
+    _call(_fn("m2_spec_native", cache.state.dtype, x.dtype),
+          cache.state, None, cache.x, cache.B, cache.dt, _c(x), _c(dt, torch.float32), _c(A, torch.float32), _c(B),
+          _c(C), _c(D, torch.float32), _c(z), _c(dt_bias, torch.float32), int(bool(softplus)), o,
+          _c(slots, torch.int32), x.shape[0], T, g.nheads, g.headdim, g.dstate, g.ngroups, _threads())
+    done()
+
+
+def mamba2_cr_commit(cache, num_accepted, A, slots) -> None:
+    _require_contiguous(state=cache.state, x=cache.x, B=cache.B, dt=cache.dt)
+    g, T = cache.geometry, cache.window
+    _call(_fn("m2_cr_commit", cache.state.dtype, cache.x.dtype),
+          cache.state, cache.x, cache.B, cache.dt, _c(num_accepted, torch.int32), _c(A, torch.float32),
+          _c(slots, torch.int32), num_accepted.shape[0], T, g.nheads, g.headdim, g.dstate, g.ngroups, _threads())
+
+
+def gdn_spec_replay(ring, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) -> None:
+    """ring: replayssm.gdn.ring.SpecRing; window inputs [b, T, ...]; cursors are left to spec_commit."""
+    _require_contiguous(state=ring.state, u=ring.u, k=ring.k, g=ring.g, write_pos=ring.write_pos,
+                        origin=ring.origin, is_flush=ring.is_flush)
+    check_cpu_sizes(ring_len=ring.ring_len)
+    if 2 * ring.window > MAX_WINDOW:
+        raise ValueError(f"backend='cpu': the GDN ReplaySSM verify holds 2T <= {MAX_WINDOW} dot products per row; "
+                         f"window T={ring.window}")
+    gm, T = ring.geometry, ring.window
+    o, done = _out(out)
+    _call(_fn("gdn_spec_replay", ring.state.dtype, ring.u.dtype),
+          ring.state, ring.u, ring.k, ring.g, ring.write_pos, ring.origin, ring.is_flush,
+          _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32), float(scale), int(bool(l2norm)), o,
+          _c(slots, torch.int32), q.shape[0], T, gm.H, gm.HV, gm.K, gm.V, ring.ring_len, _threads())
+    done()
