@@ -55,13 +55,20 @@ def check_commit_args(ring, num_accepted: torch.Tensor, slots: torch.Tensor | No
     check_same_device(num_accepted=num_accepted, write_pos=ring.write_pos)
     batch = num_accepted.shape[0]
     slots = check_slots(slots, batch, ring.num_slots, ring.device, ring.null_slot)
+    return check_live_counts(num_accepted, slots, ring.null_slot, ring.window), slots
+
+
+def check_live_counts(num_accepted: torch.Tensor, slots: torch.Tensor, null_slot: int, window: int) -> torch.Tensor:
+    """Accepted counts int [batch] of a commit, each in 1..window on the live rows (padding rows may carry any
+    count); returns them int32. While a CUDA graph is captured only the shape and dtype are checked: reading
+    the values would be a host sync, and even the `slots != null_slot` mask would put an elementwise kernel
+    into every captured step. Shared by both rings and every speculative baseline."""
+    batch = slots.shape[0]
     if capturing():
-        # No host sync while a CUDA graph is captured: shape and dtype only (values are skipped there).
-        return check_num_accepted(num_accepted, batch, ring.window), slots
-    # Padding rows may carry any count: the values of the live rows only.
-    live = slots != ring.null_slot
-    check_num_accepted(num_accepted[live], int(live.sum()), ring.window)
-    return num_accepted.to(torch.int32), slots
+        return check_num_accepted(num_accepted, batch, window)       # an int32 tensor comes back as it is
+    live = slots != null_slot
+    check_num_accepted(num_accepted[live], int(live.sum()), window)
+    return num_accepted.to(torch.int32)
 
 
 def check_reset_slots(ring, slots: torch.Tensor | None, backend: str) -> torch.Tensor:

@@ -7,10 +7,13 @@ commit. Triton runs are also compared with the torch backend's cache contents.
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import baselines.gdn_commit_replay as commit_replay
 import baselines.gdn_recurrent_spec as native
+from replayssm import checks, ring_cursors
 from replayssm.checks import NULL_SLOT, interpreter_active
+from replayssm.gdn import spec as gdn_spec
 from replayssm.gdn.inputs import random_state, random_step
 from replayssm.gdn.ref import l2norm, window_ref
 from replayssm.geometry import GDNGeometry, get_geometry
@@ -250,3 +253,48 @@ def test_gpu_production_geometry(method, act_dtype, state_dtype, gen):
                        device="cuda")
     slots = torch.tensor([4, NULL_SLOT, 0, 8, 2, 7, NULL_SLOT, 1], dtype=torch.int32)
     run_steps(method, [cache], ["triton"], slots, gen, 16, act_dtype=act_dtype, use_qk_l2norm=True)
+
+
+class AtenOps(TorchDispatchMode):
+    """Every aten op dispatched inside the block: on a GPU each one is a kernel (or a host sync)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("method", ["native", "commit_replay", "replay_ring"])
+def test_captured_step_launches_only_its_kernels(method, gen, monkeypatch):
+    """Under CUDA-graph capture a speculative step is its Triton launches and nothing else: no slot mask, no
+    torch.where, no host sync, in verify or commit (as the ReplaySSM ring, the last case). The capture is
+    simulated (checks.capturing patched) and the launchers replaced by recorders, so any aten op left in
+    the step is an extra kernel in the timed graph."""
+    for module in (checks, ring_cursors):
+        monkeypatch.setattr(module, "capturing", lambda: True)
+    launched = []
+    record = lambda name: (lambda *a, **k: launched.append(name))  # noqa: E731
+    T, batch = 2, 3
+    if method == "replay_ring":
+        mod = gdn_spec
+        cache = gdn_spec.SpecRing.allocate(TINY, 4, 2, T)
+        monkeypatch.setattr(gdn_spec.spec_kernels, "verify_triton", record("verify"))
+        monkeypatch.setattr(ring_cursors, "commit_triton", record("commit"))
+    else:
+        mod = METHODS[method]
+        cache = make_cache(method, TINY, 4, T, gen)
+        monkeypatch.setattr(mod, "_verify_triton", record("verify"))
+        monkeypatch.setattr(mod, "_set_last_triton" if method == "native" else "_commit_triton", record("commit"))
+    x = random_step(TINY, batch, window=T, generator=gen)
+    slots = torch.tensor([2, NULL_SLOT, 0], dtype=torch.int32)
+    out = torch.empty(batch, T, TINY.HV, TINY.V)
+    accepted = torch.tensor([1, 7, 2], dtype=torch.int32)      # the padding row's count is never read
+    mode = AtenOps()
+    with mode:
+        mod.spec_verify(cache, **x, slots=slots, out=out, backend="triton")
+        mod.spec_commit(cache, accepted, slots=slots, backend="triton")
+    assert launched == ["verify", "commit"]
+    assert mode.ops == [], mode.ops
