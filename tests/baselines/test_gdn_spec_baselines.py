@@ -17,7 +17,7 @@ from replayssm.gdn import spec as gdn_spec
 from replayssm.gdn.inputs import random_state, random_step
 from replayssm.gdn.ref import l2norm, window_ref
 from replayssm.geometry import GDNGeometry, get_geometry
-from replayssm.testing import nan_like, rel_err, tolerance
+from replayssm.testing import assert_rel_close, nan_like, rel_err, tolerance
 
 SMALL = GDNGeometry(H=2, HV=4, K=32, V=32)
 TINY = GDNGeometry(H=1, HV=2, K=16, V=16)
@@ -63,14 +63,15 @@ def run_steps(method, caches, backends, slots, gen, steps, act_dtype=torch.float
                             backend=backend)
             out = out.cpu()
             assert torch.isfinite(out[live]).all()
-            assert rel_err(out[live], o_ref) <= tol, (backend, step)
+            assert_rel_close(f"{backend} step {step} output", out[live], o_ref, tol, row_dims=3)
             assert out[~live].isnan().all(), f"{backend}: a NULL_SLOT row's output was written"
         accepted = accepted_fn(step) if accepted_fn else torch.randint(1, T + 1, (batch,), generator=gen,
                                                                        dtype=torch.int32)
         truth = states[torch.arange(int(live.sum())), accepted[live].long() - 1]
         for cache, backend in zip(caches, backends):
             mod.spec_commit(cache, accepted.to(dev), slots=slots.to(dev), backend=backend)
-            assert rel_err(committed(method, cache, slots[live]), truth) <= tol, (backend, step)
+            assert_rel_close(f"{backend} step {step} state", committed(method, cache, slots[live]), truth, tol,
+                             row_dims=2)
 
 
 def assert_same_cache(method, cache, twin, tol):

@@ -15,7 +15,7 @@ from replayssm.gdn.decode import materialize, replay_step
 from replayssm.gdn.inputs import random_state, random_step
 from replayssm.gdn.ref import gdn_step_ref, l2norm
 from replayssm.geometry import GDNGeometry, get_geometry
-from replayssm.testing import poison_, rel_err, tolerance
+from replayssm.testing import assert_rel_close, poison_, rel_err, tolerance
 
 F32, F16 = torch.float32, torch.float16
 BACKENDS = ["ref", "torch", "triton"]
@@ -86,8 +86,7 @@ def run_scenario(backend, gm, L, act_dtype, state_dtype, steps, gen, device, use
         S_true, o_true, _ = gdn_step_ref(truth[sl], *(inp[n].cpu()[rows] for n in ("q", "k", "v", "g", "beta")),
                                          scale=scale, use_qk_l2norm=use_qk_l2norm)
         truth[sl] = S_true
-        err = rel_err(out[rows.to(device)], o_true)
-        assert err <= tol, f"step {step}: output error {err:.2e} > {tol:.0e}"
+        assert_rel_close(f"step {step} output", out[rows.to(device)], o_true, tol, row_dims=2)
         assert torch.isnan(out[(~live).to(device)].float()).all(), "a NULL_SLOT row's output was written"
         idle = torch.ones(num_slots, dtype=torch.bool)
         idle[sl] = False
@@ -98,9 +97,7 @@ def run_scenario(backend, gm, L, act_dtype, state_dtype, steps, gen, device, use
         flushes += int((was == L - 1).sum())
         expect_pos = torch.where(was == L - 1, 0, was + 1)
         assert torch.equal(cache.write_pos[sl.to(device)].long(), expect_pos)
-    state = materialize(cache, backend=backend)
-    err = rel_err(state, truth)
-    assert err <= tol, f"materialized state error {err:.2e} > {tol:.0e}"
+    assert_rel_close("materialized state", materialize(cache, backend=backend), truth, tol, row_dims=2)
     assert flushes > 0, "the scenario never crossed a flush"
 
 

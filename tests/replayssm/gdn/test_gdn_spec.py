@@ -15,7 +15,7 @@ from replayssm.gdn.ref import l2norm, window_ref
 from replayssm.gdn.ring import SpecRing
 from replayssm.gdn.spec import spec_commit, spec_materialize, spec_reset, spec_verify
 from replayssm.geometry import GDNGeometry, get_geometry
-from replayssm.testing import nan_like, rel_err, tolerance
+from replayssm.testing import assert_rel_close, nan_like, rel_err, tolerance
 
 SMALL = GDNGeometry(H=2, HV=4, K=32, V=32)
 TINY = GDNGeometry(H=1, HV=2, K=16, V=16)
@@ -61,7 +61,7 @@ class SpecRun:
             out = nan_like(torch.empty(batch, T, gm.HV, gm.V, dtype=act, device=dev))
             spec_verify(ring, **x_dev, use_qk_l2norm=self.l2, slots=slots, out=out, backend=backend)
             out = out.cpu()
-            assert rel_err(out[live], o_ref[live]) <= tol, backend
+            assert_rel_close(f"{backend} output", out[live], o_ref[live], tol, row_dims=3)   # [row, T, HV]
             assert out[~live].isnan().all(), f"{backend}: a NULL_SLOT row's output was written"
             outs.append(out)
         if accepted is None:
@@ -70,7 +70,7 @@ class SpecRun:
         for ring, backend in zip(self.rings, self.backends):
             spec_commit(ring, accepted.to(dev), slots=slots, backend=backend)
             committed = spec_materialize(ring, slots=slots, backend=backend).cpu()
-            assert rel_err(committed[live], self.truth[live]) <= tol, backend
+            assert_rel_close(f"{backend} committed state", committed[live], self.truth[live], tol, row_dims=2)
             assert committed[~live].isnan().all()
         return outs
 
