@@ -169,3 +169,16 @@ def test_bf16_rejected_by_the_interpreter(gen, device):
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.bfloat16, F32), (F32, torch.bfloat16)])
 def test_bf16_on_gpu(act_dtype, state_dtype, gen):
     run_scenario("triton", TINY, act_dtype, state_dtype, 6, gen, "cuda", use_qk_l2norm=True)
+
+
+@pytest.mark.parametrize("arch", ["90", "100"])
+def test_gpu_tile_table_under_interpreter(arch, gen, device, monkeypatch):
+    """The GPU table through the interpreter: [16, K] tiles, three V-tile programs per head (the last masked)."""
+    if device != "cpu":
+        pytest.skip("the forced launch table is an interpreter-only check")
+    monkeypatch.setenv("REPLAYSSM_TARGET_ARCH", arch)
+    from baselines.gdn_recurrent import recurrent_launch_config
+
+    gm = GDNGeometry(H=1, HV=2, K=32, V=40)
+    assert -(-gm.V // recurrent_launch_config(gm.K, gm.V, F32, int(arch)).block_v) == 3
+    run_scenario("triton", gm, F32, F32, 3, gen, device, use_qk_l2norm=True, batch=2, extra_slots=1)

@@ -299,3 +299,20 @@ def test_captured_step_launches_only_its_kernels(method, gen, monkeypatch):
         mod.spec_commit(cache, accepted, slots=slots, backend="triton")
     assert launched == ["verify", "commit"]
     assert mode.ops == [], mode.ops
+
+
+@pytest.mark.parametrize("method", ["native", "commit_replay"])
+def test_gpu_tile_table_under_interpreter(method, gen, monkeypatch):
+    """The GPU table (serial_launch_config: [16, K] tiles) through the interpreter: three V-tile programs per
+    value head (the last masked), two value heads per key head; verify and commit vs the ground truth and
+    the torch backend's cache."""
+    if not interpreter_active():
+        pytest.skip("the forced launch table is an interpreter-only check")
+    monkeypatch.setenv("REPLAYSSM_TARGET_ARCH", "90")
+    gm, T = GDNGeometry(H=1, HV=2, K=32, V=40), 2
+    assert -(-gm.V // native.serial_launch_config(gm, "cpu")["BV"]) == 3
+    cache = make_cache(method, gm, 3, T, gen)
+    twin = cache.clone()
+    slots = torch.tensor([2, NULL_SLOT, 0], dtype=torch.int32)
+    run_steps(method, [cache, twin], ["triton", "torch"], slots, gen, 3, use_qk_l2norm=True)
+    assert_same_cache(method, cache, twin, tolerance(torch.float32))

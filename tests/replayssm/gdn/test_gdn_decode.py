@@ -312,3 +312,22 @@ def test_bf16_rejected_by_the_interpreter(gen, device):
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.bfloat16, F32), (F32, torch.bfloat16)])
 def test_bf16_on_gpu(act_dtype, state_dtype, gen):
     run_scenario("triton", TINY, 4, act_dtype, state_dtype, 7, gen, "cuda", use_qk_l2norm=True)
+
+
+GPU_TILES = GDNGeometry(H=1, HV=2, K=128, V=40)     # GPU table: [16, 128] tiles, three V tiles, the last masked
+
+
+@pytest.mark.parametrize("arch", ["90", "100"])
+def test_gpu_tile_table_under_interpreter(arch, gen, device, monkeypatch):
+    """The GPU launch table run by the interpreter: several V-tile programs per (row, value head), so the
+    u rows are appended by their own tile, g and the shared key (two value heads per key head) by one
+    program each, and a flush folds the tile it kept in registers. Outputs, checkpoint and materialize vs
+    the float64 ground truth, over a flush."""
+    if not interpreter_active():
+        pytest.skip("the forced launch table is an interpreter-only check")
+    monkeypatch.setenv("REPLAYSSM_TARGET_ARCH", arch)
+    from replayssm.gdn.decode_kernels import replay_launch_config
+
+    cfg = replay_launch_config(GPU_TILES.K, GPU_TILES.V, F32, int(arch))
+    assert cfg.block_kt == GPU_TILES.K and -(-GPU_TILES.V // cfg.block_v) == 3 and cfg.dot_precision == "tf32x3"
+    run_scenario("triton", GPU_TILES, 4, F32, F32, 5, gen, device, use_qk_l2norm=True, batch=2, extra_slots=1)

@@ -301,3 +301,26 @@ def test_gpu_production_geometry(act_dtype, state_dtype, gen):
     for _ in range(24):
         run.step()
     assert run.folds > 0 and run.wraps > 0
+
+
+@pytest.mark.parametrize("arch", ["90", "100"])
+def test_gpu_tile_table_under_interpreter(arch, gen, monkeypatch):
+    """The GPU launch table run by the interpreter: [32, 16] tiles walk K = 48 in three tiles (the fold stores
+    and the readouts accumulate across them) and V = 40 in two programs (the second masked), two value heads
+    share a key head, so the window's k rows, g rows and u rows each have one owning program. Outputs and
+    committed states vs the ground truth, cache contents vs the torch backend, over early flushes."""
+    if not interpreter_active():
+        pytest.skip("the forced launch table is an interpreter-only check")
+    monkeypatch.setenv("REPLAYSSM_TARGET_ARCH", arch)
+    from replayssm.gdn.spec_kernels import launch_config
+
+    gm, T, B = GDNGeometry(H=1, HV=2, K=48, V=40), 2, 4
+    cfg = launch_config(gm, B, T, "cpu")
+    assert (gm.K + cfg["BKT"] - 1) // cfg["BKT"] == 3 and (gm.V + cfg["BV"] - 1) // cfg["BV"] == 2
+    ring = make_ring(gm, 3, B, T, gen)
+    twin = ring.clone()
+    run = SpecRun([ring, twin], ["triton", "torch"], torch.tensor([2, 0], dtype=torch.int32), gen, use_qk_l2norm=True)
+    for step in range(4):
+        run.step(accepted=torch.tensor([T, 1 + step % 2], dtype=torch.int32))
+        assert_same_cache(ring, twin, tolerance(torch.float32))
+    assert run.folds > 0
