@@ -45,12 +45,18 @@ class TensorTraffic:
 
 @dataclass
 class LaunchTraffic:
-    """One kernel launch: its name, grid and the traffic of every tensor argument it touched (by parameter
-    name; an address outside every argument's storage is filed under "?")."""
+    """One kernel launch: its name, grid, phase (see TrafficCounter.mark) and the traffic of every tensor
+    argument it touched, by parameter name (arguments sharing one storage are named together, "x_ptr|z_ptr";
+    an address outside every argument's storage is filed under "?"). `addresses[(kind, name)]` holds the
+    distinct element addresses behind the unique counts, and `elem[name]` their element size."""
 
     kernel: str
     grid: tuple[int, ...]
+    phase: int = 0
     tensors: dict[str, TensorTraffic] = field(default_factory=dict)
+    addresses: dict[tuple[str, str], np.ndarray] = field(default_factory=dict, repr=False)
+    elem: dict[str, int] = field(default_factory=dict, repr=False)
+    storage: dict[str, int] = field(default_factory=dict, repr=False)     # name -> storage base address
 
     def total(self, kind: str, exclude: tuple[str, ...] = ()) -> int:
         """Sum of field `kind` ("load_unique", "store_issued", ...) over the tensors not in `exclude`."""
@@ -71,10 +77,13 @@ class _Recorder:
         elem = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
         self.accesses.append((kind, data[keep].astype(np.uint64).ravel(), elem))
 
-    def finish(self, grid: tuple[int, ...]) -> LaunchTraffic:
-        out = LaunchTraffic(self.kernel, grid)
-        ranges = sorted((t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes(),
-                         name) for name, t in self.args.items())
+    def finish(self, grid: tuple[int, ...], phase: int) -> LaunchTraffic:
+        out = LaunchTraffic(self.kernel, grid, phase)
+        by_storage: dict[tuple[int, int], list[str]] = {}
+        for name, t in self.args.items():
+            st = t.untyped_storage()
+            by_storage.setdefault((st.data_ptr(), st.data_ptr() + st.nbytes()), []).append(name)
+        ranges = sorted((lo, hi, "|".join(sorted(names))) for (lo, hi), names in by_storage.items())
         starts = np.array([r[0] for r in ranges], dtype=np.uint64)
         for kind in ("load", "store"):
             per_name: dict[str, list[np.ndarray]] = {}
@@ -92,10 +101,45 @@ class _Recorder:
                     elem_of[name] = elem
             for name, chunks in per_name.items():
                 addrs = np.concatenate(chunks)
+                distinct = np.unique(addrs)
                 t = out.tensors.setdefault(name, TensorTraffic())
                 setattr(t, f"{kind}_issued", int(addrs.size) * elem_of[name])
-                setattr(t, f"{kind}_unique", int(np.unique(addrs).size) * elem_of[name])
+                setattr(t, f"{kind}_unique", int(distinct.size) * elem_of[name])
+                out.addresses[(kind, name)] = distinct
+                out.elem[name] = elem_of[name]
+                out.storage[name] = next((lo for lo, _, n in ranges if n == name), -1)
         return out
+
+
+def phase_traffic(launches: list[LaunchTraffic]) -> dict[str, TensorTraffic]:
+    """Traffic of launches issued back to back (one public call: a verify, a commit, an AR step), per tensor,
+    as one unit: an address loaded by several launches, or stored by an earlier launch and loaded by a later
+    one, is read from HBM once at most (the later launch finds it in L2). `*_unique` fields hold that; the
+    `*_issued` fields the sum of the launches' own unique bytes (what separate phases would move). Tensors
+    are matched across launches by storage, and named by every parameter name they had ("x_ptr|z_ptr")."""
+    names: dict[int, set[str]] = {}
+    acc: dict[int, TensorTraffic] = {}
+    stored: dict[int, np.ndarray] = {}
+    loaded: dict[int, np.ndarray] = {}
+    empty = np.zeros(0, dtype=np.uint64)
+    for launch in launches:
+        for name, t in launch.tensors.items():
+            key = launch.storage.get(name, -1)
+            key = key if key >= 0 else hash(name)            # "?": unattributed addresses, by name
+            names.setdefault(key, set()).update(name.split("|"))
+            a = acc.setdefault(key, TensorTraffic())
+            a.load_issued += t.load_unique
+            a.store_issued += t.store_unique
+            elem = launch.elem[name]
+            new = launch.addresses.get(("load", name), empty)
+            fresh = np.setdiff1d(np.setdiff1d(new, loaded.get(key, empty), assume_unique=True),
+                                 stored.get(key, empty), assume_unique=True)
+            a.load_unique += int(fresh.size) * elem
+            loaded[key] = np.union1d(loaded.get(key, empty), new)
+            wrote = launch.addresses.get(("store", name), empty)
+            a.store_unique += int(np.setdiff1d(wrote, stored.get(key, empty), assume_unique=True).size) * elem
+            stored[key] = np.union1d(stored.get(key, empty), wrote)
+    return {"|".join(sorted(names[key])): t for key, t in acc.items()}
 
 
 class TrafficCounter(contextlib.AbstractContextManager):
@@ -103,7 +147,13 @@ class TrafficCounter(contextlib.AbstractContextManager):
 
     def __init__(self):
         self.launches: list[LaunchTraffic] = []
+        self.phase = 0
         self._stack: contextlib.ExitStack | None = None
+
+    def mark(self) -> None:
+        """Start a new phase: launches after this are not back to back with those before (a verify and its
+        commit are separated by the acceptance step and the other layers' work)."""
+        self.phase += 1
 
     def __enter__(self) -> TrafficCounter:
         if not interpreter_active():
@@ -136,7 +186,7 @@ class TrafficCounter(contextlib.AbstractContextManager):
             finally:
                 rec = current.pop()
             grid = executor.grid(named) if callable(executor.grid) else executor.grid
-            counter.launches.append(rec.finish(tuple(int(g) for g in grid)))
+            counter.launches.append(rec.finish(tuple(int(g) for g in grid), counter.phase))
             return result
 
         self._stack = contextlib.ExitStack()
@@ -164,6 +214,12 @@ class TrafficCounter(contextlib.AbstractContextManager):
 
     def clear(self) -> None:
         self.launches.clear()
+        self.phase = 0
+
+    def phases(self) -> list[dict[str, TensorTraffic]]:
+        """`phase_traffic` of each phase, in order."""
+        return [phase_traffic([lch for lch in self.launches if lch.phase == p])
+                for p in sorted({lch.phase for lch in self.launches})]
 
 
 @contextlib.contextmanager
