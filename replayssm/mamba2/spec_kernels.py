@@ -255,17 +255,82 @@ def _materialize_kernel(
 class SpecLaunchConfig:
     """Tiles and warps of the spec kernels. block_m: headdim tile of verify/materialize; block_n: dstate
     chunk (the kernels loop over dstate, so register use does not grow with it); warps of each kernel;
-    verify_stages: software-pipelining depth of the verify kernel's dstate loop."""
+    verify_stages: software-pipelining depth of the verify kernel's dstate loop; block_t: the window axis
+    padded for tl.dot (None: max(16, next_pow2(T)), the least tl.dot takes)."""
 
     block_m: int
     block_n: int
     verify_warps: int
     scatter_warps: int
     verify_stages: int
+    block_t: int | None = None
+
+    @property
+    def label(self) -> str:
+        return (f"m{self.block_m}-n{self.block_n}-w{self.verify_warps}-s{self.verify_stages}"
+                f"-t{self.block_t or 'min'}")
 
 
-def launch_config(headdim: int, dstate: int, ring_len: int, arch: int) -> SpecLaunchConfig:
-    """The launch config for a geometry on an architecture (checks.kernel_arch: 0 = interpreter).
+# The tile space a GPU tuning run searches (replayssm/mamba2/spec_tuning.py), per geometry and architecture:
+# dstate chunk x warps x window padding, with the headdim tile of the default rule. Every candidate is built
+# ahead of time for sm_90 and sm_100 at the production geometries (scripts/kernel_report.py --spec-tiles);
+# a candidate that spills there is left out of the space, with the reason:
+#   block_n 64: 255 registers and local memory at every production geometry (4 and 8 warps too; 2 warps
+#               double the registers per thread);
+#   2 warps with block_n 32: the [32, 32] state chunk and its fold need 32 fp32 values per thread on top of
+#               the [32, BLOCK_K] history tile.
+# (the AOT report run that these reasons came from is quoted in the README's kernel-report paragraph).
+SPEC_TILE_BLOCK_N = (16, 32, 64)
+SPEC_TILE_WARPS = (2, 4, 8)
+SPEC_TILE_BLOCK_T = (None, 32)
+SPEC_TILE_DROPPED: dict[tuple[int, int], str] = {
+    (64, 2): "spills (255 registers + local memory) on sm_90 and sm_100",
+    (64, 4): "spills (255 registers + local memory) on sm_90 and sm_100",
+    (64, 8): "spills (255 registers + local memory) on sm_90 and sm_100",
+}
+
+# Tuned configs per ((headdim, dstate, window), arch), filled from GPU tuning runs; a geometry and GPU with no
+# entry runs the default rule of `launch_config`. No GPU has been available to this project yet: empty.
+TUNED_SPEC_TILES: dict[tuple[tuple[int, int, int], int], SpecLaunchConfig] = {}
+
+_override: list[SpecLaunchConfig] = []
+
+
+def spec_tile_candidates(headdim: int, window: int, include_dropped: bool = False) -> list[SpecLaunchConfig]:
+    """The tile space of a geometry: every (block_n, warps, block_t), headdim tile by the default rule, less
+    the SPEC_TILE_DROPPED ones unless `include_dropped` (the AOT report builds those too, to keep the
+    reasons true)."""
+    block_m = 16 if headdim <= 16 else 32
+    out = []
+    for block_n in SPEC_TILE_BLOCK_N:
+        for warps in SPEC_TILE_WARPS:
+            if (block_n, warps) in SPEC_TILE_DROPPED and not include_dropped:
+                continue
+            for block_t in SPEC_TILE_BLOCK_T:
+                if block_t is not None and block_t <= max(16, next_pow2(window)):
+                    continue                   # the same padding as the default: not a distinct candidate
+                out.append(SpecLaunchConfig(block_m, block_n, warps, warps, 2, block_t))
+    return out
+
+
+class use_spec_tiles:
+    """`with use_spec_tiles(cfg):` every spec launch inside uses `cfg` (tuning trials, AOT builds of the
+    candidates). Not thread-safe: one trial at a time."""
+
+    def __init__(self, cfg: SpecLaunchConfig):
+        self.cfg = cfg
+
+    def __enter__(self):
+        _override.append(self.cfg)
+        return self.cfg
+
+    def __exit__(self, *exc):
+        _override.pop()
+
+
+def launch_config(headdim: int, dstate: int, ring_len: int, arch: int, window: int | None = None) -> SpecLaunchConfig:
+    """The launch config for a geometry on an architecture (checks.kernel_arch: 0 = interpreter): a
+    `use_spec_tiles` override, else a tuned entry (TUNED_SPEC_TILES), else the default rule below.
 
     Interpreter: one program per (row, head) and one dstate chunk: it costs per program and per op, not
     per FLOP. GPU (sm_90 / sm_100): a 32-row headdim tile, 16-wide dstate chunks, 4 warps and 2 stages:
@@ -275,6 +340,10 @@ def launch_config(headdim: int, dstate: int, ring_len: int, arch: int) -> SpecLa
     chunks spill (255 registers + local memory), and so does a whole 128-wide dstate. A 64-row ring
     (history > 28) gets 8 warps, untested. Not yet timed on hardware.
     """
+    if _override:
+        return _override[-1]
+    if window is not None and ((headdim, dstate, window), arch) in TUNED_SPEC_TILES:
+        return TUNED_SPEC_TILES[((headdim, dstate, window), arch)]
     if arch == 0:
         return SpecLaunchConfig(max(16, next_pow2(headdim)), max(16, next_pow2(dstate)), 4, 4, 1)
     block_m = 16 if headdim <= 16 else 32
@@ -287,16 +356,19 @@ def _precision(arch: int) -> str:
     return "ieee" if arch == 0 else "tf32x3"
 
 
-def _blocks(ring: SpecRing) -> dict:
-    return dict(BLOCK_T=max(16, next_pow2(ring.window)), BLOCK_K=max(16, ring.ring_len))
+def _blocks(ring: SpecRing, cfg: SpecLaunchConfig | None = None) -> dict:
+    block_t = max(16, next_pow2(ring.window))
+    if cfg is not None and cfg.block_t is not None:
+        block_t = max(block_t, cfg.block_t)
+    return dict(BLOCK_T=block_t, BLOCK_K=max(16, ring.ring_len))
 
 
 def launch_verify(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: bool, slots: torch.Tensor,
                   out: torch.Tensor) -> torch.Tensor:
     geo, batch = ring.geometry, x.shape[0]
     arch = kernel_arch(x.device)
-    cfg = launch_config(geo.headdim, geo.dstate, ring.ring_len, arch)
-    blk, prec = dict(_blocks(ring), BLOCK_N=cfg.block_n), _precision(arch)
+    cfg = launch_config(geo.headdim, geo.dstate, ring.ring_len, arch, ring.window)
+    blk, prec = dict(_blocks(ring, cfg), BLOCK_N=cfg.block_n), _precision(arch)
     common = dict(null_slot=ring.null_slot, headdim=geo.headdim, HEADS_PER_GROUP=geo.heads_per_group,
                   DSTATE=geo.dstate)
     _scatter_bc_kernel[(batch, geo.ngroups)](
@@ -330,7 +402,7 @@ def launch_materialize(ring: SpecRing, A: torch.Tensor, slots: torch.Tensor) -> 
     if batch == 0:
         return out
     arch = kernel_arch(ring.device)
-    cfg = launch_config(geo.headdim, geo.dstate, ring.ring_len, arch)
+    cfg = launch_config(geo.headdim, geo.dstate, ring.ring_len, arch, ring.window)
     _materialize_kernel[(triton.cdiv(geo.headdim, cfg.block_m), batch, geo.nheads)](
         A, out, slots, ring.state, ring.x, ring.B, ring.dt, ring.write_pos, ring.origin,
         out.stride(0), out.stride(1), out.stride(2), ring.state.stride(0), ring.state.stride(1), ring.state.stride(2),
