@@ -25,13 +25,16 @@ num_slots and device.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
 from replayssm.checks import (
+    NULL_SLOT,
     capturing,
     check_backend,
     check_num_accepted,
+    check_ring_lengths,
     check_same_device,
     check_slots,
     next_pow2,
@@ -81,11 +84,83 @@ def check_reset_slots(ring, slots: torch.Tensor | None, backend: str) -> torch.T
     return check_slots(slots, n, ring.num_slots, ring.device, ring.null_slot)
 
 
+@dataclass
+class SpecCursor:
+    """One set of speculative-ring cursors per decode row, shared by every layer's ring (Mamba-2 and GDN alike).
+
+    A request's history length, ring origin and flush flag are the same in every layer: each layer verified
+    the same window and accepted the same tokens. Rings allocated with `cursor=` hold these very tensors, so
+    a step is every layer's verify, then ONE `cursor.commit(num_accepted, slots)` (one tiny launch per step
+    instead of one per layer); `cursor.reset(slots)` starts requests in every layer at once. A ring that
+    shares a cursor refuses its own spec_commit / spec_reset (they would move the cursor once per layer).
+
+    write_pos, origin, is_flush [num_slots] int32, as in the rings (module docstring).
+    """
+
+    history_len: int
+    window: int
+    write_pos: torch.Tensor
+    origin: torch.Tensor
+    is_flush: torch.Tensor
+    null_slot: int = NULL_SLOT
+
+    @classmethod
+    def allocate(cls, num_slots: int, history_len: int, window: int, device="cpu") -> SpecCursor:
+        for name, value in (("num_slots", num_slots), ("history_len", history_len), ("window", window)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_ring_lengths(history_len, window)
+        zeros = lambda: torch.zeros(num_slots, dtype=torch.int32, device=device)  # noqa: E731
+        cursor = cls(history_len, window, zeros(), zeros(), zeros())
+        cursor.is_flush.fill_(_reset_flush(cursor))
+        return cursor
+
+    @property
+    def max_len(self) -> int:
+        return self.history_len + self.window
+
+    @property
+    def ring_len(self) -> int:
+        return next_pow2(self.max_len)
+
+    @property
+    def num_slots(self) -> int:
+        return self.write_pos.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.write_pos.device
+
+    def check_ring(self, num_slots: int, history_len: int, window: int, device) -> dict[str, torch.Tensor]:
+        """The cursor tensors for a ring of this shape (ValueError when the ring's lengths differ)."""
+        mine = (self.num_slots, self.history_len, self.window, torch.device(device))
+        theirs = (num_slots, history_len, window, torch.device(device) if device is not None else self.device)
+        if mine != theirs:
+            raise ValueError(f"shared cursor is for (num_slots, history_len, window, device) = {mine}, the ring "
+                             f"asks for {theirs}")
+        return dict(write_pos=self.write_pos, origin=self.origin, is_flush=self.is_flush)
+
+    def commit(self, num_accepted: torch.Tensor, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
+        """Once per step, after every layer's verify: the ring protocol's commit on the shared cursors."""
+        commit(self, num_accepted, slots, backend)
+
+    def reset(self, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
+        """Start requests in `slots` (default all) in every layer sharing this cursor."""
+        reset(self, slots, backend)
+
+
+def _check_not_shared(ring, what: str) -> None:
+    if getattr(ring, "shared_cursor", False):
+        raise ValueError(f"this ring shares a SpecCursor with other layers: {what} the cursor once per step "
+                         f"(cursor.{what}(...)), not each layer's ring")
+
+
 def commit(ring, num_accepted: torch.Tensor, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
     """Advance each live row's slot by its accepted count (protocol in the module docstring), on the device.
 
     num_accepted int [batch]; slots int32 [batch] (default arange(batch)); NULL_SLOT rows are skipped.
     """
+    _check_not_shared(ring, "commit")
     num_accepted, slots = check_commit_args(ring, num_accepted, slots, backend)
     if slots.shape[0] == 0:
         return
@@ -95,6 +170,7 @@ def commit(ring, num_accepted: torch.Tensor, slots: torch.Tensor | None = None, 
 def reset(ring, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
     """A new request enters each slot of `slots` (int32 [n], default every slot; NULL_SLOT entries skipped):
     write_pos = origin = 0, is_flush = 2T > L. The caller has put the request's prefill state in ring.state."""
+    _check_not_shared(ring, "reset")
     slots = check_reset_slots(ring, slots, backend)
     if slots.shape[0] == 0:
         return
