@@ -24,6 +24,7 @@ num_slots and device.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -149,6 +150,81 @@ class SpecCursor:
         reset(self, slots, backend)
 
 
+@dataclass
+class DecodeCursor:
+    """One AR buffer cursor per decode row, shared by every layer's ReplaySSM cache (Mamba-2 and GDN alike).
+
+    Every layer of a request has cached the same number of tokens since its last flush, so one write_pos
+    serves them all. Caches allocated with `cursor=` (ReplayCache.allocate) hold this tensor and their
+    replay_step leaves it alone; a decode step is every layer's replay_step, then ONE
+    `cursor.advance(slots)`: write_pos <- (write_pos + 1) mod L for the live rows (one tiny launch per step
+    instead of one per layer). `cursor.reset(slots)` empties the buffers of every layer at once.
+
+    write_pos [num_slots] int32; buffer_len L (every sharing cache has the same).
+    """
+
+    buffer_len: int
+    write_pos: torch.Tensor
+    null_slot: int = NULL_SLOT
+
+    @classmethod
+    def allocate(cls, num_slots: int, buffer_len: int, device="cpu") -> DecodeCursor:
+        for name, value in (("num_slots", num_slots), ("buffer_len", buffer_len)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        return cls(buffer_len, torch.zeros(num_slots, dtype=torch.int32, device=device))
+
+    @property
+    def num_slots(self) -> int:
+        return self.write_pos.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.write_pos.device
+
+    def check_cache(self, num_slots: int, buffer_len: int, device) -> torch.Tensor:
+        """The cursor tensor for a cache of this shape (ValueError when the cache's lengths differ)."""
+        mine = (self.num_slots, self.buffer_len, self.device)
+        theirs = (num_slots, buffer_len, torch.device(device))
+        if mine != theirs:
+            raise ValueError(f"shared cursor is for (num_slots, buffer_len, device) = {mine}, the cache asks for "
+                             f"{theirs}")
+        return self.write_pos
+
+    def advance(self, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
+        """Once per step, after every layer's replay_step: live rows' write_pos <- (write_pos + 1) mod L."""
+        slots = check_reset_slots(self, slots, backend)
+        if slots.shape[0] == 0:
+            return
+        if backend == "triton":
+            triton, _, _, advance_kernel = _kernels()
+            batch = slots.shape[0]
+            block = _cursor_block(batch)
+            advance_kernel[(triton.cdiv(batch, block),)](slots, self.write_pos, batch, self.null_slot,
+                                                        self.buffer_len, BLOCK_B=block, num_warps=1)
+            return
+        live = slots[slots != self.null_slot].long()
+        h = self.write_pos[live]
+        self.write_pos[live] = torch.where(h >= self.buffer_len - 1, 0, h + 1).to(torch.int32)
+
+    def reset(self, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
+        """New requests in `slots` (default all): empty buffers in every sharing layer."""
+        slots = check_reset_slots(self, slots, backend)
+        self.write_pos[slots[slots != self.null_slot].long()] = 0
+
+
+@contextlib.contextmanager
+def keep_shared_cursor(cache):
+    """Around a torch / ref step of a cache that shares a DecodeCursor: those backends move write_pos in the
+    same pass as the step, so put it back (the cursor advances once per step, for every layer)."""
+    saved = cache.write_pos.clone() if cache.shared_cursor else None
+    try:
+        yield
+    finally:
+        if saved is not None:
+            cache.write_pos.copy_(saved)
+
+
 def _check_not_shared(ring, what: str) -> None:
     if getattr(ring, "shared_cursor", False):
         raise ValueError(f"this ring shares a SpecCursor with other layers: {what} the cursor once per step "
@@ -215,15 +291,25 @@ def _reset_kernel(slots_ptr, write_pos_ptr, origin_ptr, is_flush_ptr, batch, nul
     tl.store(is_flush_ptr + s, zero + flush0, mask=live)
 
 
+def _advance_kernel(slots_ptr, write_pos_ptr, batch, null_slot, buffer_len, BLOCK_B: tl.constexpr):
+    """AR cursor of a DecodeCursor: write_pos <- (write_pos + 1) mod L on the live rows."""
+    i = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    slot = tl.load(slots_ptr + i, mask=i < batch, other=null_slot)
+    live = (i < batch) & (slot != null_slot)
+    s = tl.where(live, slot, 0).to(tl.int64)
+    h = tl.load(write_pos_ptr + s, mask=live, other=0)
+    tl.store(write_pos_ptr + s, tl.where(h >= buffer_len - 1, 0, h + 1), mask=live)
+
+
 @functools.cache
 def _kernels():
-    """(triton, jitted _commit_kernel, jitted _reset_kernel), built on the first Triton-backend call."""
+    """(triton, jitted _commit_kernel, _reset_kernel, _advance_kernel), built on the first Triton-backend call."""
     global tl
     import triton
     import triton.language
 
     tl = triton.language
-    return triton, triton.jit(_commit_kernel), triton.jit(_reset_kernel)
+    return triton, triton.jit(_commit_kernel), triton.jit(_reset_kernel), triton.jit(_advance_kernel)
 
 
 def _cursor_block(batch: int) -> int:
@@ -232,7 +318,7 @@ def _cursor_block(batch: int) -> int:
 
 
 def commit_triton(ring, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
-    triton, commit_kernel, _ = _kernels()
+    triton, commit_kernel, _, _ = _kernels()
     batch = slots.shape[0]
     block = _cursor_block(batch)
     commit_kernel[(triton.cdiv(batch, block),)](
@@ -242,7 +328,7 @@ def commit_triton(ring, num_accepted: torch.Tensor, slots: torch.Tensor) -> None
 
 
 def reset_triton(ring, slots: torch.Tensor) -> None:
-    triton, _, reset_kernel = _kernels()
+    triton, _, reset_kernel, _ = _kernels()
     batch = slots.shape[0]
     block = _cursor_block(batch)
     reset_kernel[(triton.cdiv(batch, block),)](

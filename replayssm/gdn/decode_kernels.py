@@ -246,6 +246,8 @@ def launch_replay_step(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: boo
         USE_L2NORM=bool(use_qk_l2norm), DOT_PRECISION=cfg.dot_precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if cache.shared_cursor:
+        return                        # a DecodeCursor shared by every layer advances once per step
     block = min(1024, max(16, next_pow2(batch)))
     _gdn_advance_cursor_kernel[(triton.cdiv(batch, block),)](
         slots, cache.write_pos, batch, NULL_ID=NULL_SLOT, L=L, BLOCK=block, num_warps=1,

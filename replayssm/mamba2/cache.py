@@ -63,10 +63,13 @@ class ReplayCache(SlotPool):
     bc: torch.Tensor
     null_slot: int = NULL_SLOT
     state_scale: torch.Tensor | None = None
+    shared_cursor: bool = False      # write_pos is a DecodeCursor's (replayssm/ring_cursors.py), shared by layers
 
     @classmethod
     def allocate(cls, geometry: Mamba2Geometry, num_slots: int, buffer_len: int, state_dtype=torch.float32,
-                 act_dtype=torch.float32, device="cpu") -> ReplayCache:
+                 act_dtype=torch.float32, device="cpu", cursor=None) -> ReplayCache:
+        """`cursor`: a ring_cursors.DecodeCursor whose write_pos this cache uses (one per decode row for every
+        layer; replay_step then leaves it to cursor.advance); None allocates the cache's own."""
         check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, allow_fp8=True, num_slots=num_slots,
                          buffer_len=buffer_len)
         g, n, L = geometry, num_slots, buffer_len
@@ -76,7 +79,9 @@ class ReplayCache(SlotPool):
             x=torch.zeros(n, g.nheads, L, g.headdim, dtype=act_dtype, device=device),
             B=torch.zeros(n, g.ngroups, L, g.dstate, dtype=act_dtype, device=device),
             dt=torch.zeros(n, g.nheads, L, dtype=torch.float32, device=device),
-            write_pos=torch.zeros(n, dtype=torch.int32, device=device),
+            write_pos=(torch.zeros(n, dtype=torch.int32, device=device) if cursor is None
+                       else cursor.check_cache(n, L, device)),
+            shared_cursor=cursor is not None,
             bc=torch.zeros(n, g.ngroups, L, dtype=torch.float32, device=device),
         )
 

@@ -188,6 +188,7 @@ def test_torch_and_ref_backends_do_not_import_triton():
 # ------------------------------------------------------------------------------------ one cursor, every layer
 
 def _layer_inputs(family, geo, batch, T, gen):
+    """One layer's step (T None) or window inputs, as the family's public step functions take them."""
     if family == "gdn":
         from replayssm.gdn.inputs import random_step as gdn_step
 
@@ -244,3 +245,49 @@ def test_shared_spec_cursor_equals_per_layer_cursors(family, backend, gen):
     assert not shared[1].write_pos.any() and not shared[0].origin.any()
     with pytest.raises(ValueError, match="shared cursor is for"):
         mod.SpecRing.allocate(geo, num_slots, B + 4, T, cursor=cursor)
+
+
+@pytest.mark.parametrize("family", ["gdn", "mamba2"])
+@pytest.mark.parametrize("backend", ["triton", "torch", "ref"])
+def test_shared_decode_cursor_equals_per_layer_cursors(family, backend, gen):
+    """Two layers' AR caches on one DecodeCursor, advanced once per step, against the same two layers with their
+    own cursors: identical outputs, checkpoints and cursors over a flush; the shared step launches no cursor
+    kernel of its own (one advance launch per step, for every layer)."""
+    from replayssm.geometry import GDNGeometry, Mamba2Geometry
+    from replayssm.ring_cursors import DecodeCursor
+    from replayssm.testing_traffic import TrafficCounter
+
+    if family == "gdn":
+        from replayssm.gdn import decode as mod
+        from replayssm.gdn.cache import ReplayCache
+        geo = GDNGeometry(H=1, HV=2, K=16, V=16)
+    else:
+        from replayssm.mamba2 import decode as mod
+        from replayssm.mamba2.cache import ReplayCache
+        geo = Mamba2Geometry(nheads=2, headdim=16, dstate=16, ngroups=1)
+    L, num_slots = 3, 3
+    cursor = DecodeCursor.allocate(num_slots, L)
+    shared = [ReplayCache.allocate(geo, num_slots, L, cursor=cursor) for _ in range(2)]
+    own = [ReplayCache.allocate(geo, num_slots, L) for _ in range(2)]
+    for a, b in zip(shared, own):
+        a.state.normal_(generator=gen)
+        b.state.copy_(a.state)
+    slots = torch.tensor([2, NULL_SLOT, 0], dtype=torch.int32)
+    for step in range(4):
+        inputs = [_layer_inputs(family, geo, 3, None, gen) for _ in range(2)]
+        with TrafficCounter() as counter:
+            for layer in range(2):
+                out_s = mod.replay_step(shared[layer], **inputs[layer], slots=slots, backend=backend)
+                out_o = mod.replay_step(own[layer], **inputs[layer], slots=slots, backend=backend)
+                assert torch.equal(out_s[[0, 2]], out_o[[0, 2]]), (step, layer)
+            cursor.advance(slots, backend=backend)
+        if backend == "triton":
+            advances = [lch.kernel for lch in counter.launches if "advance" in lch.kernel]
+            assert len(advances) == 3, advances        # one per own layer, one for the shared cursor
+        for a, b in zip(shared, own):
+            assert torch.equal(a.state, b.state) and torch.equal(a.write_pos, b.write_pos), step
+    assert int(cursor.write_pos[2]) == 4 % L
+    cursor.reset(torch.tensor([2], dtype=torch.int32), backend=backend)
+    assert int(shared[1].write_pos[2]) == 0
+    with pytest.raises(ValueError, match="shared cursor is for"):
+        ReplayCache.allocate(geo, num_slots, L + 1, cursor=cursor)
