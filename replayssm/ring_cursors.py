@@ -225,6 +225,20 @@ def keep_shared_cursor(cache):
             cache.write_pos.copy_(saved)
 
 
+def attach(cache, cursor) -> None:
+    """Point an allocated cache's cursors at a shared cursor (a DecodeCursor for a ReplayCache, a SpecCursor
+    for a SpecRing) and mark it shared: for callers that get caches from a factory that does not take
+    `cursor=` (ValueError when the shapes differ)."""
+    if isinstance(cursor, DecodeCursor):
+        cache.write_pos = cursor.check_cache(cache.num_slots, cache.buffer_len, cache.device)
+    elif isinstance(cursor, SpecCursor):
+        for name, t in cursor.check_ring(cache.num_slots, cache.history_len, cache.window, cache.device).items():
+            setattr(cache, name, t)
+    else:
+        raise ValueError(f"expected a DecodeCursor or SpecCursor, got {type(cursor).__name__}")
+    cache.shared_cursor = True
+
+
 def _check_not_shared(ring, what: str) -> None:
     if getattr(ring, "shared_cursor", False):
         raise ValueError(f"this ring shares a SpecCursor with other layers: {what} the cursor once per step "
