@@ -473,7 +473,7 @@ def _tile_candidates(recipe: Recipe, geom, spec_tiles: bool) -> list[tuple[str, 
 
     out = []
     for cfg in sk.spec_tile_candidates(geom.headdim, SPEC_WINDOW, include_dropped=True):
-        dropped = sk.SPEC_TILE_DROPPED.get((cfg.block_n, cfg.verify_warps))
+        dropped = sk.dropped_reason(cfg)
         out.append((f"tiles={cfg.label}" + (" (dropped)" if dropped else ""), sk.use_spec_tiles(cfg)))
     return out
 

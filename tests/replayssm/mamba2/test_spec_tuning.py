@@ -19,10 +19,10 @@ GEO = Mamba2Geometry(nheads=2, headdim=32, dstate=32, ngroups=1)
 def test_tile_space_and_table():
     space = sk.spec_tile_candidates(64, 4)
     assert space and all(c.block_n in sk.SPEC_TILE_BLOCK_N and c.verify_warps in sk.SPEC_TILE_WARPS for c in space)
-    assert not any((c.block_n, c.verify_warps) in sk.SPEC_TILE_DROPPED for c in space)
+    assert not any(sk.dropped_reason(c) for c in space)
     everything = sk.spec_tile_candidates(64, 4, include_dropped=True)
-    assert len(everything) == len(space) + sum(1 for c in everything if (c.block_n, c.verify_warps)
-                                               in sk.SPEC_TILE_DROPPED)
+    assert len(everything) == len(space) + sum(1 for c in everything if sk.dropped_reason(c))
+    assert len(everything) == 18 and len(space) == 11
     assert len({c.label for c in everything}) == len(everything)
     # the default rule where nothing is tuned; an override wins while it is active
     default = sk.launch_config(64, 128, 32, 90, window=4)
