@@ -8,7 +8,7 @@ PY    ?= $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: test lint bench-cpu kernel-report reproduce venv clean
+.PHONY: test lint bench-cpu kernel-report kernel-traffic reproduce venv clean
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	python3 -m venv $(VENV)
@@ -40,6 +40,9 @@ bench-cpu: $(STAMP)
 # Ahead-of-time build of every Triton kernel for sm_90 and sm_100: registers, spills, load widths.
 kernel-report: $(STAMP)
 	$(VENV)/bin/python scripts/kernel_report.py
+
+kernel-traffic: $(STAMP)
+	TRITON_INTERPRET=1 $(VENV)/bin/python scripts/kernel_traffic.py
 
 # GPU box: `make reproduce PY=python` uses the python (and CUDA torch) you have and builds no CPU venv.
 reproduce:

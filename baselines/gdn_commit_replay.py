@@ -31,13 +31,13 @@ from baselines.gdn_recurrent_spec import MAX_K, delta_step_torch_, live_rows, se
 from replayssm.checks import (
     NULL_SLOT,
     check_backend,
-    check_num_accepted,
     check_pool_alloc,
     check_slots,
 )
 from replayssm.gdn.ref import gdn_step_ref, l2norm
 from replayssm.gdn.spec import check_window
 from replayssm.geometry import GDNGeometry
+from replayssm.ring_cursors import check_live_counts
 from replayssm.slot_pool import SlotPool
 
 
@@ -317,8 +317,7 @@ def spec_commit(cache: CommitReplayCache, num_accepted: torch.Tensor, slots: tor
     slots = check_slots(slots, batch, cache.num_slots, cache.device, cache.null_slot)
     if batch == 0:
         return
-    check_num_accepted(torch.where(slots != cache.null_slot, num_accepted, 1), batch, cache.window)
-    num_accepted = num_accepted.to(torch.int32)
+    num_accepted = check_live_counts(num_accepted, slots, cache.null_slot, cache.window)
     if backend == "triton" and cache.geometry.K > MAX_K:
         raise ValueError(f"K={cache.geometry.K} > {MAX_K}: the kernel cannot tile a key dim this large")
     {"triton": _commit_triton, "torch": _commit_torch, "ref": _commit_ref,

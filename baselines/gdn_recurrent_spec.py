@@ -27,7 +27,6 @@ from replayssm.checks import (
     NULL_SLOT,
     check_backend,
     check_dtype,
-    check_num_accepted,
     check_pool_alloc,
     check_slots,
     kernel_arch,
@@ -36,6 +35,7 @@ from replayssm.checks import (
 from replayssm.gdn.ref import gdn_step_ref
 from replayssm.gdn.spec import check_window
 from replayssm.geometry import GDNGeometry
+from replayssm.ring_cursors import check_live_counts
 from replayssm.slot_pool import SlotPool
 
 MAX_K = 256  # a program keeps a whole [BV, K] state row block: the rank-1 update needs all of K
@@ -278,9 +278,7 @@ def _check_cursor_call(states, num_accepted, slots, backend):
     if num_accepted is not None:
         if num_accepted.device != states.device:
             raise ValueError(f"num_accepted on {num_accepted.device}, states on {states.device}")
-        live = slots != states.null_slot
-        check_num_accepted(torch.where(live, num_accepted, 1), batch, states.window)
-        num_accepted = num_accepted.to(torch.int32)
+        num_accepted = check_live_counts(num_accepted, slots, states.null_slot, states.window)
     return slots, num_accepted
 
 

@@ -7,8 +7,8 @@
         stride-0 broadcasts (its "tie_hdim" fast path), and `state_batch_indices` for slots.
     fla_fused_recurrent_gated_delta_rule() -> fn(state, q, k, v, g, beta, scale=None, use_qk_l2norm=False,
                                                  slots=None, out=None) -> o [batch, HV, V]
-        FLA's `fused_recurrent_gated_delta_rule` for one decode token; our state is K-last [slots, HV, V, K]:
-        passed as is where the installed FLA has a V-first ([V, K]) state flag, else transposed.
+        FLA's pool-indexed recurrent delta-rule kernel for one decode token, run on our K-last pool
+        [slots, HV, V, K] in place with its own slot indexing (no state copies, no host sync).
     peer_status() -> {"mamba_ssm": "ok" | "skipped: <reason>", "fla": ..., "flashinfer": ...}
     peer_versions() -> {distribution: version} for provenance.
 
@@ -83,15 +83,6 @@ def _cpu_cuda_device_guard(t: torch.Tensor):
         torch.cuda.device = original
 
 
-def _live(slots: torch.Tensor | None, batch: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, slots) of the non-null rows (int64), default slots = arange(batch)."""
-    if slots is None:
-        rows = torch.arange(batch, device=device)
-        return rows, rows
-    rows = torch.nonzero(slots != NULL_SLOT).flatten()
-    return rows, slots.long()[rows]
-
-
 def mamba_ssm_selective_state_update() -> Callable[..., torch.Tensor]:
     """mamba_ssm's selective_state_update with our call shape (state updated in place)."""
     ssu = _import_mamba_ssm_ssu().selective_state_update
@@ -118,55 +109,68 @@ def mamba_ssm_selective_state_update() -> Callable[..., torch.Tensor]:
     return call
 
 
-def _import_fla_fused_recurrent():
+def _import_fla_pool_recurrent():
+    """FLA's in-place, pool-indexed recurrent kernel. FLA 0.6's GDN `fused_recurrent_gated_delta_rule` takes an
+    initial state and returns a new final one (no pool indexing); its KDA recurrent forward takes the pool
+    itself with `ssm_state_indices` and updates it in place (the continuous-batching path vLLM uses). KDA is
+    GDN with a per-key-channel decay: with the head's decay broadcast over K it computes GDN exactly."""
     if importlib.util.find_spec("fla") is None:
         raise PeerUnavailable("not installed")
     try:
         with warnings.catch_warnings():   # FLA warns on import when it sees no GPU; the interpreter still runs it
             warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
-            module = importlib.import_module("fla.ops.gated_delta_rule")
-        return module.fused_recurrent_gated_delta_rule
+            module = importlib.import_module("fla.ops.kda.fused_recurrent")
+        fwd = module.fused_recurrent_kda_fwd
     except Exception as err:  # noqa: BLE001
         raise PeerUnavailable(f"fla import failed: {type(err).__name__}: {err}") from err
-
-
-def _fla_v_first_flag(fn) -> str | None:
-    """The keyword that makes FLA keep the state V-first ([V, K], i.e. our K-last layout), if any."""
-    params = inspect.signature(fn).parameters
-    for name in ("state_v_first", "transpose_state_layout"):
-        if name in params:
-            return name
-    return None
+    params = inspect.signature(fwd).parameters
+    needed = ("ssm_state_indices", "inplace_final_state", "state_v_first", "cu_seqlens")
+    missing = [n for n in needed if n not in params]
+    if missing:
+        raise PeerUnavailable(f"the installed fla's fused_recurrent_kda_fwd lacks {', '.join(missing)}")
+    return fwd
 
 
 def fla_fused_recurrent_gated_delta_rule() -> Callable[..., torch.Tensor]:
-    """FLA's fused_recurrent_gated_delta_rule for one token per row, with our GDN call shape.
+    """FLA's recurrent delta-rule kernel for one token per row, on our pool in place, with our GDN call shape.
 
-    state [num_slots, HV, V, K] (K-last) updated in place; q, k [batch, H, K]; v [batch, HV, V];
-    g (log decay), beta [batch, HV]. FLA reads an initial state and returns a final one (fp32): we gather the
-    rows' states and scatter the results back, as an engine without in-place pool indexing would."""
-    fn = _import_fla_fused_recurrent()
-    flag = _fla_v_first_flag(fn)
+    state [num_slots, HV, V, K] (K-last = FLA's `state_v_first`, each slot's [HV, V, K] contiguous) updated in
+    place through FLA's own slot indexing (`ssm_state_indices`): no gather, transpose or scatter of the state,
+    no host sync, so the call is CUDA-graph capturable with any slot layout. q, k [batch, H, K]; v [batch, HV, V];
+    g (log decay), beta [batch, HV]. The decay goes in as FLA's per-key-channel gate (g broadcast over K, one
+    [batch, HV, K] fp32 tensor: K/(V K) of the state bytes). With `slots`, rows are ordered live-first and run as
+    variable-length sequences (cu_seqlens): a NULL_SLOT row is a zero-length sequence, which FLA skips before
+    touching the pool, and its output is left as it was. Costs beyond the kernel: the [batch]-sized ordering
+    and the gathers of the rows' inputs (never the state)."""
+    fwd = _import_fla_pool_recurrent()
 
     def call(state, q, k, v, g, beta, scale=None, use_qk_l2norm=False, slots=None, out=None):
         batch, HV, V = v.shape
-        rows, live_slots = _live(slots, batch, v.device)
+        K = q.shape[-1]
         if out is None:
-            out = torch.empty_like(v)
-        if rows.numel() == 0:
+            out = torch.zeros_like(v)
+        if batch == 0:
             return out
-        h0 = state[live_slots]
-        kwargs = {flag: True} if flag else {}
-        if flag is None:
-            h0 = h0.transpose(-1, -2).contiguous()                               # -> [n, HV, K, V]
-        o, ht = fn(q[rows, None], k[rows, None], v[rows, None], g=g[rows, None].float(),
-                   beta=beta[rows, None].float(), scale=scale, initial_state=h0.float().contiguous(),
-                   output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm, **kwargs)
-        if flag is None:
-            ht = ht.transpose(-1, -2)
-        state[live_slots] = ht.to(state.dtype)
-        out[rows] = o[:, 0].to(out.dtype)
-        return out
+        if state.dim() != 4 or state.stride(3) != 1 or state.stride(2) != K or state.stride(1) != V * K:
+            raise ValueError("fla peer: each slot's state [HV, V, K] must be contiguous (the pool's slot stride is "
+                             f"free), got strides {tuple(state.stride())}")
+        gate = g.float()[..., None].expand(batch, HV, K)
+        common = dict(initial_state=state, inplace_final_state=True, state_v_first=True, scale=scale,
+                      use_qk_l2norm_in_kernel=use_qk_l2norm)
+        if slots is None:
+            idx = torch.arange(batch, dtype=torch.int32, device=v.device)
+            o, _ = fwd(q[:, None], k[:, None], v[:, None], gate[:, None].contiguous(), beta.float()[:, None],
+                       ssm_state_indices=idx, **common)
+            return out.copy_(o[:, 0])
+        live = slots != NULL_SLOT
+        order = torch.argsort((~live).to(torch.int8), stable=True)           # live rows first, batch order kept
+        cu_seqlens = torch.zeros(batch + 1, dtype=torch.int64, device=v.device)
+        cu_seqlens[1:] = torch.cumsum(live[order], 0)                          # NULL rows: zero-length sequences
+        o, _ = fwd(q[order][None], k[order][None], v[order][None], gate[order][None].contiguous(),
+                   beta.float()[order][None], cu_seqlens=cu_seqlens, ssm_state_indices=slots[order].to(torch.int32),
+                   **common)
+        o = o[0][torch.argsort(order)]
+        return out.copy_(torch.where(live[:, None, None], o.to(out.dtype), out))
 
     return call
 

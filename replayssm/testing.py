@@ -43,9 +43,43 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / denom
 
 
-def assert_rel_close(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+# A per-row check beside the pooled one: the pooled relative error of a [slots, heads, ...] tensor is an RMS
+# over every row, so one wrong head among 64 adds only 1/8 of its own error to it and can hide under a bf16
+# tolerance. Each row (one slot's one head) is held to ROW_SLACK x the pooled tolerance: the worst of many
+# rows' rounding errors exceeds their RMS by a small factor, a wrong row by orders of magnitude. A row whose
+# reference is near zero is measured against ROW_FLOOR x the RMS row norm (else its relative error is noise).
+ROW_SLACK = 4.0
+ROW_FLOOR = 0.1
+
+
+def row_rel_err(out: torch.Tensor, ref: torch.Tensor, row_dims: int) -> torch.Tensor:
+    """Relative error of every row, [prod(shape[:row_dims])] float64: a row is one index of the leading
+    `row_dims` dims (e.g. 2 for [slot, head, V, K]), its norm taken over the rest. NaN anywhere gives inf."""
+    out64, ref64 = out.detach().double().cpu(), ref.detach().double().cpu()
+    if out64.shape != ref64.shape:
+        raise ValueError(f"shape mismatch: {tuple(out64.shape)} vs reference {tuple(ref64.shape)}")
+    if not 1 <= row_dims <= out64.dim():
+        raise ValueError(f"row_dims must be in 1..{out64.dim()}, got {row_dims}")
+    rows = int(torch.tensor(out64.shape[:row_dims]).prod())
+    d, r = (out64 - ref64).reshape(rows, -1), ref64.reshape(rows, -1)
+    if rows == 0:
+        return torch.zeros(0, dtype=torch.float64)
+    ref_norm = r.norm(dim=1)
+    floor = ROW_FLOOR * ref_norm.square().mean().sqrt()
+    err = d.norm(dim=1) / torch.maximum(ref_norm, floor).clamp_min(torch.finfo(torch.float64).tiny)
+    return torch.where(torch.isfinite(out64.reshape(rows, -1)).all(dim=1), err, torch.inf)
+
+
+def assert_rel_close(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float, row_dims: int | None = None) -> None:
+    """Pooled relative error <= tol and, with `row_dims`, every row's <= ROW_SLACK * tol (see ROW_SLACK)."""
     err = rel_err(out, ref)
     assert err <= tol, f"{name}: relative error {err:.3e} exceeds {tol:.1e}"
+    if row_dims:
+        rows = row_rel_err(out, ref, row_dims)
+        worst = int(rows.argmax()) if rows.numel() else 0
+        assert not rows.numel() or rows[worst] <= ROW_SLACK * tol, (
+            f"{name}: row {worst} of {tuple(out.shape[:row_dims])} has relative error {float(rows[worst]):.3e} "
+            f"> {ROW_SLACK:g} x {tol:.1e} (pooled error {err:.3e})")
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:

@@ -353,18 +353,18 @@ def _gdn_flops_replay(geom: GDNGeometry, h: int, flush: bool) -> int:
 
 
 def _gdn_flops_spec_verify(geom: GDNGeometry, h: int, T: int, flush: bool) -> int:
-    """Window of T from one checkpoint (blog App. A.2, Alg. 8). Non-flush: S0 q_s, S0 k_s (4T VK) plus the
-    history terms k_j . q_s, k_j . k_s and sum_j w_j u_j (.) (4hT(K + V)). Flush: rebuild S_h (VK + 2hVK)
-    and read it (4T VK). Both: the T x T system, A (T^2 K), solve (T^2 V) and the intra-window output
-    (T(T+1)(K + V))."""
+    """What the verify kernel computes (replayssm/gdn/spec_kernels.py), flush or not: it rebuilds S_h from the
+    checkpoint and the h history entries with a GEMM over the history (VK + 2hVK, nothing when h = 0; a flush
+    row also stores it), reads it with the T keys and T queries (4T VK) and forms the Gram matrix of the 2T
+    stacked window rows (2 (2T)^2 K). The T x T system is solved by T substitution steps, each a [T, T] x [T, V]
+    product (2T^3 V), and the intra-window output is one [T, T] x [T, V] product (2T^2 V). Counted at the
+    logical sizes: the padding of the history and window axes to 16 rows (tensor-core tiles) is not."""
     V, K = geom.V, geom.K
     VK = V * K
-    if flush:
-        checkpoint = (VK + 2 * h * VK if h else 0) + 4 * T * VK
-    else:
-        checkpoint = 4 * T * VK + 4 * h * T * (K + V)
-    window = T * T * K + T * T * V + T * (T + 1) * (K + V)
-    return geom.HV * (checkpoint + window)
+    rebuild = (VK + 2 * h * VK) if h else 0
+    readout = 4 * T * VK
+    window = 2 * (2 * T) ** 2 * K + 2 * T ** 3 * V + 2 * T * T * V
+    return geom.HV * (rebuild + readout + window)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -382,7 +382,9 @@ def gdn_baseline_ar(geom: GDNGeometry, state_bytes: int = FP32, act_bytes: int =
 
 
 def gdn_replay_ar(geom: GDNGeometry, L: int, h: int, state_bytes: int = FP32, act_bytes: int = HALF) -> Traffic:
-    """ReplaySSM GDN AR step at fill h: as `mamba2_replay_ar` with the (u, k, g) entry; h == L-1 flushes."""
+    """ReplaySSM GDN AR step at fill h: as `mamba2_replay_ar` with the (u, k, g) entry; h == L-1 flushes.
+    The kernel folds the rebuilt S_h tile it still holds in registers, so a flush reads the state once too
+    (scripts/kernel_traffic.py checks issued against unique state loads)."""
     _check_geometry(geom, GDNGeometry)
     _check_dtypes(state_bytes, act_bytes)
     _check_int("L", L, 1)

@@ -17,7 +17,10 @@ through the PTX. Exit code 1 if a kernel spills or fails to compile; a recipe wh
 (yet) is listed as "missing" and does not fail.
 
 Usage: python scripts/kernel_report.py [--geometry NAME]... [--tp N] [--target 90|100]... [--method NAME]...
-                                       [--fp32-state-only] [--csv PATH] [--json PATH]
+                                       [--fp32-state-only] [--bf16-state] [--spec-tiles] [--csv PATH] [--json PATH]
+--spec-tiles builds every candidate of the Mamba-2 spec tile space (variant "tiles=m32-n16-w4-s2-tmin"); a
+candidate the space drops (replayssm/mamba2/spec_kernels.py, SPEC_TILE_DROPPED, with the reason) is
+expected to spill and does not fail the report.
 """
 
 from __future__ import annotations
@@ -490,9 +493,26 @@ def _variants(launches: list[tuple[Launch, KernelSpec]]) -> list[str]:
     return out
 
 
+def _tile_candidates(recipe: Recipe, geom, spec_tiles: bool) -> list[tuple[str, contextlib.AbstractContextManager]]:
+    """(label, context) per tile candidate to build: the default config only, or, with `spec_tiles`, every
+    candidate of the Mamba-2 spec tile space (dropped ones included, labelled with their reason)."""
+    if not (spec_tiles and recipe.method == "mamba2.replay_spec"):
+        return [("", contextlib.nullcontext())]
+    from replayssm.mamba2 import spec_kernels as sk
+
+    out = []
+    for cfg in sk.spec_tile_candidates(geom.headdim, SPEC_WINDOW, include_dropped=True):
+        dropped = sk.dropped_reason(cfg)
+        out.append((f"tiles={cfg.label}" + (" (dropped)" if dropped else ""), sk.use_spec_tiles(cfg)))
+    return out
+
+
 def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry], targets: list[int], methods: list[str] | None,
-               fp32_state_only: bool, workdir: Path, log=print, bf16_state: bool = False) -> list[dict[str, Any]]:
-    """bf16_state adds a bfloat16-state build of every recipe (AR and spec: each cache stores it)."""
+               fp32_state_only: bool, workdir: Path, log=print, bf16_state: bool = False,
+               spec_tiles: bool = False) -> list[dict[str, Any]]:
+    """bf16_state adds a bfloat16-state build of every recipe (AR and spec: each cache stores it). spec_tiles
+    builds every candidate of the Mamba-2 spec tile space (replayssm/mamba2/spec_kernels.py); a candidate the
+    space drops is expected to spill and does not fail the report (its status says why it was dropped)."""
     builder = Builder(workdir)
     rows: list[dict[str, Any]] = []
     device = torch.device("cpu")
@@ -505,11 +525,12 @@ def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry], targets: lis
                 dtypes = [torch.float32] if (fp32_state_only or not recipe.ar) else [torch.float32, torch.float16]
                 if bf16_state:
                     dtypes.append(torch.bfloat16)
-                for state_dtype in dtypes:
+                for state_dtype, (tiles, tile_ctx) in ((d, c) for d in dtypes
+                                                       for c in _tile_candidates(recipe, geom, spec_tiles)):
                     base = dict(method=recipe.method, target=f"sm_{target}", geometry=geo_name,
                                 state=TORCH_TO_TRITON[state_dtype])
                     try:
-                        with aot_environment(target), capture_launches() as launches:
+                        with aot_environment(target), capture_launches() as launches, tile_ctx:
                             recipe.run(geom, device, state_dtype)
                     except MissingModule as exc:
                         rows.append({**base, "kernel": "-", "status": f"missing: {exc}"})
@@ -528,6 +549,9 @@ def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry], targets: lis
                             seen.add(ident)
                             built.append((launch, spec, build))
                     for (launch, _, build), variant in zip(built, _variants([(lch, s) for lch, s, _ in built])):
+                        variant = ",".join(v for v in (tiles, variant) if v)
+                        if "(dropped)" in tiles and build.status == "SPILL":
+                            build = dataclasses.replace(build, status="SPILL: dropped from the tile space")
                         row = {**base, "kernel": launch.name, "variant": variant,
                                "grid": "x".join(map(str, launch.grid)),
                                **{k: v for k, v in dataclasses.asdict(build).items() if k != "seconds"}}
@@ -539,7 +563,8 @@ def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry], targets: lis
 
 def failures(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows that fail the report: a spill, a compile error or a recipe error (missing recipes do not)."""
-    return [r for r in rows if r["status"] != "ok" and not r["status"].startswith("missing")]
+    return [r for r in rows if r["status"] != "ok" and not r["status"].startswith("missing")
+            and "dropped from the tile space" not in r["status"]]
 
 
 def _short(text: str, width: int = 90) -> str:
@@ -564,6 +589,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--method", action="append", choices=[r.method for r in RECIPES], help="recipe (repeatable)")
     p.add_argument("--fp32-state-only", action="store_true", help="skip the fp16-state builds of the AR kernels")
     p.add_argument("--bf16-state", action="store_true", help="also build a bfloat16-state variant of every recipe")
+    p.add_argument("--spec-tiles", action="store_true",
+                   help="build every candidate of the Mamba-2 spec tile space (mamba2.replay_spec)")
     p.add_argument("--csv", type=Path, help="also write the rows as CSV")
     p.add_argument("--json", type=Path, help="also write the rows as JSON")
     return p.parse_args(argv)
@@ -581,7 +608,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kernel_report_") as tmp:
         rows = run_report(geometries, targets, args.method, args.fp32_state_only, Path(tmp),
-                          log=lambda s: print(s, file=sys.stderr, flush=True), bf16_state=args.bf16_state)
+                          log=lambda s: print(s, file=sys.stderr, flush=True), bf16_state=args.bf16_state,
+                          spec_tiles=args.spec_tiles)
     print(format_table(rows))
     if args.csv:
         args.csv.parent.mkdir(parents=True, exist_ok=True)

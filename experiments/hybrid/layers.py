@@ -70,7 +70,7 @@ class SSMMixer:
     """One Mamba-2 or GDN mixer layer with its conv state and the SSM cache of `method` for `num_slots` rows."""
 
     def __init__(self, spec: HybridSpec, method: str, call: SSMCall, num_slots: int, gen: torch.Generator,
-                 device: str):
+                 device: str, cursor=None):
         self.spec, self.call, self.device = spec, call, device
         self.method = REGISTRY[method]
         if spec.family not in self.method.families:
@@ -101,6 +101,9 @@ class SSMMixer:
         self.w_out = _w(gen, d, self.inner, fan_in=self.inner, dtype=act, device=device)
         self.conv_state = torch.zeros(num_slots, spec.conv_kernel - 1, self.conv_dim, dtype=act, device=device)
         self.cache = self.method.allocate(call, call, num_slots, device)
+        if cursor is not None:            # one cursor per row for every layer (HybridModel moves it once a step)
+            from replayssm.ring_cursors import attach
+            attach(self.cache, cursor)
         self.pending: torch.Tensor | None = None      # the window's conv inputs, shifted in by `advance`
 
     def reset(self, gen: torch.Generator) -> None:
@@ -170,7 +173,7 @@ class SSMMixer:
     def advance(self, accepted: torch.Tensor) -> None:
         """Commit `accepted` [batch] tokens of the last window: SSM commit (spec methods) and conv shift."""
         b = accepted.shape[0]
-        if self.method.kind == "spec":
+        if self.method.kind == "spec" and not getattr(self.cache, "shared_cursor", False):
             self.method.commit(self.fns, self.cache, self.call, accepted.to(torch.int32), None, self.A)
         full = torch.cat([self.conv_state[:b], self.pending], dim=1)        # [batch, K-1+T, conv_dim]
         idx = accepted.long()[:, None] + torch.arange(self.spec.conv_kernel - 1, device=accepted.device)

@@ -26,6 +26,17 @@ from experiments.hybrid.layers import MLP, Attention, MoE, SSMCall, SSMMixer, _w
 from experiments.hybrid.spec import HybridSpec
 
 
+def _shared_cursor(method: str, call: SSMCall, num_slots: int, device: str):
+    """A DecodeCursor (replay_ar) or SpecCursor (replay_spec) for every SSM layer of a model, else None."""
+    from replayssm.ring_cursors import DecodeCursor, SpecCursor
+
+    if method == "replay_ar":
+        return DecodeCursor.allocate(num_slots, call.buffer_len, device)
+    if method == "replay_spec":
+        return SpecCursor.allocate(num_slots, call.history_len, call.spec_T, device)
+    return None
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -51,9 +62,11 @@ class HybridModel:
         pattern = pattern if pattern is not None else (spec.block() if build == "block" else spec.pattern)
         self.pattern = pattern
         self.layers = []
+        # ReplaySSM keeps one cursor per row for all its layers, moved once per step (replayssm/ring_cursors.py)
+        self.ssm_cursor = _shared_cursor(ssm_method, call, num_slots, device)
         for ch in pattern:
             if ch in ("M", "G"):
-                layer = SSMMixer(spec, ssm_method, call, num_slots, gen, device)
+                layer = SSMMixer(spec, ssm_method, call, num_slots, gen, device, cursor=self.ssm_cursor)
             elif ch == "*":
                 layer = Attention(spec, num_slots, capacity, self.lengths, self.bound, gen, act, device)
             elif ch == "-":
@@ -135,6 +148,8 @@ class HybridModel:
         for ch, _, layer in self.layers:
             if ch in ("M", "G"):
                 self._timed(ch, layer.advance, accepted)
+        if self.ssm_cursor is not None:
+            self._timed("M" if self.spec.family == "mamba2" else "G", self._move_cursor, accepted)
         self.lengths[: accepted.shape[0]] += accepted.to(self.lengths.dtype)
         self.bound[0] += max_accepted
 
@@ -143,6 +158,16 @@ class HybridModel:
         logits, h = self.forward(tokens[:, None])
         self.advance(self._ones(tokens.shape[0]), 1)
         return logits[:, 0], h[:, 0]
+
+    def _move_cursor(self, accepted: torch.Tensor) -> None:
+        """The shared SSM cursor, once per step for every layer: AR advance or the spec ring's commit."""
+        from replayssm.ring_cursors import DecodeCursor
+
+        slots = torch.arange(accepted.shape[0], dtype=torch.int32, device=accepted.device)
+        if isinstance(self.ssm_cursor, DecodeCursor):
+            self.ssm_cursor.advance(slots, backend=self.call.backend)
+        else:
+            self.ssm_cursor.commit(accepted.to(torch.int32), slots, backend=self.call.backend)
 
     def _ones(self, b: int) -> torch.Tensor:
         if getattr(self, "_ones_cache", None) is None or self._ones_cache.shape[0] != b:

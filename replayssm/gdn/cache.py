@@ -54,10 +54,13 @@ class ReplayCache(SlotPool):
     write_pos: torch.Tensor
     null_slot: int = NULL_SLOT
     state_scale: torch.Tensor | None = None
+    shared_cursor: bool = False      # write_pos is a DecodeCursor's (replayssm/ring_cursors.py), shared by layers
 
     @classmethod
     def allocate(cls, geometry: GDNGeometry, num_slots: int, buffer_len: int, state_dtype=torch.float32,
-                 act_dtype=torch.float32, device="cpu") -> ReplayCache:
+                 act_dtype=torch.float32, device="cpu", cursor=None) -> ReplayCache:
+        """`cursor`: a ring_cursors.DecodeCursor whose write_pos this cache uses (one per decode row for every
+        layer; replay_step then leaves it to cursor.advance); None allocates the cache's own."""
         check_pool_alloc(geometry, GDNGeometry, state_dtype, act_dtype, allow_fp8=True, num_slots=num_slots,
                          buffer_len=buffer_len)
         gm, n, L = geometry, num_slots, buffer_len
@@ -67,7 +70,9 @@ class ReplayCache(SlotPool):
             u=torch.zeros(n, gm.HV, L, gm.V, dtype=act_dtype, device=device),
             k=torch.zeros(n, gm.H, L, gm.K, dtype=act_dtype, device=device),
             g=torch.zeros(n, gm.HV, L, dtype=torch.float32, device=device),
-            write_pos=torch.zeros(n, dtype=torch.int32, device=device),
+            write_pos=(torch.zeros(n, dtype=torch.int32, device=device) if cursor is None
+                       else cursor.check_cache(n, L, device)),
+            shared_cursor=cursor is not None,
         )
 
     def reset(self, slots: torch.Tensor | None = None) -> None:

@@ -32,6 +32,7 @@ from replayssm.checks import (
 from replayssm.gdn import decode_ref, decode_torch
 from replayssm.gdn.cache import ReplayCache
 from replayssm.gdn.decode_kernels import MAX_K, launch_materialize, launch_replay_step
+from replayssm.ring_cursors import keep_shared_cursor
 
 
 def check_step_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -101,13 +102,16 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
     if backend == "triton":
         launch_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
     elif backend == "torch":
-        decode_torch.replay_step_torch(cache, q, k, v, g, beta, scale, use_qk_l2norm,
-                                       None if slots is None else slots_i32, out)
+        with keep_shared_cursor(cache):
+            decode_torch.replay_step_torch(cache, q, k, v, g, beta, scale, use_qk_l2norm,
+                                           None if slots is None else slots_i32, out)
     elif backend == "cpu":
         from replayssm.cpu import ops
-        ops.gdn_replay(cache, q, k, v, g, beta, scale, use_qk_l2norm, out, slots_i32)
+        with keep_shared_cursor(cache):
+            ops.gdn_replay(cache, q, k, v, g, beta, scale, use_qk_l2norm, out, slots_i32)
     else:
-        decode_ref.replay_step_ref(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
+        with keep_shared_cursor(cache):
+            decode_ref.replay_step_ref(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
     return out
 
 

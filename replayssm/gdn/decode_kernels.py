@@ -2,13 +2,13 @@
 
 One decode step is two launches (CUDA-graph capturable, no host sync):
   1. `_gdn_replay_step_kernel`, grid (cdiv(V, BV), batch, HV): each program owns BV value rows of one
-     (row, value head). It rebuilds the state after the cached entries, S_h, tile by tile over K
-     ([BV, BKT] tiles, BKT >= 16) from the checkpoint and the buffer:
+     (row, value head). It rebuilds the state after the cached entries, S_h,
+     as one [BV, K] tile (padded K >= 16) from the checkpoint and the buffer:
          S_h = exp(G_tot) S0 + (u^T * w) @ k_buf          (one tl.dot over the padded buffer axis)
-     accumulates S_h k and S_h q across the K tiles, then for the current token
+     reads S_h k and S_h q from it, then for the current token
          alpha = exp(g), u = beta (v - alpha S_h k), o = alpha S_h q + u (k . q)
-     Non-flush: append (u, k, g) at write_pos (no state write). Flush: re-walk the K tiles and write
-     alpha S_h + u k^T into the checkpoint.
+     Non-flush: append (u, k, g) at write_pos (no state write). Flush: write alpha S_h + u k^T into the
+     checkpoint from the tile still in registers (the state is read once per step, flush or not).
   2. `_gdn_advance_cursor_kernel`: write_pos <- (write_pos + 1) mod L for every live row. It runs after
      the main kernel because every program of a row reads the cursor; advancing it in the main kernel
      would race.
@@ -34,7 +34,8 @@ MAX_K = 256  # q and k are loaded whole (for the L2 norm and k . q): beyond this
 
 @dataclass(frozen=True)
 class ReplayLaunchConfig:
-    """Tiles of the replay kernels: BV value rows per program, K walked in tiles of BKT columns."""
+    """Tiles of the replay kernels: BV value rows per program; materialize walks K in tiles of BKT columns
+    (the step kernel takes the whole K as one tile)."""
 
     block_v: int
     block_kt: int
@@ -46,16 +47,19 @@ class ReplayLaunchConfig:
 def replay_launch_config(K: int, V: int, state_dtype: torch.dtype, arch: int) -> ReplayLaunchConfig:
     """Launch config keyed by geometry and GPU architecture (no autotune: it would clobber in-place state).
 
-    arch 0 (interpreter): one program per (row, value head) and the whole K in one tile, because the
-    interpreter costs per program and per op, not per FLOP. GPU: [32, 64] fp32 tiles over 4 warps. Built
-    ahead of time for sm_90 at K = V = 128, L = 16 (fp32 state, bf16 act): 103 registers, no local memory,
-    16-byte loads along K. The fork's (BV 64, 1 warp, 3 stages) spills 792 bytes of stack in our kernel,
-    (64, 64, 4 warps) needs 128 registers. tf32x3 dots keep fp32 parity (plain tf32 drifts ~1e-3).
+    A program rebuilds its [BV, K] block of S_h as one tile (block_kt = the padded K) and keeps it in
+    registers through the flush, so a flush reads the state once (replayssm/traffic.py counts one read).
+    arch 0 (interpreter): one program per (row, value head), the interpreter costs per program and per op,
+    not per FLOP. GPU: BV rows so that a tile holds 2048 fp32 values ([16, 128] at K = 128, 16 per thread
+    over 4 warps; [16, 256] over 8 warps at K = 256). Built ahead of time for sm_90 and sm_100 at the
+    production geometries (scripts/kernel_report.py) with no spills. A K walk in [32, 64] tiles needed 103
+    registers but re-read the state and the buffer's keys on every flush. tf32x3 dots keep fp32 parity
+    (plain tf32 drifts ~1e-3).
     """
     BK = max(16, next_pow2(K))
     if arch == 0:
         return ReplayLaunchConfig(max(16, next_pow2(V)), BK, 4, 1, "ieee")
-    return ReplayLaunchConfig(min(32, max(16, next_pow2(V))), min(BK, 64), 4, 2,
+    return ReplayLaunchConfig(min(max(16, next_pow2(V)), max(16, 2048 // BK)), BK, 4 if BK <= 128 else 8, 2,
                               "tf32x3" if arch >= 80 else "ieee")
 
 
@@ -99,8 +103,7 @@ def _gdn_replay_step_kernel(
     stride_gb_slot, stride_gb_h,
     scale,
     NULL_ID: tl.constexpr, HV_PER_H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
-    BK: tl.constexpr, BKT: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,
-    USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
@@ -137,19 +140,15 @@ def _gdn_replay_step_kernel(
     kbuf_base = kbuf_ptr + slot * stride_kb_slot + i_h * stride_kb_h
     mask_c = offs_c < h
 
-    Sk = tl.zeros([BV], dtype=tl.float32)
-    Sq = tl.zeros([BV], dtype=tl.float32)
-    for kt in tl.static_range(BK // BKT):
-        offs_kt = kt * BKT + tl.arange(0, BKT)
-        mask_kt = offs_kt < K
-        S = _rebuild_tile(state_base + offs_v[:, None] * stride_s_v + offs_kt[None, :],
-                          mask_v[:, None] & mask_kt[None, :],
-                          kbuf_base + offs_c[:, None] * stride_kb_l + offs_kt[None, :],
-                          mask_c[:, None] & mask_kt[None, :], decay0, weighted_u, HAS_BUFFER, DOT_PRECISION)
-        k_t = tl.load(k_row + offs_kt, mask=mask_kt, other=0.0).to(tl.float32) * k_mult
-        q_t = tl.load(q_row + offs_kt, mask=mask_kt, other=0.0).to(tl.float32) * q_mult
-        Sk += tl.sum(S * k_t[None, :], 1)
-        Sq += tl.sum(S * q_t[None, :], 1)
+    # The whole [BV, K] block of S_h in one tile, kept in registers until the flush folds it: the state and
+    # the buffer's keys are read once per step (a K walk would have to re-read both to fold).
+    s_ptrs = state_base + offs_v[:, None] * stride_s_v + offs_k[None, :]
+    s_mask = mask_v[:, None] & mask_k[None, :]
+    S = _rebuild_tile(s_ptrs, s_mask, kbuf_base + offs_c[:, None] * stride_kb_l + offs_k[None, :],
+                      mask_c[:, None] & mask_k[None, :], decay0, weighted_u, HAS_BUFFER, DOT_PRECISION)
+    k_scaled = k_full * k_mult
+    Sk = tl.sum(S * k_scaled[None, :], 1)
+    Sq = tl.sum(S * (q_full * q_mult)[None, :], 1)
 
     g_cur = tl.load(g_ptr + i_b * stride_g_b + i_hv * stride_g_h)
     alpha = tl.exp(g_cur)
@@ -161,17 +160,8 @@ def _gdn_replay_step_kernel(
     tl.store(o_row + offs_v, o.to(o_ptr.dtype.element_ty), mask=mask_v)
 
     if h == L - 1:
-        # Flush: fold the buffer and the current token into the checkpoint, K tile by K tile.
-        for kt in tl.static_range(BK // BKT):
-            offs_kt = kt * BKT + tl.arange(0, BKT)
-            mask_kt = offs_kt < K
-            s_ptrs = state_base + offs_v[:, None] * stride_s_v + offs_kt[None, :]
-            s_mask = mask_v[:, None] & mask_kt[None, :]
-            S = _rebuild_tile(s_ptrs, s_mask, kbuf_base + offs_c[:, None] * stride_kb_l + offs_kt[None, :],
-                              mask_c[:, None] & mask_kt[None, :], decay0, weighted_u, HAS_BUFFER, DOT_PRECISION)
-            k_t = tl.load(k_row + offs_kt, mask=mask_kt, other=0.0).to(tl.float32) * k_mult
-            S = alpha * S + u[:, None] * k_t[None, :]
-            tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)
+        # Flush: fold the buffer and the current token into the checkpoint, from the tile still in registers.
+        tl.store(s_ptrs, (alpha * S + u[:, None] * k_scaled[None, :]).to(state_ptr.dtype.element_ty), mask=s_mask)
     else:
         # Append: u rows of this program; g and the (shared) key by one program each.
         u_row = ubuf_ptr + slot * stride_u_slot + i_hv * stride_u_h + h * stride_u_l
@@ -179,8 +169,7 @@ def _gdn_replay_step_kernel(
         if i_v == 0:
             tl.store(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h + h, g_cur)
             if i_hv % HV_PER_H == 0:
-                tl.store(kbuf_base + h * stride_kb_l + offs_k, (k_full * k_mult).to(kbuf_ptr.dtype.element_ty),
-                         mask=mask_k)
+                tl.store(kbuf_base + h * stride_kb_l + offs_k, k_scaled.to(kbuf_ptr.dtype.element_ty), mask=mask_k)
 
 
 @triton.jit
@@ -253,10 +242,12 @@ def launch_replay_step(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: boo
         *_cache_strides(cache),
         scale,
         NULL_ID=NULL_SLOT, HV_PER_H=gm.HV // gm.H, K=gm.K, V=gm.V, L=L,
-        BK=max(16, next_pow2(gm.K)), BKT=cfg.block_kt, BV=cfg.block_v, BC=max(16, next_pow2(L)),
+        BK=max(16, next_pow2(gm.K)), BV=cfg.block_v, BC=max(16, next_pow2(L)),
         USE_L2NORM=bool(use_qk_l2norm), DOT_PRECISION=cfg.dot_precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if cache.shared_cursor:
+        return                        # a DecodeCursor shared by every layer advances once per step
     block = min(1024, max(16, next_pow2(batch)))
     _gdn_advance_cursor_kernel[(triton.cdiv(batch, block),)](
         slots, cache.write_pos, batch, NULL_ID=NULL_SLOT, L=L, BLOCK=block, num_warps=1,

@@ -57,24 +57,25 @@ class SpecRing(SlotPool):
     origin: torch.Tensor
     is_flush: torch.Tensor
     null_slot: int = NULL_SLOT
+    shared_cursor: bool = False       # cursors are a SpecCursor's (replayssm/ring_cursors.py), shared by layers
 
     @classmethod
     def allocate(cls, geometry: GDNGeometry, num_slots: int, history_len: int, window: int,
-                 state_dtype=torch.float32, act_dtype=torch.float32, device="cpu") -> SpecRing:
+                 state_dtype=torch.float32, act_dtype=torch.float32, device="cpu", cursor=None) -> SpecRing:
+        """`cursor`: a ring_cursors.SpecCursor whose cursors this ring uses (one per decode row for every
+        layer); None allocates the ring's own."""
         check_pool_alloc(geometry, GDNGeometry, state_dtype, act_dtype, num_slots=num_slots,
                          history_len=history_len, window=window)
         check_ring_lengths(history_len, window)
         gm, n = geometry, num_slots
         R = next_pow2(history_len + window)
         return cls(
-            geometry=gm, history_len=history_len, window=window,
+            geometry=gm, history_len=history_len, window=window, shared_cursor=cursor is not None,
             state=torch.zeros(n, gm.HV, gm.V, gm.K, dtype=state_dtype, device=device),
             u=torch.zeros(n, gm.HV, R, gm.V, dtype=act_dtype, device=device),
             k=torch.zeros(n, gm.H, R, gm.K, dtype=act_dtype, device=device),
             g=torch.zeros(n, gm.HV, R, dtype=torch.float32, device=device),
-            write_pos=torch.zeros(n, dtype=torch.int32, device=device),
-            origin=torch.zeros(n, dtype=torch.int32, device=device),
-            is_flush=torch.zeros(n, dtype=torch.int32, device=device),
+            **_cursors(cursor, n, history_len, window, device),
         )
 
     @property
@@ -85,3 +86,11 @@ class SpecRing(SlotPool):
     @property
     def ring_len(self) -> int:
         return self.u.shape[2]
+
+
+def _cursors(cursor, num_slots: int, history_len: int, window: int, device) -> dict[str, torch.Tensor]:
+    """A shared SpecCursor's tensors (checked against the ring's shape), or fresh ones."""
+    if cursor is not None:
+        return cursor.check_ring(num_slots, history_len, window, device)
+    return {name: torch.zeros(num_slots, dtype=torch.int32, device=device)
+            for name in ("write_pos", "origin", "is_flush")}

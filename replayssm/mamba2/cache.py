@@ -63,10 +63,13 @@ class ReplayCache(SlotPool):
     bc: torch.Tensor
     null_slot: int = NULL_SLOT
     state_scale: torch.Tensor | None = None
+    shared_cursor: bool = False      # write_pos is a DecodeCursor's (replayssm/ring_cursors.py), shared by layers
 
     @classmethod
     def allocate(cls, geometry: Mamba2Geometry, num_slots: int, buffer_len: int, state_dtype=torch.float32,
-                 act_dtype=torch.float32, device="cpu") -> ReplayCache:
+                 act_dtype=torch.float32, device="cpu", cursor=None) -> ReplayCache:
+        """`cursor`: a ring_cursors.DecodeCursor whose write_pos this cache uses (one per decode row for every
+        layer; replay_step then leaves it to cursor.advance); None allocates the cache's own."""
         check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, allow_fp8=True, num_slots=num_slots,
                          buffer_len=buffer_len)
         g, n, L = geometry, num_slots, buffer_len
@@ -76,7 +79,9 @@ class ReplayCache(SlotPool):
             x=torch.zeros(n, g.nheads, L, g.headdim, dtype=act_dtype, device=device),
             B=torch.zeros(n, g.ngroups, L, g.dstate, dtype=act_dtype, device=device),
             dt=torch.zeros(n, g.nheads, L, dtype=torch.float32, device=device),
-            write_pos=torch.zeros(n, dtype=torch.int32, device=device),
+            write_pos=(torch.zeros(n, dtype=torch.int32, device=device) if cursor is None
+                       else cursor.check_cache(n, L, device)),
+            shared_cursor=cursor is not None,
             bc=torch.zeros(n, g.ngroups, L, dtype=torch.float32, device=device),
         )
 
@@ -116,24 +121,25 @@ class SpecRing(SlotPool):
     is_flush: torch.Tensor
     bc: torch.Tensor
     null_slot: int = NULL_SLOT
+    shared_cursor: bool = False       # cursors are a SpecCursor's (replayssm/ring_cursors.py), shared by layers
 
     @classmethod
     def allocate(cls, geometry: Mamba2Geometry, num_slots: int, history_len: int, window: int,
-                 state_dtype=torch.float32, act_dtype=torch.float32, device="cpu") -> SpecRing:
+                 state_dtype=torch.float32, act_dtype=torch.float32, device="cpu", cursor=None) -> SpecRing:
+        """`cursor`: a ring_cursors.SpecCursor whose cursors this ring uses (one per decode row for every
+        layer); None allocates the ring's own."""
         check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, num_slots=num_slots,
                          history_len=history_len, window=window)
         check_ring_lengths(history_len, window)
         g, n = geometry, num_slots
         R = next_pow2(history_len + window)
         return cls(
-            geometry=g, history_len=history_len, window=window,
+            geometry=g, history_len=history_len, window=window, shared_cursor=cursor is not None,
             state=torch.zeros(n, g.nheads, g.headdim, g.dstate, dtype=state_dtype, device=device),
             x=torch.zeros(n, g.nheads, R, g.headdim, dtype=act_dtype, device=device),
             B=torch.zeros(n, g.ngroups, R, g.dstate, dtype=act_dtype, device=device),
             dt=torch.zeros(n, g.nheads, R, dtype=torch.float32, device=device),
-            write_pos=torch.zeros(n, dtype=torch.int32, device=device),
-            origin=torch.zeros(n, dtype=torch.int32, device=device),
-            is_flush=torch.zeros(n, dtype=torch.int32, device=device),
+            **_cursors(cursor, n, history_len, window, device),
             bc=torch.zeros(n, g.ngroups, R, window, dtype=torch.float32, device=device),
         )
 
@@ -145,3 +151,11 @@ class SpecRing(SlotPool):
     @property
     def ring_len(self) -> int:
         return self.x.shape[2]
+
+
+def _cursors(cursor, num_slots: int, history_len: int, window: int, device) -> dict[str, torch.Tensor]:
+    """A shared SpecCursor's tensors (checked against the ring's shape), or fresh ones."""
+    if cursor is not None:
+        return cursor.check_ring(num_slots, history_len, window, device)
+    return {name: torch.zeros(num_slots, dtype=torch.int32, device=device)
+            for name in ("write_pos", "origin", "is_flush")}

@@ -39,6 +39,7 @@ from replayssm.checks import (
 )
 from replayssm.geometry import Mamba2Geometry
 from replayssm.mamba2.cache import ReplayCache
+from replayssm.ring_cursors import keep_shared_cursor
 
 ROUTES = ("output_only", "state_and_output")
 DT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -137,14 +138,18 @@ def replay_step(cache: ReplayCache, x: torch.Tensor, dt: torch.Tensor, A: torch.
         return out
     if backend == "ref":
         from replayssm.mamba2.decode_ref import replay_step_ref
-        replay_step_ref(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slot_ids, out)
+        with keep_shared_cursor(cache):
+            replay_step_ref(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slot_ids, out)
     elif backend == "torch":
         from replayssm.mamba2.decode_torch import replay_step_torch
         # slots=None lets the torch backend read the cache through views (no gather copies)
-        replay_step_torch(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, None if slots is None else slot_ids, out)
+        with keep_shared_cursor(cache):
+            replay_step_torch(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, None if slots is None else slot_ids,
+                              out)
     elif backend == "cpu":
         from replayssm.cpu import ops
-        ops.mamba2_replay(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, slot_ids, route)
+        with keep_shared_cursor(cache):
+            ops.mamba2_replay(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, slot_ids, route)
     else:
         _launch_step(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slot_ids, route, out)
     return out
@@ -219,7 +224,8 @@ def _launch_step(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, route
         DT_SOFTPLUS=bool(dt_softplus), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_L=cfg.block_l,
         DOT_PRECISION=cfg.dot_precision, num_warps=cfg.num_warps,
     )
-    _launch_advance_cursor(cache, slots, batch)
+    if not cache.shared_cursor:       # a DecodeCursor shared by every layer advances once per step
+        _launch_advance_cursor(cache, slots, batch)
 
 
 def _launch_advance_cursor(cache: ReplayCache, slots: torch.Tensor, batch: int) -> None:

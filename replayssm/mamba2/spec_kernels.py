@@ -255,17 +255,88 @@ def _materialize_kernel(
 class SpecLaunchConfig:
     """Tiles and warps of the spec kernels. block_m: headdim tile of verify/materialize; block_n: dstate
     chunk (the kernels loop over dstate, so register use does not grow with it); warps of each kernel;
-    verify_stages: software-pipelining depth of the verify kernel's dstate loop."""
+    verify_stages: software-pipelining depth of the verify kernel's dstate loop; block_t: the window axis
+    padded for tl.dot (None: max(16, next_pow2(T)), the least tl.dot takes)."""
 
     block_m: int
     block_n: int
     verify_warps: int
     scatter_warps: int
     verify_stages: int
+    block_t: int | None = None
+
+    @property
+    def label(self) -> str:
+        return (f"m{self.block_m}-n{self.block_n}-w{self.verify_warps}-s{self.verify_stages}"
+                f"-t{self.block_t or 'min'}")
 
 
-def launch_config(headdim: int, dstate: int, ring_len: int, arch: int) -> SpecLaunchConfig:
-    """The launch config for a geometry on an architecture (checks.kernel_arch: 0 = interpreter).
+# The tile space a GPU tuning run searches (replayssm/mamba2/spec_tuning.py), per geometry and architecture:
+# dstate chunk x warps x window padding, with the headdim tile of the default rule. Every candidate is built
+# ahead of time for sm_90 and sm_100 at the three Mamba-2 production geometries (scripts/kernel_report.py
+# --spec-tiles, triton 3.7.1); a candidate that spills there is left out of the space, with the reason. Verify
+# registers (the same at the three geometries): chunk 16: 148-240 on sm_90, 125-202 on sm_100 (2 warps with a
+# 32-row window padding are the most); chunk 32: 165-193 / 178-221; chunk 64: 255 on sm_90 at every warp count.
+SPEC_TILE_BLOCK_N = (16, 32, 64)
+SPEC_TILE_WARPS = (2, 4, 8)
+SPEC_TILE_BLOCK_T = (None, 32)
+_CHUNK64 = {2: "verify spills on sm_90 (255 registers, 188-256 bytes of spill stores)",
+            4: "verify spills on sm_90 (255 registers, 8-104 bytes of spill stores)",
+            8: "verify with a 32-row window padding spills on sm_100 (255 registers, 92 bytes); with the minimal "
+               "padding it sits at the 255-register limit on sm_90"}
+# (block_n, warps, block_t) -> why the candidate is not in the space
+SPEC_TILE_DROPPED: dict[tuple[int, int, int | None], str] = {
+    **{(64, w, t): reason for w, reason in _CHUNK64.items() for t in SPEC_TILE_BLOCK_T},
+    (16, 8, 32): "the scatter kernel spills 4 bytes on sm_100 at headdim 64 (Super, Ultra)",
+}
+
+
+def dropped_reason(cfg: SpecLaunchConfig) -> str | None:
+    """Why `cfg` is not in the tile space (it spills on a production geometry), or None."""
+    return SPEC_TILE_DROPPED.get((cfg.block_n, cfg.verify_warps, cfg.block_t))
+
+# Tuned configs per ((headdim, dstate, window), arch), filled from GPU tuning runs; a geometry and GPU with no
+# entry runs the default rule of `launch_config`. No GPU has been available to this project yet: empty.
+TUNED_SPEC_TILES: dict[tuple[tuple[int, int, int], int], SpecLaunchConfig] = {}
+
+_override: list[SpecLaunchConfig] = []
+
+
+def spec_tile_candidates(headdim: int, window: int, include_dropped: bool = False) -> list[SpecLaunchConfig]:
+    """The tile space of a geometry: every (block_n, warps, block_t), headdim tile by the default rule, less
+    the SPEC_TILE_DROPPED ones unless `include_dropped` (the AOT report builds those too, to keep the
+    reasons true)."""
+    block_m = 16 if headdim <= 16 else 32
+    out = []
+    for block_n in SPEC_TILE_BLOCK_N:
+        for warps in SPEC_TILE_WARPS:
+            for block_t in SPEC_TILE_BLOCK_T:
+                if block_t is not None and block_t <= max(16, next_pow2(window)):
+                    continue                   # the same padding as the default: not a distinct candidate
+                cfg = SpecLaunchConfig(block_m, block_n, warps, warps, 2, block_t)
+                if include_dropped or dropped_reason(cfg) is None:
+                    out.append(cfg)
+    return out
+
+
+class use_spec_tiles:
+    """`with use_spec_tiles(cfg):` every spec launch inside uses `cfg` (tuning trials, AOT builds of the
+    candidates). Not thread-safe: one trial at a time."""
+
+    def __init__(self, cfg: SpecLaunchConfig):
+        self.cfg = cfg
+
+    def __enter__(self):
+        _override.append(self.cfg)
+        return self.cfg
+
+    def __exit__(self, *exc):
+        _override.pop()
+
+
+def launch_config(headdim: int, dstate: int, ring_len: int, arch: int, window: int | None = None) -> SpecLaunchConfig:
+    """The launch config for a geometry on an architecture (checks.kernel_arch: 0 = interpreter): a
+    `use_spec_tiles` override, else a tuned entry (TUNED_SPEC_TILES), else the default rule below.
 
     Interpreter: one program per (row, head) and one dstate chunk: it costs per program and per op, not
     per FLOP. GPU (sm_90 / sm_100): a 32-row headdim tile, 16-wide dstate chunks, 4 warps and 2 stages:
@@ -275,6 +346,10 @@ def launch_config(headdim: int, dstate: int, ring_len: int, arch: int) -> SpecLa
     chunks spill (255 registers + local memory), and so does a whole 128-wide dstate. A 64-row ring
     (history > 28) gets 8 warps, untested. Not yet timed on hardware.
     """
+    if _override:
+        return _override[-1]
+    if window is not None and ((headdim, dstate, window), arch) in TUNED_SPEC_TILES:
+        return TUNED_SPEC_TILES[((headdim, dstate, window), arch)]
     if arch == 0:
         return SpecLaunchConfig(max(16, next_pow2(headdim)), max(16, next_pow2(dstate)), 4, 4, 1)
     block_m = 16 if headdim <= 16 else 32
@@ -287,16 +362,19 @@ def _precision(arch: int) -> str:
     return "ieee" if arch == 0 else "tf32x3"
 
 
-def _blocks(ring: SpecRing) -> dict:
-    return dict(BLOCK_T=max(16, next_pow2(ring.window)), BLOCK_K=max(16, ring.ring_len))
+def _blocks(ring: SpecRing, cfg: SpecLaunchConfig | None = None) -> dict:
+    block_t = max(16, next_pow2(ring.window))
+    if cfg is not None and cfg.block_t is not None:
+        block_t = max(block_t, cfg.block_t)
+    return dict(BLOCK_T=block_t, BLOCK_K=max(16, ring.ring_len))
 
 
 def launch_verify(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: bool, slots: torch.Tensor,
                   out: torch.Tensor) -> torch.Tensor:
     geo, batch = ring.geometry, x.shape[0]
     arch = kernel_arch(x.device)
-    cfg = launch_config(geo.headdim, geo.dstate, ring.ring_len, arch)
-    blk, prec = dict(_blocks(ring), BLOCK_N=cfg.block_n), _precision(arch)
+    cfg = launch_config(geo.headdim, geo.dstate, ring.ring_len, arch, ring.window)
+    blk, prec = dict(_blocks(ring, cfg), BLOCK_N=cfg.block_n), _precision(arch)
     common = dict(null_slot=ring.null_slot, headdim=geo.headdim, HEADS_PER_GROUP=geo.heads_per_group,
                   DSTATE=geo.dstate)
     _scatter_bc_kernel[(batch, geo.ngroups)](
@@ -330,7 +408,7 @@ def launch_materialize(ring: SpecRing, A: torch.Tensor, slots: torch.Tensor) -> 
     if batch == 0:
         return out
     arch = kernel_arch(ring.device)
-    cfg = launch_config(geo.headdim, geo.dstate, ring.ring_len, arch)
+    cfg = launch_config(geo.headdim, geo.dstate, ring.ring_len, arch, ring.window)
     _materialize_kernel[(triton.cdiv(geo.headdim, cfg.block_m), batch, geo.nheads)](
         A, out, slots, ring.state, ring.x, ring.B, ring.dt, ring.write_pos, ring.origin,
         out.stride(0), out.stride(1), out.stride(2), ring.state.stride(0), ring.state.stride(1), ring.state.stride(2),

@@ -7,14 +7,17 @@ commit. Triton runs are also compared with the torch backend's cache contents.
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import baselines.gdn_commit_replay as commit_replay
 import baselines.gdn_recurrent_spec as native
+from replayssm import checks, ring_cursors
 from replayssm.checks import NULL_SLOT, interpreter_active
+from replayssm.gdn import spec as gdn_spec
 from replayssm.gdn.inputs import random_state, random_step
 from replayssm.gdn.ref import l2norm, window_ref
 from replayssm.geometry import GDNGeometry, get_geometry
-from replayssm.testing import nan_like, rel_err, tolerance
+from replayssm.testing import assert_rel_close, nan_like, rel_err, tolerance
 
 SMALL = GDNGeometry(H=2, HV=4, K=32, V=32)
 TINY = GDNGeometry(H=1, HV=2, K=16, V=16)
@@ -60,14 +63,15 @@ def run_steps(method, caches, backends, slots, gen, steps, act_dtype=torch.float
                             backend=backend)
             out = out.cpu()
             assert torch.isfinite(out[live]).all()
-            assert rel_err(out[live], o_ref) <= tol, (backend, step)
+            assert_rel_close(f"{backend} step {step} output", out[live], o_ref, tol, row_dims=3)
             assert out[~live].isnan().all(), f"{backend}: a NULL_SLOT row's output was written"
         accepted = accepted_fn(step) if accepted_fn else torch.randint(1, T + 1, (batch,), generator=gen,
                                                                        dtype=torch.int32)
         truth = states[torch.arange(int(live.sum())), accepted[live].long() - 1]
         for cache, backend in zip(caches, backends):
             mod.spec_commit(cache, accepted.to(dev), slots=slots.to(dev), backend=backend)
-            assert rel_err(committed(method, cache, slots[live]), truth) <= tol, (backend, step)
+            assert_rel_close(f"{backend} step {step} state", committed(method, cache, slots[live]), truth, tol,
+                             row_dims=2)
 
 
 def assert_same_cache(method, cache, twin, tol):
@@ -250,3 +254,65 @@ def test_gpu_production_geometry(method, act_dtype, state_dtype, gen):
                        device="cuda")
     slots = torch.tensor([4, NULL_SLOT, 0, 8, 2, 7, NULL_SLOT, 1], dtype=torch.int32)
     run_steps(method, [cache], ["triton"], slots, gen, 16, act_dtype=act_dtype, use_qk_l2norm=True)
+
+
+class AtenOps(TorchDispatchMode):
+    """Every aten op dispatched inside the block: on a GPU each one is a kernel (or a host sync)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("method", ["native", "commit_replay", "replay_ring"])
+def test_captured_step_launches_only_its_kernels(method, gen, monkeypatch):
+    """Under CUDA-graph capture a speculative step is its Triton launches and nothing else: no slot mask, no
+    torch.where, no host sync, in verify or commit (as the ReplaySSM ring, the last case). The capture is
+    simulated (checks.capturing patched) and the launchers replaced by recorders, so any aten op left in
+    the step is an extra kernel in the timed graph."""
+    for module in (checks, ring_cursors):
+        monkeypatch.setattr(module, "capturing", lambda: True)
+    launched = []
+    record = lambda name: (lambda *a, **k: launched.append(name))  # noqa: E731
+    T, batch = 2, 3
+    if method == "replay_ring":
+        mod = gdn_spec
+        cache = gdn_spec.SpecRing.allocate(TINY, 4, 2, T)
+        monkeypatch.setattr(gdn_spec.spec_kernels, "verify_triton", record("verify"))
+        monkeypatch.setattr(ring_cursors, "commit_triton", record("commit"))
+    else:
+        mod = METHODS[method]
+        cache = make_cache(method, TINY, 4, T, gen)
+        monkeypatch.setattr(mod, "_verify_triton", record("verify"))
+        monkeypatch.setattr(mod, "_set_last_triton" if method == "native" else "_commit_triton", record("commit"))
+    x = random_step(TINY, batch, window=T, generator=gen)
+    slots = torch.tensor([2, NULL_SLOT, 0], dtype=torch.int32)
+    out = torch.empty(batch, T, TINY.HV, TINY.V)
+    accepted = torch.tensor([1, 7, 2], dtype=torch.int32)      # the padding row's count is never read
+    mode = AtenOps()
+    with mode:
+        mod.spec_verify(cache, **x, slots=slots, out=out, backend="triton")
+        mod.spec_commit(cache, accepted, slots=slots, backend="triton")
+    assert launched == ["verify", "commit"]
+    assert mode.ops == [], mode.ops
+
+
+@pytest.mark.parametrize("method", ["native", "commit_replay"])
+def test_gpu_tile_table_under_interpreter(method, gen, monkeypatch):
+    """The GPU table (serial_launch_config: [16, K] tiles) through the interpreter: three V-tile programs per
+    value head (the last masked), two value heads per key head; verify and commit vs the ground truth and
+    the torch backend's cache."""
+    if not interpreter_active():
+        pytest.skip("the forced launch table is an interpreter-only check")
+    monkeypatch.setenv("REPLAYSSM_TARGET_ARCH", "90")
+    gm, T = GDNGeometry(H=1, HV=2, K=32, V=40), 2
+    assert -(-gm.V // native.serial_launch_config(gm, "cpu")["BV"]) == 3
+    cache = make_cache(method, gm, 3, T, gen)
+    twin = cache.clone()
+    slots = torch.tensor([2, NULL_SLOT, 0], dtype=torch.int32)
+    run_steps(method, [cache, twin], ["triton", "torch"], slots, gen, 3, use_qk_l2norm=True)
+    assert_same_cache(method, cache, twin, tolerance(torch.float32))

@@ -80,3 +80,53 @@ def test_fla_adapter_matches_ref(gen, device):
     assert rel_err(out[:1], o_ref) <= tolerance(torch.float32)
     assert rel_err(state[1:2], new) <= tolerance(torch.float32)
     assert torch.isnan(out[1]).all() and torch.equal(state[0], before[0])
+
+
+@pytest.mark.parametrize("with_slots", [True, False])
+def test_fla_adapter_runs_on_the_pool_in_place_without_host_sync(with_slots, gen, device, monkeypatch):
+    """Permuted slots with padding rows between them (or none): the pool itself goes to FLA with its slot
+    indices and in-place update (no gather, transpose or scatter of the state), and no op reads a device value
+    on the host (so `slot_layout: permuted` captures). Outputs and states vs the float64 reference."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    step = _adapter_or_skip(peers.fla_fused_recurrent_gated_delta_rule)
+    geom = GDNGeometry(H=1, HV=2, K=16, V=16)
+    pool = torch.zeros(5, 2, geom.HV, geom.V, geom.K, device=device)        # a layer's slice of a shared pool
+    state = pool[:, 1]
+    state.copy_(gdn_random_state(geom, 5, device=device, generator=gen))
+    batch = 4
+    inp = gdn_random_step(geom, batch, device=device, generator=gen)
+    slots = torch.tensor([3, NULL_SLOT, 0, NULL_SLOT] if with_slots else [0, 1, 2, 3], dtype=torch.int32,
+                         device=device)
+    rows = [i for i, s in enumerate(slots.tolist()) if s != NULL_SLOT]
+    sl = slots[rows].long()
+    new, o_ref, _ = gdn_step_ref(state[sl], *(inp[k][rows] for k in ("q", "k", "v", "g", "beta")))
+    before = state.clone()
+    seen = []
+    real = peers._import_fla_pool_recurrent()
+    monkeypatch.setattr(peers, "_import_fla_pool_recurrent", lambda: lambda *a, **kw: (
+        seen.append((kw["initial_state"].data_ptr(), kw["inplace_final_state"])), real(*a, **kw))[1])
+    step = peers.fla_fused_recurrent_gated_delta_rule()
+
+    class HostSyncs(TorchDispatchMode):
+        ops: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if str(func).startswith(("aten._local_scalar_dense", "aten.nonzero", "aten.item")):
+                self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    out = nan_like(inp["v"])
+    mode = HostSyncs()
+    with mode:
+        step(state, inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], slots=slots if with_slots else None,
+             out=out)
+    assert seen == [(state.data_ptr(), True)]
+    assert mode.ops == [], mode.ops
+    assert rel_err(out[rows], o_ref) <= tolerance(torch.float32)
+    assert rel_err(state[sl], new) <= tolerance(torch.float32)
+    idle = [s for s in range(5) if s not in sl.tolist()]
+    assert torch.equal(state[idle], before[idle]) and not pool[:, 0].any()
+    nulls = [i for i in range(batch) if i not in rows]
+    assert torch.isnan(out[nulls]).all()
+

@@ -163,3 +163,20 @@ def test_runners_write_rows_on_cpu(tmp_path):
     assert 1 <= spec_row["mean_accepted"] <= 3 and spec_row["draft_us"] > 0 and spec_row["max_concurrency"] > 2
     _, again = run_hybrid(cfg, "serving")                      # resume: every point already recorded
     assert again == []
+
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_replay_layers_share_one_cursor_per_row(name):
+    """Every SSM layer of a ReplaySSM model holds the model's one cursor per row (moved once per step)."""
+    from replayssm.ring_cursors import DecodeCursor, SpecCursor
+
+    for method, kind, T in (("replay_ar", DecodeCursor, None), ("replay_spec", SpecCursor, 2),
+                            ("baseline_ar", None, None)):
+        model = _model(_spec(name), method, 0, batch=2, capacity=64, T=T)
+        caches = [layer.cache for ch, _, layer in model.layers if ch in ("M", "G")]
+        if kind is None:
+            assert model.ssm_cursor is None
+            continue
+        assert isinstance(model.ssm_cursor, kind) and len(caches) > 1
+        assert all(c.write_pos is model.ssm_cursor.write_pos and c.shared_cursor for c in caches)

@@ -183,3 +183,111 @@ def test_torch_and_ref_backends_do_not_import_triton():
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------ one cursor, every layer
+
+def _layer_inputs(family, geo, batch, T, gen):
+    """One layer's step (T None) or window inputs, as the family's public step functions take them."""
+    if family == "gdn":
+        from replayssm.gdn.inputs import random_step as gdn_step
+
+        return dict(gdn_step(geo, batch, window=T, generator=gen))
+    from replayssm.mamba2.inputs import random_params
+    from replayssm.mamba2.inputs import random_step as m2_step
+
+    p, x = random_params(geo, generator=gen), m2_step(geo, batch, window=T, generator=gen)
+    return dict(x=x["x"], dt=x["dt"], A=p.A, B=x["B"], C=x["C"], D=p.D, z=x["z"], dt_bias=p.dt_bias)
+
+
+@pytest.mark.parametrize("family", ["gdn", "mamba2"])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_shared_spec_cursor_equals_per_layer_cursors(family, backend, gen):
+    """Two layers' rings on one SpecCursor, committed once per step, against the same two layers with their
+    own cursors committed per layer: identical outputs, checkpoints, rings and cursors over early flushes."""
+    from replayssm.geometry import GDNGeometry, Mamba2Geometry
+    from replayssm.ring_cursors import SpecCursor
+
+    if family == "gdn":
+        from replayssm.gdn import spec as mod
+        geo = GDNGeometry(H=1, HV=2, K=16, V=16)
+    else:
+        from replayssm.mamba2 import spec as mod
+        geo = Mamba2Geometry(nheads=2, headdim=16, dstate=16, ngroups=1)
+    B, T, num_slots = 4, 2, 3
+    cursor = SpecCursor.allocate(num_slots, B, T)
+    shared = [mod.SpecRing.allocate(geo, num_slots, B, T, cursor=cursor) for _ in range(2)]
+    own = [mod.SpecRing.allocate(geo, num_slots, B, T) for _ in range(2)]
+    for a, b in zip(shared, own):
+        a.state.normal_(generator=gen)
+        b.state.copy_(a.state)
+    assert shared[0].write_pos is shared[1].write_pos is cursor.write_pos
+    slots = torch.tensor([2, NULL_SLOT, 0], dtype=torch.int32)
+    for step in range(6):
+        inputs = [_layer_inputs(family, geo, 3, T, gen) for _ in range(2)]
+        for layer in range(2):
+            o_shared = mod.spec_verify(shared[layer], **inputs[layer], slots=slots, backend=backend)
+            o_own = mod.spec_verify(own[layer], **inputs[layer], slots=slots, backend=backend)
+            assert torch.equal(o_shared[[0, 2]], o_own[[0, 2]]), (step, layer)
+        accepted = torch.tensor([T if step % 3 else 1, 0, T], dtype=torch.int32)
+        cursor.commit(accepted, slots, backend=backend)
+        for ring in own:
+            mod.spec_commit(ring, accepted, slots=slots, backend=backend)
+        for a, b in zip(shared, own):
+            for name in ("state", "write_pos", "origin", "is_flush"):
+                assert torch.equal(getattr(a, name), getattr(b, name)), (step, name)
+    assert int(cursor.origin[2]) > 0, "no flush moved the origin"
+    with pytest.raises(ValueError, match="shares a SpecCursor"):
+        mod.spec_commit(shared[0], accepted, slots=slots, backend=backend)
+    with pytest.raises(ValueError, match="shares a SpecCursor"):
+        mod.spec_reset(shared[0], backend=backend)
+    cursor.reset(backend=backend)
+    assert not shared[1].write_pos.any() and not shared[0].origin.any()
+    with pytest.raises(ValueError, match="shared cursor is for"):
+        mod.SpecRing.allocate(geo, num_slots, B + 4, T, cursor=cursor)
+
+
+@pytest.mark.parametrize("family", ["gdn", "mamba2"])
+@pytest.mark.parametrize("backend", ["triton", "torch", "ref"])
+def test_shared_decode_cursor_equals_per_layer_cursors(family, backend, gen):
+    """Two layers' AR caches on one DecodeCursor, advanced once per step, against the same two layers with their
+    own cursors: identical outputs, checkpoints and cursors over a flush; the shared step launches no cursor
+    kernel of its own (one advance launch per step, for every layer)."""
+    from replayssm.geometry import GDNGeometry, Mamba2Geometry
+    from replayssm.ring_cursors import DecodeCursor
+    from replayssm.testing_traffic import TrafficCounter
+
+    if family == "gdn":
+        from replayssm.gdn import decode as mod
+        from replayssm.gdn.cache import ReplayCache
+        geo = GDNGeometry(H=1, HV=2, K=16, V=16)
+    else:
+        from replayssm.mamba2 import decode as mod
+        from replayssm.mamba2.cache import ReplayCache
+        geo = Mamba2Geometry(nheads=2, headdim=16, dstate=16, ngroups=1)
+    L, num_slots = 3, 3
+    cursor = DecodeCursor.allocate(num_slots, L)
+    shared = [ReplayCache.allocate(geo, num_slots, L, cursor=cursor) for _ in range(2)]
+    own = [ReplayCache.allocate(geo, num_slots, L) for _ in range(2)]
+    for a, b in zip(shared, own):
+        a.state.normal_(generator=gen)
+        b.state.copy_(a.state)
+    slots = torch.tensor([2, NULL_SLOT, 0], dtype=torch.int32)
+    for step in range(4):
+        inputs = [_layer_inputs(family, geo, 3, None, gen) for _ in range(2)]
+        with TrafficCounter() as counter:
+            for layer in range(2):
+                out_s = mod.replay_step(shared[layer], **inputs[layer], slots=slots, backend=backend)
+                out_o = mod.replay_step(own[layer], **inputs[layer], slots=slots, backend=backend)
+                assert torch.equal(out_s[[0, 2]], out_o[[0, 2]]), (step, layer)
+            cursor.advance(slots, backend=backend)
+        if backend == "triton":
+            advances = [lch.kernel for lch in counter.launches if "advance" in lch.kernel]
+            assert len(advances) == 3, advances        # one per own layer, one for the shared cursor
+        for a, b in zip(shared, own):
+            assert torch.equal(a.state, b.state) and torch.equal(a.write_pos, b.write_pos), step
+    assert int(cursor.write_pos[2]) == 4 % L
+    cursor.reset(torch.tensor([2], dtype=torch.int32), backend=backend)
+    assert int(shared[1].write_pos[2]) == 0
+    with pytest.raises(ValueError, match="shared cursor is for"):
+        ReplayCache.allocate(geo, num_slots, L + 1, cursor=cursor)

@@ -15,7 +15,7 @@ from replayssm.gdn.decode import materialize, replay_step
 from replayssm.gdn.inputs import random_state, random_step
 from replayssm.gdn.ref import gdn_step_ref, l2norm
 from replayssm.geometry import GDNGeometry, get_geometry
-from replayssm.testing import poison_, rel_err, tolerance
+from replayssm.testing import assert_rel_close, poison_, rel_err, tolerance
 
 F32, F16 = torch.float32, torch.float16
 BACKENDS = ["ref", "torch", "triton", "cpu"]
@@ -86,8 +86,7 @@ def run_scenario(backend, gm, L, act_dtype, state_dtype, steps, gen, device, use
         S_true, o_true, _ = gdn_step_ref(truth[sl], *(inp[n].cpu()[rows] for n in ("q", "k", "v", "g", "beta")),
                                          scale=scale, use_qk_l2norm=use_qk_l2norm)
         truth[sl] = S_true
-        err = rel_err(out[rows.to(device)], o_true)
-        assert err <= tol, f"step {step}: output error {err:.2e} > {tol:.0e}"
+        assert_rel_close(f"step {step} output", out[rows.to(device)], o_true, tol, row_dims=2)
         assert torch.isnan(out[(~live).to(device)].float()).all(), "a NULL_SLOT row's output was written"
         idle = torch.ones(num_slots, dtype=torch.bool)
         idle[sl] = False
@@ -98,9 +97,7 @@ def run_scenario(backend, gm, L, act_dtype, state_dtype, steps, gen, device, use
         flushes += int((was == L - 1).sum())
         expect_pos = torch.where(was == L - 1, 0, was + 1)
         assert torch.equal(cache.write_pos[sl.to(device)].long(), expect_pos)
-    state = materialize(cache, backend=backend)
-    err = rel_err(state, truth)
-    assert err <= tol, f"materialized state error {err:.2e} > {tol:.0e}"
+    assert_rel_close("materialized state", materialize(cache, backend=backend), truth, tol, row_dims=2)
     assert flushes > 0, "the scenario never crossed a flush"
 
 
@@ -315,3 +312,22 @@ def test_bf16_rejected_by_the_interpreter(gen, device):
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.bfloat16, F32), (F32, torch.bfloat16)])
 def test_bf16_on_gpu(act_dtype, state_dtype, gen):
     run_scenario("triton", TINY, 4, act_dtype, state_dtype, 7, gen, "cuda", use_qk_l2norm=True)
+
+
+GPU_TILES = GDNGeometry(H=1, HV=2, K=128, V=40)     # GPU table: [16, 128] tiles, three V tiles, the last masked
+
+
+@pytest.mark.parametrize("arch", ["90", "100"])
+def test_gpu_tile_table_under_interpreter(arch, gen, device, monkeypatch):
+    """The GPU launch table run by the interpreter: several V-tile programs per (row, value head), so the
+    u rows are appended by their own tile, g and the shared key (two value heads per key head) by one
+    program each, and a flush folds the tile it kept in registers. Outputs, checkpoint and materialize vs
+    the float64 ground truth, over a flush."""
+    if not interpreter_active():
+        pytest.skip("the forced launch table is an interpreter-only check")
+    monkeypatch.setenv("REPLAYSSM_TARGET_ARCH", arch)
+    from replayssm.gdn.decode_kernels import replay_launch_config
+
+    cfg = replay_launch_config(GPU_TILES.K, GPU_TILES.V, F32, int(arch))
+    assert cfg.block_kt == GPU_TILES.K and -(-GPU_TILES.V // cfg.block_v) == 3 and cfg.dot_precision == "tf32x3"
+    run_scenario("triton", GPU_TILES, 4, F32, F32, 5, gen, device, use_qk_l2norm=True, batch=2, extra_slots=1)
