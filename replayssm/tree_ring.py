@@ -71,6 +71,17 @@ def check_parents(parents, batch: int, N: int, device: torch.device, live: torch
     return parents.to(torch.int32)
 
 
+TREE_BACKENDS = ("ref", "torch", "triton")
+
+
+def check_tree_backend(backend: str) -> None:
+    """Tree verify/commit exist for ref, torch and triton. The fused CPU kernels (backend="cpu") have no tree
+    form yet: refuse it here, before any work, rather than fall through to another backend silently."""
+    if backend not in TREE_BACKENDS:
+        raise ValueError(f"backend={backend!r}: tree speculation runs on {', '.join(TREE_BACKENDS)} "
+                         f"(no fused CPU tree kernel yet; on a CPU use backend='torch')")
+
+
 def check_tree_commit(ring, path, num_accepted, slots, backend: str, parents=None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Validate a tree commit. path int [batch, depth] (1 <= depth <= N), num_accepted int [batch] in
@@ -80,6 +91,7 @@ def check_tree_commit(ring, path, num_accepted, slots, backend: str, parents=Non
         if not isinstance(t, torch.Tensor) or t.dim() != dim or t.dtype not in (torch.int32, torch.int64):
             got = (f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__)
             raise ValueError(f"{name} must be a {dim}-D integer tensor, got {got}")
+    check_tree_backend(backend)
     check_backend(backend, path, num_accepted, ring.write_pos)
     check_same_device(path=path, num_accepted=num_accepted, write_pos=ring.write_pos)
     batch, depth = path.shape

@@ -38,6 +38,7 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     fold their history into the checkpoint first. Returns o [batch, N, HV, V] in the activation dtype.
     """
     _check_ring(ring)
+    tree_ring.check_tree_backend(backend)
     batch, scale = check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend)
     _check_cache_device(ring, q)
     check_backend(backend, ring.state)

@@ -44,6 +44,7 @@ def _check_ring(ring) -> SpecRing:
 def check_tree_window(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, out, backend: str) -> tuple[int, torch.device]:
     """Shapes, dtypes and devices of one tree window (as spec_verify's, N = ring.window nodes).
     Returns (batch, device)."""
+    tree_ring.check_tree_backend(backend)
     check_backend(backend, x, dt, A, B, C, D, z, dt_bias, out, ring.state)
     _check_kernel_geometry(ring, backend)
     geo, N = ring.geometry, ring.window

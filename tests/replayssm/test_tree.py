@@ -204,6 +204,10 @@ def test_bad_input_refused_before_any_write(family, gen):
         for backend in ("torch", "ref", "triton"):
             with pytest.raises(ValueError, match=msg):
                 fam.mod.tree_commit(ring, path, a, backend=backend)
+    with pytest.raises(ValueError, match="no fused CPU tree kernel"):                  # backend='cpu'
+        fam.verify(ring, w, good, "cpu")
+    with pytest.raises(ValueError, match="no fused CPU tree kernel"):
+        fam.mod.tree_commit(ring, torch.tensor([[0, 1, 3], [0, 2, -1]], dtype=torch.int32), acc, backend="cpu")
     for n, t in before.items():
         assert torch.equal(getattr(ring, n), t), f"a refused call wrote ring.{n}"
     # a valid branch is accepted (3 is a child of 1 in the full binary tree of 4 nodes)
