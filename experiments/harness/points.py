@@ -21,6 +21,7 @@ import torch
 from hydra.core.config_store import ConfigStore
 
 from experiments.harness.acceptance import Acceptance, parse_acceptance
+from experiments.harness.bandwidth import MODES as COLD_PROBE_MODES
 from experiments.harness.methods import REGISTRY, Method
 from replayssm.geometry import GDN_MODELS, MAMBA2_MODELS, GDNGeometry, Mamba2Geometry
 
@@ -208,7 +209,8 @@ TIMING_KEYS: dict[str, tuple[type, float, bool]] = {
     "cpu_repeats": (int, 1, True), "cpu_min_sample_us": (float, 0, True), "spec_steps": (int, 1, True),
     "check_max_batch": (int, 1, True), "check_ar_steps": (int, 1, True), "copy_bytes": (int, 1, True),
 }
-TIMING_CHOICES = {"cpu_clock": ("auto", "wall", "cpu"), "compile_backend": None}   # None: any non-empty name
+TIMING_CHOICES = {"cpu_clock": ("auto", "wall", "cpu"), "compile_backend": None,   # None: any non-empty name
+                  "cpu_cold_probe": COLD_PROBE_MODES}
 
 
 def validate_timing(timing: dict) -> dict:
