@@ -23,7 +23,7 @@ from experiments.harness.check import gate
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.methods import REGISTRY, Method, MethodUnavailable
 from experiments.harness.points import CONF_DIR, Plan, Point, device_sweep, expand
-from experiments.harness.store import COLUMNS, RunStore
+from experiments.harness.store import COLUMNS, RunStore, parse_shard, run_pending, shard_of
 from experiments.harness.workload import Workload
 from replayssm.checks import interpreter_active
 
@@ -90,31 +90,40 @@ def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
     from omegaconf import OmegaConf
 
     settings = plan.timing
+    shard, shards = parse_shard(data)
     hardware = resolve_hardware(data.get("hardware") or {}, plan.device, CONF_DIR)
     store = RunStore.open(data, hardware["name"])
+    # this process's points: its shard (config_hash mod shard.count), less what the run already has
+    done = store.done_hashes()
+    mine = [p for p in plan.points if shard_of(p.config_hash(), shards) == shard]
+    todo = [p for p in mine if p.config_hash() not in done]
+    skipped = len(mine) - len(todo)
+    if not todo:                                   # nothing to run: no provenance file, no bandwidth probe
+        return RunResult(run_dir=store.run_dir, run_id=store.run_id, rows=[], resumed_skipped=skipped)
+    if plan.device == "cuda" and shards > 1:       # one process per GPU: shard i on local GPU i mod count
+        torch.cuda.set_device(shard % torch.cuda.device_count())
     copy_bytes = int(settings.get("copy_bytes", 1 << 30))
     copy_GBps = timing.measure_copy_GBps(plan.device, copy_bytes if plan.device == "cuda" else copy_bytes // 16)
     env = collect_env(device=plan.device, hardware=hardware, timing=settings, sweep=data["sweep"])
-    env.update(run_id=store.run_id, copy_GBps=copy_GBps, copy_bytes=copy_bytes, points=len(plan.points))
+    env.update(run_id=store.run_id, copy_GBps=copy_GBps, copy_bytes=copy_bytes, points=len(plan.points),
+               shard={"index": shard, "count": shards, "points": len(mine), "to_run": len(todo)})
     if plan.device == "cpu":
         env["cpu_clock"] = timing.cpu_clock(settings.get("cpu_clock", "auto")).__name__
-    name = store.env_name()
-    store.write_json(name, env)
-    store.write_text(name.replace("env", "config").replace(".json", ".yaml"), OmegaConf.to_yaml(data))
+    name = store.write_provenance(plan.experiment, env, OmegaConf.to_yaml(data))
 
-    done = store.done_hashes()
     ctx = Context(plan=plan, run_id=store.run_id, hardware=hardware, copy_GBps=copy_GBps)
-    rows, skipped = [], 0
+    rows: list[dict] = []
     show = data.get("progress", True) if progress is None else progress
-    from tqdm import tqdm
 
-    for p in tqdm(plan.points, desc=plan.experiment, unit="pt", disable=not show):
-        if p.config_hash() in done:
-            skipped += 1
-            continue
-        row = run_point(p, ctx)
-        store.append(row)
-        rows.append(row)
+    def keep(row: dict) -> bool:
+        if store.append(row):                       # False: another process wrote this point meanwhile
+            rows.append(row)
+            return True
+        return False
+
+    run_pending(todo, Point.config_hash, lambda p: run_point(p, ctx), keep, store.claim, experiment=plan.experiment,
+                run_dir=store.run_dir, desc=plan.experiment, show=show)
+    skipped += len(todo) - len(rows)               # measured meanwhile by another process (a second resume)
     if plan.device == "cuda":                       # device-wide usage at the end (None when NVML is absent)
         env["nvml_used_bytes_end"] = memory.nvml_used_bytes()
         store.write_json(name, env)
