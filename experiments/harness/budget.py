@@ -34,6 +34,11 @@ TARGETS = {"h200": {"copy_TBps": 4.3, "l2_bytes": 52428800, "hbm_bytes": 141e9},
            "h100": {"copy_TBps": 3.0, "l2_bytes": 52428800, "hbm_bytes": 80e9}}
 PAPER_MODELS = "[nemotron3_nano_4b,nemotron3_super_120b,nemotron3_ultra_550b@tp2,qwen35_4b,qwen35_122b_a10b]"
 CALLS_PER_STEP = {"ar": 1, "spec": 2}                 # AR: step; spec: verify + commit
+# Triton's own launch path (argument binding, cache lookup, cuLaunchKernel) cannot run without a GPU driver,
+# so it is not measured here: an ASSUMPTION, stated in every printed estimate, to replace by a GPU calibration.
+LAUNCH_US = 20.0
+TORCH_LAUNCH_US = 5.0          # a torch op's CUDA launch, on top of its dispatch (measured here): also assumed
+LAUNCH_SOURCE = "assumed (Triton's launch path needs a GPU driver; not measured)"
 
 
 # ------------------------------------------------------------------------------------ claims-first order
@@ -101,6 +106,7 @@ class Line:
     points: int
     host_s: float
     device_s: float
+    note: str = ""
 
     @property
     def total_s(self) -> float:
@@ -112,6 +118,14 @@ def _state_bytes(spec, dtype_bytes: int) -> int:
 
     f = mamba2_state_bytes if spec.family == "mamba2" else gdn_state_bytes
     return f(spec.geometry, dtype_bytes)
+
+
+def call_us(cal: dict, method: str) -> float:
+    """Host microseconds of one call of `method`: our wrapper (measured) + its launches x LAUNCH_US; a peer or
+    a method not calibrated costs what the most expensive calibrated one does."""
+    wrapper = cal["wrapper_us"].get(method, max(cal["wrapper_us"].values()))
+    launches = cal["launches_per_call"].get(method, max(cal["launches_per_call"].values()))
+    return wrapper + launches * cal["launch_us"]
 
 
 def kernel_line(plan, cal: dict, target: dict) -> Line:
@@ -134,8 +148,8 @@ def kernel_line(plan, cal: dict, target: dict) -> Line:
             if m.uses_history and p.history_len:
                 steps = max(steps, 3 * (p.history_len - p.spec_T + 2))
         variants = 3 if (m.kind == "ar" and m.uses_buffer and p.buffer_len) else 1
-        launches = steps * layers * CALLS_PER_STEP[m.kind]
-        host += cal["gate_s"] + layers * cal["build_layer_s"] + variants * 3 * launches * cal["call_host_us"] * 1e-6
+        calls = steps * layers * CALLS_PER_STEP[m.kind]
+        host += cal["gate_s"] + layers * cal["build_layer_s"] + variants * 3 * calls * call_us(cal, p.method) * 1e-6
         cycle = steps * layers * 2 * layer / bw
         device += layers * layer / bw + variants * ((float(t["warmup_ms"]) + float(t["rep_ms"])) / 1e3 + 5 * cycle)
     return Line(plan.experiment, len(plan.points), host, device)
@@ -144,23 +158,45 @@ def kernel_line(plan, cal: dict, target: dict) -> Line:
 def hybrid_line(plan, cal: dict, target: dict) -> Line:
     """e2e_decode / serving: per point, its model builds (host per built layer + weights / bandwidth) and its
     timing window (warmup_ms + rep_ms) plus one profiled cycle."""
+    import torch
+
+    from experiments.hybrid.footprint import footprint
+
     bw = target["copy_TBps"] * 1e12
-    host = device = 0.0
+    host = device = cpu_draws = 0.0
+    weights: dict[str, int] = {}
+    layer_step = cal["hybrid_ops_per_layer"] * (cal["torch_op_host_us"] + cal["torch_launch_us"]) * 1e-6
     for p in plan.points:
         spec = plan.specs[p.model_key]
         builds = 1 if p.method == "baseline_ar" and p.experiment == "e2e_decode" else 3
         layers = len(spec.block()) if p.build == "block" else len(spec.pattern)
+        if p.model_key not in weights:                       # bf16 bytes -> elements
+            weights[p.model_key] = footprint(spec, "ar", act_dtype=torch.bfloat16, state_dtype=torch.float32,
+                                             max_model_len=1).weights // 2
+        # weights are drawn on the device (experiments/hybrid/layers.randn): fp32 draw + bf16 cast, in bytes
         host += builds * layers * cal["hybrid_build_layer_s"]
-        weights = getattr(spec, "weight_bytes", None)
-        device += builds * (weights() if callable(weights) else 0) / bw
+        device += builds * (4 + 4 + 2) * weights[p.model_key] / bw
+        cpu_draws += builds * weights[p.model_key] / cal["cpu_randn_per_s"]
         device += (float(plan.timing["warmup_ms"]) + float(plan.timing["rep_ms"])) / 1e3
-    return Line(plan.experiment, len(plan.points), host, device)
+        # eager cycles are host-bound: per decode step, every built layer's ops (measured per layer at tiny
+        # shapes); a cycle is buffer_len steps (e2e) or spec steps of T-1 drafts + a verify (serving); timed:
+        # 1 + 5 estimate + >= 1 warm-up + >= 1 timed + 1 profiled cycle; the e2e gate: 2 x (L+1) small steps
+        if p.experiment == "e2e_decode":
+            L = p.buffer_len or spec.buffer_len
+            host += (9 * L + 2 * (L + 1)) * layers * layer_step
+        else:
+            T = p.spec_T or 2
+            steps = max(int(plan.sweep["spec_steps"]), 3 * (spec.history_len - T + 2))
+            host += 9 * steps * (layers + (T - 1) * 2) * layer_step
+    return Line(plan.experiment, len(plan.points), host, device, note=f"weights drawn on one host core instead: "
+                f"+{cpu_draws / 60:.0f} min")
 
 
 def accuracy_line(series: list, sweep: dict, cal: dict) -> Line:
     """The accuracy study: steps x method calls per series, host-bound at its few heads."""
-    calls = sum(int(sweep["steps"]) * CALLS_PER_STEP["spec" if "spec" in s.method else "ar"] * 2 for s in series)
-    return Line("accuracy", len(series), calls * cal["call_host_us"] * 1e-6, 0.0)
+    host = sum(int(sweep["steps"]) * CALLS_PER_STEP["spec" if "spec" in s.method else "ar"] * call_us(cal, s.method)
+               * 1e-6 for s in series)
+    return Line("accuracy", len(series), host, 0.0)
 
 
 def estimate(overrides: dict[str, list[str]] | None = None, target: str = "h200",
@@ -186,8 +222,10 @@ def estimate(overrides: dict[str, list[str]] | None = None, target: str = "h200"
         from experiments.hybrid.sweep import expand as hybrid_expand
 
         for exp, sweep in (("e2e_decode", "paper_e2e"), ("serving", "paper_serving")):
-            data = config_dict(load_config(exp, [f"sweep={sweep}", "device=cuda", *over.get(exp, [])]))
-            lines.append(hybrid_line(hybrid_expand(data, exp, {"name": target, **tgt}), cal, tgt))
+            data = config_dict(load_config(exp, [f"sweep={sweep}", "device=cuda", "hardware=" + target,
+                                                 *over.get(exp, [])]))
+            hardware = dict(data["hardware"], hbm_bytes=data["hardware"].get("hbm_bytes") or tgt["hbm_bytes"])
+            lines.append(hybrid_line(hybrid_expand(data, exp, hardware), cal, tgt))
         from experiments import accuracy as acc
 
         data = config_dict(load_config("accuracy", ["sweep=accuracy_paper", "device=cuda",
@@ -204,22 +242,72 @@ def render(lines: list[Line], cal: dict, target: str) -> str:
            f"  {'experiment':<14} {'points':>7} {'host min':>9} {'device min':>11} {'total min':>10}"]
     for ln in lines:
         out.append(f"  {ln.experiment:<14} {ln.points:>7} {ln.host_s / 60:>9.1f} {ln.device_s / 60:>11.1f} "
-                   f"{ln.total_s / 60:>10.1f}")
+                   f"{ln.total_s / 60:>10.1f}" + (f"   ({ln.note})" if ln.note else ""))
     total = sum(ln.total_s for ln in lines)
     out.append(f"  {'total':<14} {sum(ln.points for ln in lines):>7} {sum(ln.host_s for ln in lines) / 60:>9.1f} "
                f"{sum(ln.device_s for ln in lines) / 60:>11.1f} {total / 60:>10.1f}")
-    out.append(f"  host constants: call {cal['call_host_us']:.1f} us, gate {cal['gate_s'] * 1e3:.1f} ms, "
-               f"build {cal['build_layer_s'] * 1e3:.2f} ms/layer, hybrid build {cal['hybrid_build_layer_s'] * 1e3:.1f}"
-               f" ms/layer; device copy {TARGETS[target]['copy_TBps']} TB/s")
+    calls = ", ".join(f"{m} {us:.0f}" for m, us in cal["wrapper_us"].items())
+    out.append(f"  host, measured: wrapper us/call ({calls}); gate {cal['gate_s'] * 1e3:.1f} ms; build "
+               f"{cal['build_layer_s'] * 1e3:.2f} ms/layer; hybrid build {cal['hybrid_build_layer_s'] * 1e3:.1f} "
+               f"ms/layer; eager step {cal['hybrid_ops_per_layer']:.0f} aten ops/layer x {cal['torch_op_host_us']:.1f} "
+               "us/op")
+    out.append(f"  host CPU normal draws: {cal['cpu_randn_per_s'] / 1e6:.0f} M fp32 values/s (1 thread, measured "
+               "here); the hybrid weights are now drawn on the device")
+    out.append(f"  launch {cal['launch_us']:g} us per Triton launch, {cal['torch_launch_us']:g} us per torch op "
+               f"launch: {cal['launch_us_source']}")
+    out.append("  device: byte model / "
+               f"{TARGETS[target]['copy_TBps']} TB/s device copy + do_bench windows")
     return "\n".join(out)
 
 
 # ---------------------------------------------------------------------------------------- calibration
 
+class _OpCounter:
+    """Counts the aten ops dispatched inside the with-block."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                counter.count += 1
+                return func(*args, **(kwargs or {}))
+
+        self.count, self.mode = 0, Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def _stub_launches() -> list[int]:
+    """Replace every Triton launch by a counter (REPLAYSSM_AOT_CAPTURE lets the wrappers take CPU tensors):
+    what is left of a call is the host work of our Python wrappers."""
+    import triton.runtime.jit as jit
+
+    count = [0]
+
+    def getitem(self, grid):
+        def launch(*args, **kwargs):
+            count[0] += 1
+        return launch
+
+    jit.JITFunction.__getitem__ = getitem
+    return count
+
+
 def calibrate() -> dict:
-    """Measure the host constants here: tiny shapes, torch backend, CPU, one thread."""
+    """Measure the host constants here (tiny shapes, one thread): run in a fresh process, it stubs Triton's
+    launches for the rest of the process."""
+    import dataclasses
+    import os
+    import platform
     import statistics
 
+    os.environ["REPLAYSSM_AOT_CAPTURE"] = "1"
     import torch
 
     from experiments.harness.check import gate
@@ -230,44 +318,75 @@ def calibrate() -> dict:
     from experiments.harness.workload import Workload
 
     torch.set_num_threads(1)
-    cfg = load_config("kernel_decode", ["sweep=cpu", "sweep.models=[tiny_mamba2]", "sweep.batch=[1]",
-                                        "sweep.buffer_len=[8]", "method.names=[replay_ar]", "device=cpu"])
-    plan = expand(config_dict(cfg))
-    p, settings = plan.points[0], dict(plan.timing, max_layers=8)
-    m, spec = REGISTRY[p.method], plan.models[plan.points[0].model_key]
-    wl = Workload(spec, p, "cpu", torch.Generator().manual_seed(0))
-    fns = m.api(p.family)
-    gates, builds, calls = [], [], []
-    for _ in range(5):
+    launches = _stub_launches()
+    per_call, per_launch, gates, builds = {}, {}, [], []
+    for exp, method in (("kernel_decode", "baseline_ar"), ("kernel_decode", "replay_ar"),
+                        ("kernel_spec", "baseline_spec"), ("kernel_spec", "replay_spec"),
+                        ("kernel_spec", "commit_replay_spec")):
+        cfg = load_config(exp, ["sweep=cpu", "sweep.models=[tiny_mamba2]", "sweep.batch=[1]", "sweep.buffer_len=[8]",
+                                f"method.names=[{method}]", "device=cpu", "sweep.backend=torch"])
+        plan = expand(config_dict(cfg))
+        p = dataclasses.replace(plan.points[-1], backend="triton")
+        m = REGISTRY[p.method]
+        wl = Workload(plan.models[p.model_key], p, "cpu", torch.Generator().manual_seed(0))
+        acc = plan.acceptances.get(p.acceptance) if p.acceptance else None
         t0 = time.perf_counter()
-        gate(m, fns, wl, p, max_batch=8, ar_steps=3)
-        gates.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        stack = Stack(m, wl, p, None, settings, {"l2_bytes": None})
+        stack = Stack(m, wl, p, acc, dict(plan.timing, max_layers=8), {"l2_bytes": None})
         builds.append((time.perf_counter() - t0) / stack.layers)
-        cycle = stack.cycle(fns)
+        cycle = stack.cycle(m.api(p.family))
+        cycle()                                   # first call: lazy imports and caches, not per-call cost
+        samples = []
+        for _ in range(5):
+            launches[0] = 0
+            t0 = time.perf_counter()
+            cycle()
+            samples.append((time.perf_counter() - t0) * 1e6 / (stack.steps * stack.layers))
+        per_call[method] = statistics.median(samples)
+        per_launch[method] = launches[0] / (stack.steps * stack.layers)
         t0 = time.perf_counter()
-        cycle()
-        calls.append((time.perf_counter() - t0) / (stack.steps * stack.layers) * 1e6)
+        gate(m, m.api(p.family), wl, dataclasses.replace(p, backend="torch"), max_batch=8, ar_steps=3,
+             acceptance=acc)
+        gates.append(time.perf_counter() - t0)
     from experiments.hybrid import run as hybrid_run
     from experiments.hybrid.sweep import expand as hybrid_expand
 
     data = config_dict(load_config("e2e_decode", ["sweep=e2e_cpu", "device=cpu"]))
     hplan = hybrid_expand(data, "e2e_decode", {"name": "cpu"})
-    hp = min(hplan.points, key=lambda q: q.batch * len(hplan.specs[q.model_key].pattern))
+    hp = min((q for q in hplan.points if q.method == "baseline_ar"),     # the torch replay is no launch proxy
+             key=lambda q: q.batch * len(hplan.specs[q.model_key].pattern))
+    hp = dataclasses.replace(hp, backend="torch")
     hspec = hplan.specs[hp.model_key]
-    hbuilds = []
+    hbuilds, hsteps = [], []
+    built = len(hspec.block()) if hp.build == "block" else len(hspec.pattern)
     for _ in range(3):
         t0 = time.perf_counter()
-        hybrid_run.build(hp, hspec, hp.context_len + 8, 0)
-        built = len(hspec.block()) if hp.build == "block" else len(hspec.pattern)
+        model = hybrid_run.build(hp, hspec, hp.context_len + 16, 0)
         hbuilds.append((time.perf_counter() - t0) / built)
-    import platform
-
-    return {"call_host_us": statistics.median(calls), "gate_s": statistics.median(gates),
+        tok = torch.zeros(hp.batch, dtype=torch.long)
+        model.decode(tok)
+        with _OpCounter() as ops:                 # aten ops of one decode step: each is a launch on a GPU
+            model.decode(tok)
+        hsteps.append(ops.count / built)
+    a, b = torch.ones(1), torch.ones(1)
+    torch.add(a, b)
+    t0 = time.perf_counter()
+    for _ in range(10_000):
+        torch.add(a, b)
+    op_us = (time.perf_counter() - t0) * 1e6 / 10_000
+    gen = torch.Generator().manual_seed(0)
+    draws = []
+    for _ in range(3):                             # the hybrid models draw their weights on the CPU, fp32
+        t0 = time.perf_counter()
+        torch.randn(1 << 24, generator=gen)
+        draws.append((1 << 24) / (time.perf_counter() - t0))
+    return {"wrapper_us": per_call, "cpu_randn_per_s": statistics.median(draws), "launches_per_call": per_launch,
+            "gate_s": statistics.median(gates),
             "build_layer_s": statistics.median(builds), "hybrid_build_layer_s": statistics.median(hbuilds),
-            "measured_on": f"{platform.processor() or platform.machine()} CPU, torch {torch.__version__}, "
-                           f"1 thread, tiny shapes ({p.model}, {hp.model})",
+            "hybrid_ops_per_layer": statistics.median(hsteps),
+            "torch_op_host_us": op_us,
+            "launch_us": LAUNCH_US, "torch_launch_us": TORCH_LAUNCH_US, "launch_us_source": LAUNCH_SOURCE,
+            "measured_on": f"{platform.machine()} CPU ({os.cpu_count()} cores), torch {torch.__version__}, 1 thread, "
+                           f"tiny shapes ({p.model}, {hp.model}), Triton launches stubbed",
             "date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": short_sha()}
 
 
