@@ -41,6 +41,7 @@ from hydra.core.config_store import ConfigStore
 
 from experiments import accuracy_series as acs
 from experiments.harness.acceptance import parse_acceptance
+from experiments.harness.budget import Budget
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.points import CONF_DIR, DTYPES, Point, _models, resolve_device
 from experiments.harness.store import RunStore, RunTable, run_pending
@@ -348,7 +349,8 @@ def _run(cfg, progress: bool | None) -> AccuracyResult:
 
     show = data.get("progress", True) if progress is None else progress
     run_pending(todo, lambda s: s.key(sweep, seed), work, keep, lambda key: store.claim(key, table.done_keys),
-                experiment="accuracy", run_dir=store.run_dir, desc="accuracy", show=show)
+                experiment="accuracy", run_dir=store.run_dir, desc="accuracy", show=show,
+                stop=Budget.of(data).expired)
     return AccuracyResult(store.run_dir, store.run_id, written, skipped)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from experiments.harness import memory, timing
+from experiments.harness.budget import Budget
 from experiments.harness.check import gate
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.methods import REGISTRY, Method, MethodUnavailable
@@ -95,8 +96,9 @@ def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
     store = RunStore.open(data, hardware["name"])
     # this process's points: its shard (config_hash mod shard.count), less what the run already has
     done = store.done_hashes()
+    budget = Budget.of(data)
     mine = [p for p in plan.points if shard_of(p.config_hash(), shards) == shard]
-    todo = [p for p in mine if p.config_hash() not in done]
+    todo = budget.order([p for p in mine if p.config_hash() not in done])
     skipped = len(mine) - len(todo)
     if not todo:                                   # nothing to run: no provenance file, no bandwidth probe
         return RunResult(run_dir=store.run_dir, run_id=store.run_id, rows=[], resumed_skipped=skipped)
@@ -122,7 +124,7 @@ def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
         return False
 
     run_pending(todo, Point.config_hash, lambda p: run_point(p, ctx), keep, store.claim, experiment=plan.experiment,
-                run_dir=store.run_dir, desc=plan.experiment, show=show)
+                run_dir=store.run_dir, desc=plan.experiment, show=show, stop=budget.expired)
     skipped += len(todo) - len(rows)               # measured meanwhile by another process (a second resume)
     if plan.device == "cuda":                       # device-wide usage at the end (None when NVML is absent)
         env["nvml_used_bytes_end"] = memory.nvml_used_bytes()

@@ -294,15 +294,20 @@ def resume_command(experiment: str, run_dir: Path, argv: list[str] | None = None
 
 
 def run_pending(items: Iterable, key: Callable, work: Callable, append: Callable, claim: Callable, *,
-                experiment: str, run_dir: Path, desc: str, show: bool) -> int:
+                experiment: str, run_dir: Path, desc: str, show: bool, stop: Callable[[], bool] | None = None) -> int:
     """For each item (already filtered to this shard and to keys without rows): measure it under its claim and
-    append its rows; skip one another live process is measuring. Ctrl-C: a one-line note of the rows kept and
-    the exact resume command, then exit 130 (no traceback). Returns the number of items appended."""
+    append its rows; skip one another live process is measuring. `stop()` true (the time budget is spent):
+    end cleanly before the next item with a note and the resume command. Ctrl-C: a note of the rows kept
+    and the exact resume command, then exit 130 (no traceback). Returns the number of items appended."""
     from tqdm import tqdm
 
-    kept = 0
+    kept, items = 0, list(items)
     try:
-        for item in tqdm(list(items), desc=desc, unit="pt", disable=not show):
+        for i, item in enumerate(tqdm(items, desc=desc, unit="pt", disable=not show)):
+            if stop is not None and stop():
+                print(f"time budget spent: {len(items) - i} points of {desc} not run (kept: {kept} written now); "
+                      f"continue with:\n  {resume_command(experiment, run_dir)}", file=sys.stderr)
+                break
             with claim(key(item)) as mine:
                 if mine and append(work(item)):
                     kept += 1

@@ -24,6 +24,7 @@ import torch
 
 from experiments.harness import memory, timing
 from experiments.harness.acceptance import parse_acceptance
+from experiments.harness.budget import Budget
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.points import CONF_DIR, DTYPES
 from experiments.harness.runner import failure
@@ -230,7 +231,9 @@ def run_hybrid(cfg, experiment: str) -> tuple[Path, list[dict]]:
     store = HybridStore.open(data, hardware["name"], experiment, columns)
     shard, shards = parse_shard(data)
     done = store.done_hashes()
-    todo = [p for p in plan.points if shard_of(p.config_hash(), shards) == shard and p.config_hash() not in done]
+    budget = Budget.of(data)
+    todo = budget.order([p for p in plan.points
+                         if shard_of(p.config_hash(), shards) == shard and p.config_hash() not in done])
     if not todo:                                  # a resume with nothing left writes no provenance file
         return store.run_dir, []
     env = collect_env(device=plan.device, hardware=hardware, timing=plan.timing, sweep=data["sweep"])
@@ -251,7 +254,7 @@ def run_hybrid(cfg, experiment: str) -> tuple[Path, list[dict]]:
     try:
         run_pending(todo, HybridPoint.config_hash, lambda p: _run_point(p, plan, store.run_id), keep,
                     lambda key: store.store.claim(key, store.done_hashes), experiment=experiment,
-                    run_dir=store.run_dir, desc=experiment, show=data.get("progress", True))
+                    run_dir=store.run_dir, desc=experiment, show=data.get("progress", True), stop=budget.expired)
     finally:
         torch.set_num_threads(threads)
     return store.run_dir, rows

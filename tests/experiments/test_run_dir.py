@@ -5,6 +5,7 @@ shards) landing in one run directory with the same points as an unsharded run.""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shlex
 import signal
@@ -157,3 +158,31 @@ def test_sharded_multirun_writes_one_run_dir_with_the_unsharded_points_and_a_kil
     assert done.returncode == 0, done.stderr[-2000:]
     hashes = _hashes(rows.parent)
     assert len(hashes) == len(set(hashes)) and set(hashes) == want
+
+
+def test_a_spent_budget_stops_before_the_next_point_and_says_how_to_continue(tmp_path, capsys):
+    result = run_experiment(compose(tmp_path, overrides=SMALL + [f"budget.deadline={time.time() - 1}"]))
+    assert result.rows == [] and _hashes(result.run_dir) == []
+    assert "time budget spent" in capsys.readouterr().err
+
+
+def test_claims_first_puts_the_published_settings_first(tmp_path):
+    from experiments.harness.budget import Budget, claim_rank
+
+    over = ["sweep=cpu", "sweep.models=[tiny_mamba2]", "sweep.batch=[1,64,256]", "sweep.buffer_len=[4,16]",
+            "method.names=[baseline_ar,replay_ar]"]
+    points = expand(config_dict(compose(tmp_path, overrides=over))).points
+    ordered = Budget(claims_first=True).order(points)
+    ranks = [claim_rank(p) for p in ordered]
+    assert ranks == sorted(ranks) and sorted(map(id, ordered)) == sorted(map(id, points))
+    assert ranks[0] < 2 and ranks[-1] == 2                  # some point answers a claim, some none
+
+
+def test_the_gpu_paper_sweep_estimate_covers_every_experiment():
+    from experiments.harness.budget import CALIBRATION, estimate, render
+
+    cal = json.loads(CALIBRATION.read_text())
+    lines = estimate(cal=cal)
+    assert [ln.experiment for ln in lines] == ["kernel_decode", "kernel_spec", "e2e_decode", "serving", "accuracy"]
+    assert all(ln.points > 0 and ln.host_s > 0 and ln.total_s >= ln.host_s for ln in lines)
+    assert "assumed" in render(lines, cal, "h200")            # the unmeasured launch cost is labelled as such
