@@ -273,7 +273,7 @@ tests_stage() {
     read -r -a args <<< "$PYTEST_ARGS"
     # pyproject's addopts name --benchmark-disable, which needs pytest-benchmark: drop them when it is absent
     "$PY" -c "import pytest_benchmark" 2>/dev/null || extra+=(-o "addopts=-ra")
-    GPU_CHECK_TEST_LOG="$OUT/tests.log" GPU_CHECK_TEST_BUDGET_S="$((T_TESTS - 15))" \
+    GPU_CHECK_TEST_LOG="$OUT/tests.log" GPU_CHECK_TEST_BUDGET_S="$((T_TESTS - 15))" GPU_CHECK_TEST_T0="$(date +%s)" \
         "$PY" -m pytest tests -p no:randomly -p no:cacheprovider -p gpu_check_testlog -k "$TEST_SELECT" \
         --junitxml="$WORK/pytest.xml" ${extra[@]+"${extra[@]}"} ${args[@]+"${args[@]}"}
 }

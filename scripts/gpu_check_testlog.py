@@ -5,8 +5,9 @@ GPU_CHECK_TEST_LOG=<file>: one line when a test starts (`<nodeid>\tstarted`) and
 (`<nodeid>\t<passed|failed|skipped>\t<seconds>`), each written and flushed at once, so a stage killed at its
 limit still says which tests passed and which one was running. (pytest's --junitxml is written only at the
 end of the session.)
-GPU_CHECK_TEST_BUDGET_S=<seconds>: no test starts after that many seconds; the session ends normally (its
-junit XML written) and the log says how many tests were not started.
+GPU_CHECK_TEST_BUDGET_S=<seconds>: no test starts after that many seconds, counted from the unix time
+GPU_CHECK_TEST_T0 (the stage's start, so imports and collection count) or else from the first test's start;
+the session ends normally (its junit XML written) and the log says how many tests were not started.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 
 import pytest
 
-_T0 = time.monotonic()
+_T0: float | None = float(os.environ["GPU_CHECK_TEST_T0"]) if os.environ.get("GPU_CHECK_TEST_T0") else None
 
 
 def _log(line: str) -> None:
@@ -28,6 +29,9 @@ def _log(line: str) -> None:
 
 
 def pytest_runtest_logstart(nodeid, location):
+    global _T0
+    if _T0 is None:
+        _T0 = time.time()
     _log(f"{nodeid}\tstarted")
 
 
@@ -41,7 +45,7 @@ def pytest_runtest_logreport(report):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     budget = os.environ.get("GPU_CHECK_TEST_BUDGET_S")
-    if budget and time.monotonic() - _T0 > float(budget):
+    if budget and _T0 is not None and time.time() - _T0 > float(budget):
         session = item.session
         if not session.shouldstop:
             left = len(session.items) - session.items.index(item)
