@@ -113,6 +113,10 @@ def test_two_concurrent_resumes_write_every_point_once(tmp_path):
     assert all(p.returncode == 0 for p in procs), outs
     hashes = _hashes(first.run_dir)
     assert len(hashes) == len(set(hashes)) and set(hashes) == _planned(tmp_path, SMALL)
+    with open(first.run_dir / "host_costs.csv", newline="") as f:     # host seconds per point, once each
+        host = list(csv.DictReader(f))
+    assert sorted(r["config_hash"] for r in host) == sorted(hashes)
+    assert all(float(r["gate_s"]) > 0 and float(r["build_s"]) > 0 for r in host if r["timing_s"])
 
 
 def test_sharded_multirun_writes_one_run_dir_with_the_unsharded_points_and_a_kill_resumes(tmp_path):
