@@ -54,6 +54,9 @@ declare -A WHAT=([env]="nvidia-smi, NVML, versions, measured device copy bandwid
                  [dram]="ncu DRAM bytes read/written, one point per method, vs the byte model"
                  [report]="aggregate, tables, plots, claims report")
 PACK_S=5           # packing after each stage: small tar/gzip of text files
+if [[ $MODE == dry ]]; then        # a shared CPU box runs the CPU forms of the sweeps: wider limits unless given
+    LIMIT[headline]="${T_HEADLINE:-300}" LIMIT[e2e]="${T_E2E:-240}" LIMIT[report]="${T_REPORT:-150}"
+fi
 
 if [[ $MODE == plan ]]; then
     total=0
