@@ -43,7 +43,7 @@ fi
 cd "$(dirname "$0")/.."
 STAGES="${STAGES:-env wheels tests headline e2e dram report}"
 GRACE=5
-declare -A LIMIT=([env]="${T_ENV:-25}" [wheels]="${T_WHEELS:-30}" [tests]="${T_TESTS:-100}"
+declare -A LIMIT=([env]="${T_ENV:-25}" [wheels]="${T_WHEELS:-40}" [tests]="${T_TESTS:-95}"
                   [headline]="${T_HEADLINE:-120}" [e2e]="${T_E2E:-55}" [dram]="${T_DRAM:-40}"
                   [report]="${T_REPORT:-30}")
 declare -A WHAT=([env]="nvidia-smi, NVML, versions, measured device copy bandwidth"
@@ -55,7 +55,8 @@ declare -A WHAT=([env]="nvidia-smi, NVML, versions, measured device copy bandwid
                  [report]="aggregate, tables, plots, claims report")
 PACK_S=5           # packing after each stage: small tar/gzip of text files
 if [[ $MODE == dry ]]; then        # a shared CPU box runs the CPU forms of the sweeps: wider limits unless given
-    LIMIT[headline]="${T_HEADLINE:-300}" LIMIT[e2e]="${T_E2E:-240}" LIMIT[report]="${T_REPORT:-150}"
+    LIMIT[wheels]="${T_WHEELS:-90}" LIMIT[headline]="${T_HEADLINE:-300}" LIMIT[e2e]="${T_E2E:-240}"
+    LIMIT[report]="${T_REPORT:-150}"
 fi
 
 if [[ $MODE == plan ]]; then
@@ -248,19 +249,18 @@ bundle, site = sys.argv[1], sys.argv[2]
 NEEDED = ["torch", "triton", "numpy", "pandas", "matplotlib", "yaml", "tqdm", "pynvml", "packaging", "einops",
           "hydra", "omegaconf", "antlr4", "pytest", "pytest_benchmark",
           "experiments.harness.runner", "experiments.hybrid.run", "experiments.accuracy", "replayssm.traffic"]
-PEERS = ["mamba_ssm.ops.triton.selective_state_update", "fla.ops.gated_delta_rule"]   # their rows: skipped if absent
 missing = []
 for name in NEEDED:
     try:
         importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001
         missing.append(f"{name} ({type(exc).__name__}: {str(exc)[:80]})")
-for name in PEERS:
-    try:
-        importlib.import_module(name)
-        print(f"wheels: peer {name} imports")
-    except Exception as exc:  # noqa: BLE001
-        print(f"wheels: peer {name} does not import ({type(exc).__name__}); its rows will be skipped")
+try:                                      # the peers as the harness imports them (mamba_ssm: its Triton op only)
+    from baselines.peers import peer_status
+    for name, status in peer_status().items():
+        print(f"wheels: peer {name}: {status}")
+except Exception as exc:  # noqa: BLE001
+    missing.append(f"baselines.peers ({type(exc).__name__}: {str(exc)[:80]})")
 hydra = importlib.import_module("hydra") if "hydra" not in " ".join(missing) else None
 if hydra is not None and "site-packages" in hydra.__file__ and not hydra.__file__.startswith(site):
     print(f"wheels: note: hydra from {hydra.__file__}, not the bundle")
