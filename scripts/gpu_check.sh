@@ -43,9 +43,9 @@ fi
 cd "$(dirname "$0")/.."
 STAGES="${STAGES:-env wheels tests headline e2e dram report}"
 GRACE=5
-declare -A LIMIT=([env]="${T_ENV:-25}" [wheels]="${T_WHEELS:-40}" [tests]="${T_TESTS:-95}"
+declare -A LIMIT=([env]="${T_ENV:-25}" [wheels]="${T_WHEELS:-45}" [tests]="${T_TESTS:-95}"
                   [headline]="${T_HEADLINE:-120}" [e2e]="${T_E2E:-55}" [dram]="${T_DRAM:-40}"
-                  [report]="${T_REPORT:-30}")
+                  [report]="${T_REPORT:-25}")
 declare -A WHAT=([env]="nvidia-smi, NVML, versions, measured device copy bandwidth"
                  [wheels]="offline install of WHEELS=DIR + import check (only with WHEELS)"
                  [tests]="GPU-only tests (bf16 Triton, graph capture), per-test record"
