@@ -5,6 +5,7 @@ every harness module, a cp312 binary is only checked, the GPU stages are printed
 
 from __future__ import annotations
 
+import argparse
 import base64
 import hashlib
 import os
@@ -147,3 +148,19 @@ def test_ncu_csv_is_summed_per_metric_and_a_missing_ncu_is_reported(tmp_path, mo
     assert dram_traffic.main(["--out", str(out), "--methods", "baseline_ar,replay_ar"]) == 0
     text = out.read_text()
     assert text.count("unavailable") == 2 and "ncu not found" in text
+
+
+def test_each_dram_point_is_a_valid_gpu_config():
+    """The ncu stage's points compose and expand as on the GPU (CUDA only pretended; nothing runs)."""
+    from unittest import mock
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import dram_traffic
+
+    args = argparse.Namespace(model="nemotron3_super_120b", batch=256, buffer_len=16, spec_T=4, route="output_only")
+    with mock.patch.object(torch.cuda, "is_available", return_value=True):
+        for method in dram_traffic.AR_METHODS + dram_traffic.SPEC_METHODS:
+            _, p = dram_traffic._point(args, method)
+            assert p.method == method and p.batch == 256 and p.device == "cuda" and p.backend == "triton"
