@@ -236,6 +236,8 @@ def run_hybrid(cfg, experiment: str) -> tuple[Path, list[dict]]:
                          if shard_of(p.config_hash(), shards) == shard and p.config_hash() not in done])
     if not todo:                                  # a resume with nothing left writes no provenance file
         return store.run_dir, []
+    if plan.device == "cuda" and shards > 1:      # one process per GPU: shard i on local GPU i mod count
+        torch.cuda.set_device(shard % torch.cuda.device_count())
     env = collect_env(device=plan.device, hardware=hardware, timing=plan.timing, sweep=data["sweep"])
     env.update(run_id=store.run_id, points=len(plan.points), experiment=experiment,
                shard={"index": shard, "count": shards, "to_run": len(todo)})
