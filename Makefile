@@ -13,7 +13,7 @@ export PYTHONHASHSEED := 0
 $(STAMP): pyproject.toml constraints-cpu.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -c constraints-cpu.txt -e '.[test,slurm]'
+	$(VENV)/bin/pip install --quiet -c constraints-cpu.txt -e '.[test,slurm,local]'
 	# Installed peers run beside our kernels (baselines/peers.py). On CPU: their Triton ops only, so mamba_ssm is
 	# built without its CUDA extensions and without its GPU-only dependencies.
 	$(VENV)/bin/pip install --quiet -c constraints-cpu.txt einops fla-core==0.6.0

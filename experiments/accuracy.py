@@ -41,9 +41,10 @@ from hydra.core.config_store import ConfigStore
 
 from experiments import accuracy_series as acs
 from experiments.harness.acceptance import parse_acceptance
+from experiments.harness.budget import Budget
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.points import CONF_DIR, DTYPES, Point, _models, resolve_device
-from experiments.harness.store import RunStore, RunTable
+from experiments.harness.store import RunStore, RunTable, run_pending
 from replayssm.checks import interpreter_active
 from replayssm.fp8_checkpoint import FP8_STATE_DTYPE, is_fp8
 
@@ -318,31 +319,38 @@ def _run(cfg, progress: bool | None) -> AccuracyResult:
     table = RunTable(store, "accuracy.csv", COLUMNS, key="series_hash")
     env = collect_env(device=sweep["device"], hardware=hardware, timing=data.get("timing") or {}, sweep=sweep)
     env.update(run_id=store.run_id, experiment="accuracy", series=len(series), threads=torch.get_num_threads())
-    name = store.env_name()
-    store.write_json(name, env)
-    store.write_text(name.replace("env", "config").replace(".json", ".yaml"), OmegaConf.to_yaml(data))
+    done = table.done_keys()
+    todo = [s for s in series if s.key(sweep, seed) not in done]
+    skipped = len(series) - len(todo)
+    if not todo:                                  # a resume with nothing left writes no provenance file
+        return AccuracyResult(store.run_dir, store.run_id, [], skipped)
+    store.write_provenance("accuracy", env, OmegaConf.to_yaml(data))
+    groups, written = {}, []
 
-    done, groups, written, skipped = table.done_keys(), {}, [], 0
-    show = data.get("progress", True) if progress is None else progress
-    from tqdm import tqdm
-
-    for s in tqdm(series, desc="accuracy", unit="series", disable=not show):
+    def work(s) -> list[dict]:
+        nonlocal groups
         key = s.key(sweep, seed)
-        if key in done:
-            skipped += 1
-            continue
         spec = specs[s.model_key]
         base = _base_row(s, spec, sweep, key, store.run_id)
         try:
             gkey = (s.model_key, s.workload, s.act_dtype)
             if gkey not in groups:
                 groups = {gkey: Group(spec, s.workload, s.act_dtype, sweep, seed)}   # one group's truth at a time
-            rows = [{**base, **r} for r in run_series(s, groups[gkey], sweep, seed)]
+            return [{**base, **r} for r in run_series(s, groups[gkey], sweep, seed)]
         except Exception as exc:  # noqa: BLE001 - a failing series is recorded, the sweep goes on
             status, message = failure(exc)
-            rows = [{**base, "status": status, "message": message}]
-        table.append_many(rows)
-        written += rows
+            return [{**base, "status": status, "message": message}]
+
+    def keep(rows: list[dict]) -> bool:
+        if table.append_many(rows):                # 0: another process wrote this series meanwhile
+            written.extend(rows)
+            return True
+        return False
+
+    show = data.get("progress", True) if progress is None else progress
+    run_pending(todo, lambda s: s.key(sweep, seed), work, keep, lambda key: store.claim(key, table.done_keys),
+                experiment="accuracy", run_dir=store.run_dir, desc="accuracy", show=show,
+                stop=Budget.of(data).expired)
     return AccuracyResult(store.run_dir, store.run_id, written, skipped)
 
 

@@ -6,7 +6,10 @@
 #
 #   default  what the GPU box lacks (it has torch 2.11 / triton 3.6, pandas, matplotlib, numpy, pytest,
 #            pytest-benchmark, pytest-xdist, nvidia-ml-py, tqdm, pyyaml, einops): hydra-core, omegaconf,
-#            the antlr4 runtime omegaconf 2.3 needs, hydra-submitit-launcher and submitit, with their deps
+#            the antlr4 runtime omegaconf 2.3 needs, hydra-submitit-launcher and submitit, hydra-joblib-launcher
+#            and joblib (GPUS=N), with their deps; and the peers whose rows run beside ours: fla-core (pure
+#            Python) and mamba_ssm, built here without its CUDA extension (its Triton ops are what the peer
+#            rows call; MAMBA_SKIP_CUDA_BUILD), as a pure-Python wheel
 #   --full   every harness dependency beyond torch / triton (pyproject.toml + the test extra), for a box
 #            that has nothing but torch
 # Versions are the pins of constraints-cpu.txt (the stack the suite is tested with) where it pins them.
@@ -38,7 +41,9 @@ ABI="cp${GPU_PYTHON/./}"
 read -r -a PLATFORMS <<< "${GPU_PLATFORMS:-manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_28_x86_64}"
 LIMIT_MIB="${BUNDLE_LIMIT_MIB:-64}"
 
-MISSING_PKGS=(hydra-core omegaconf antlr4-python3-runtime hydra-submitit-launcher submitit)
+MISSING_PKGS=(hydra-core omegaconf antlr4-python3-runtime hydra-submitit-launcher submitit hydra-joblib-launcher
+              joblib fla-core==0.6.0)
+MAMBA=mamba-ssm==2.3.2.post1      # built below (no binary wheel without CUDA extensions on PyPI)
 FULL_PKGS=("${MISSING_PKGS[@]}" numpy pandas matplotlib tqdm nvidia-ml-py pyyaml pytest pytest-benchmark
            pytest-xdist einops)
 if [[ "$MODE" == full ]]; then PKGS=("${FULL_PKGS[@]}"); else PKGS=("${MISSING_PKGS[@]}"); fi
@@ -58,8 +63,14 @@ for pkg in "${PKGS[@]}"; do
 done
 
 echo "gpu_bundle: $MODE set for CPython $GPU_PYTHON ($ABI, ${PLATFORMS[*]}) -> $DIR"
-# 1. antlr4: sdist only on PyPI; a pure-Python wheel built here serves every Python 3.
+# 1. antlr4: sdist only on PyPI; a pure-Python wheel built here serves every Python 3. mamba_ssm: its sdist,
+#    built here without the CUDA extension (needs this venv's torch: --no-build-isolation) -> a py3-none-any
+#    wheel of its Python sources, which imports on any CPython 3 with torch + triton (the box has both).
 "$PY" -m pip wheel --quiet --no-deps --wheel-dir "$DIR" antlr4-python3-runtime==4.9.3
+MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE \
+    "$PY" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$DIR" "$MAMBA"
+ls "$DIR"/mamba_ssm-*-py3-none-any.whl >/dev/null \
+    || { echo "gpu_bundle: the mamba_ssm wheel is not pure Python (did a CUDA extension build?)" >&2; exit 1; }
 # 2. everything else as binary wheels for the GPU box's interpreter; deps resolved for that target. The
 #    antlr4 wheel of step 1 satisfies omegaconf's requirement (--find-links DIR).
 PLATFORM_ARGS=()
@@ -67,7 +78,7 @@ for plat in "${PLATFORMS[@]}"; do PLATFORM_ARGS+=(--platform "$plat"); done
 EXCLUDE=()
 if [[ "$MODE" == missing ]]; then
     # already on the GPU box: never shadow its copies with ours
-    EXCLUDE=(torch triton numpy pandas matplotlib pytest pyyaml packaging typing-extensions filelock)
+    EXCLUDE=(torch triton numpy pandas matplotlib pytest pyyaml packaging typing-extensions filelock einops)
 fi
 "$PY" -m pip download --quiet --dest "$DIR" --find-links "$DIR" --only-binary=:all: \
     --python-version "$GPU_PYTHON" --implementation cp --abi "$ABI" "${PLATFORM_ARGS[@]}" "${REQS[@]}"

@@ -1,100 +1,158 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh [--dry-run] OUT_DIR: the one command to run on a GPU box (or a lent machine with no
-# registry). --dry-run runs every stage that needs no GPU on this machine (a CPU box) and prints the exact
+# scripts/gpu_check.sh [--plan | --dry-run] OUT_DIR: GPU first contact in one command, <= 8 minutes on one
+# H100/H200 with Triton's compiles included. --plan prints the stages and their limits (and `total: N s`) and
+# runs nothing; --dry-run runs every stage that needs no GPU on this machine (a CPU box) and prints the exact
 # GPU commands it skips, so a broken script is caught before it meets the GPU.
 #
-# Stages, each time-boxed and logged to OUT_DIR/logs/<stage>.log (the default limits fit a 10-minute window):
-#   env      nvidia-smi, torch / triton / CUDA versions, which Python deps import     -> OUT_DIR/env.json
-#   wheels   only with WHEELS=DIR (made by scripts/gpu_bundle.sh): every file of DIR/MANIFEST.tsv is checked
-#            (sha256, size) and installed offline (pip install --no-index --no-deps --target OUT_DIR/site);
-#            later stages import OUT_DIR/site first. In --dry-run, a wheel this Python cannot install (the
-#            cp312 binaries on a 3.11 box) is checked (hash, size, cp312 manylinux x86_64 tag) but not installed.
-#   tests    REPLAYSSM_TEST_DEVICE=cuda pytest tests -x -q, real kernels (TRITON_INTERPRET=0), bf16 included
-#            (--dry-run: skipped, printed)
-#   sweeps   python -m experiments.kernel_decode sweep=smoke, then kernel_spec into the same run
-#            -> OUT_DIR/results/<hardware>/<run-id>/{rows.csv, env.json}   (--dry-run: sweep=smoke on the CPU,
-#            which picks the tiny models and the torch backend itself: conf/sweep/smoke.yaml on_cpu)
-#   scripts  aggregate, tables, claims, plots on that run (summary.csv, TABLES.md, REPORT.md, plots/)
-#   report   python scripts/kernel_report.py --csv OUT_DIR/kernel_report.csv (AOT build: registers, spills; runs
-#            on a CPU too; --dry-run builds one geometry for sm_90 unless KR_ARGS says otherwise)
+# Stages, most valuable first; each one is time-boxed (its process group is killed at its limit, 5 s grace)
+# and writes its results the moment it ends, so a kill keeps everything before it:
+#   env       nvidia-smi, NVML, torch / triton / CUDA versions, the measured device copy bandwidth -> env.json
+#   wheels    only with WHEELS=DIR (scripts/gpu_bundle.sh): verify DIR/MANIFEST.tsv (sha256, size), install
+#             offline into a site dir that later stages import first, then import every module the harness
+#             needs; a missing one fails the stage naming `gpu_bundle.sh DIR --full`
+#   tests     the GPU-only tests (bf16 Triton, graph capture: pytest -k "$TEST_SELECT"), bounded: no new test
+#             starts after T_TESTS - 15 s; tests.log gets a line when each test starts and ends (a kill
+#             leaves the one that hung), plus pytest.xml at the end
+#   headline  AR decode at batch 64/256/512 for Nemotron-3-Super-120B (L = 8, 16) and Qwen3.5-122B (L = 16)
+#             at TP1, fp32 state, bf16 activations, both routes, baseline + ReplaySSM + installed peers; spec
+#             verify+commit at T = 4 (batch 128, 512) and T = 6 (batch 128) for the three spec methods
+#   e2e       whole-model decode step of Nemotron-3-Nano-4B and Qwen3.5-4B at batch 256, and serving at T = 4
+#             for Nemotron-3-Nano-4B (batch 128): the same run directory
+#   dram      DRAM bytes read/written per kernel from the hardware counters (ncu), one point per method, beside
+#             replayssm/traffic.py's bytes (scripts/dram_traffic.py) -> dram.csv; unreadable counters: said, on
+#   report    aggregate, tables, plots and the claims report over what ran
+# OUT_DIR ends up with at most 8 files: summary.txt (stages, claims table, DRAM table), stages.tsv, env.json,
+# tests.log, dram.csv, results.tar.gz (the run directory + pytest.xml), logs.tar.gz (every stage's log) and
+# stage.log (the running stage's log, live; gone once packed). They are refreshed after every stage.
 # A failing or timed-out stage is recorded and the next one still runs; the exit code is 1 if any failed.
+# The kernel report (registers, spills: scripts/kernel_report.py) is an AOT build that runs on a CPU: no stage.
 #
-# Environment: PY (default python), STAGES (subset, e.g. "env tests"), T_ENV T_WHEELS T_TESTS T_SWEEP
-# T_SCRIPTS T_REPORT (seconds per stage), PYTEST_ARGS (default "-x -q"), SWEEP (default smoke), SWEEP_ARGS
-# (extra Hydra overrides for both sweeps, e.g. "sweep.batch=[1,256]"), WHEELS, KR_ARGS (kernel_report args).
+# Environment: PY (default python), STAGES (subset), T_<STAGE> (seconds; e.g. T_TESTS=90), WHEELS, TEST_SELECT,
+# PYTEST_ARGS, HEADLINE_ARGS / E2E_ARGS (extra Hydra overrides), WORK (scratch dir, default a mktemp dir).
 set -uo pipefail
 
-DRY_RUN=0
-if [[ "${1:-}" == "--dry-run" ]]; then
-    DRY_RUN=1
-    shift
-fi
-if [[ $# -ne 1 ]]; then
-    echo "usage: bash scripts/gpu_check.sh [--dry-run] OUT_DIR" >&2
+MODE=run
+case "${1:-}" in
+    --plan) MODE=plan; shift ;;
+    --dry-run) MODE=dry; shift ;;
+esac
+if [[ $MODE != plan && $# -ne 1 ]]; then
+    echo "usage: bash scripts/gpu_check.sh [--plan | --dry-run] OUT_DIR" >&2
     exit 2
 fi
 cd "$(dirname "$0")/.."
-mkdir -p "$1/logs"
-OUT="$(cd "$1" && pwd)"
-PY="${PY:-python}"
-STAGES="${STAGES:-env wheels tests sweeps scripts report}"
-if (( DRY_RUN )); then
-    KR_ARGS="${KR_ARGS:---geometry nemotron3_super_120b --target 90 --fp32-state-only}"
-    # a shared CPU box is slower and noisier than the GPU box's host: wider limits unless given
-    T_SWEEP="${T_SWEEP:-180}" T_SCRIPTS="${T_SCRIPTS:-90}" T_REPORT="${T_REPORT:-150}"
-else
-    KR_ARGS="${KR_ARGS:-}"
+STAGES="${STAGES:-env wheels tests headline e2e dram report}"
+GRACE=5
+declare -A LIMIT=([env]="${T_ENV:-25}" [wheels]="${T_WHEELS:-45}" [tests]="${T_TESTS:-95}"
+                  [headline]="${T_HEADLINE:-120}" [e2e]="${T_E2E:-55}" [dram]="${T_DRAM:-40}"
+                  [report]="${T_REPORT:-25}")
+declare -A WHAT=([env]="nvidia-smi, NVML, versions, measured device copy bandwidth"
+                 [wheels]="offline install of WHEELS=DIR + import check (only with WHEELS)"
+                 [tests]="GPU-only tests (bf16 Triton, graph capture), per-test record"
+                 [headline]="AR decode b64/256/512 Super-120B L8/16 + Qwen3.5-122B L16; spec T4 b128/512, T6 b128"
+                 [e2e]="e2e decode Nano-4B + Qwen3.5-4B b256; serving T4 Nano-4B b128"
+                 [dram]="ncu DRAM bytes read/written, one point per method, vs the byte model"
+                 [report]="aggregate, tables, plots, claims report")
+PACK_S=5           # packing after each stage: small tar/gzip of text files
+if [[ $MODE == dry ]]; then        # a shared CPU box runs the CPU forms of the sweeps: wider limits unless given
+    LIMIT[wheels]="${T_WHEELS:-90}" LIMIT[headline]="${T_HEADLINE:-300}" LIMIT[e2e]="${T_E2E:-240}"
+    LIMIT[report]="${T_REPORT:-150}"
 fi
-SKIPPED_GPU=()
-T_ENV="${T_ENV:-30}" T_WHEELS="${T_WHEELS:-60}" T_TESTS="${T_TESTS:-240}" T_SWEEP="${T_SWEEP:-75}"
-T_SCRIPTS="${T_SCRIPTS:-45}" T_REPORT="${T_REPORT:-60}"
-SWEEP="${SWEEP:-smoke}"
-RUN_ID="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)"
-PYTEST_ARGS="${PYTEST_ARGS:--x -q}"
-SWEEP_ARGS="${SWEEP_ARGS:-}"
-# The stages run in a child bash under `timeout` (which cannot run shell functions): export what they read.
-export OUT PY SWEEP SWEEP_ARGS RUN_ID PYTEST_ARGS
 
-# Real kernels, on the GPU, with the repo's packages importable without an install. A dry run on a CPU
-# box: no interpreter either (the CPU smoke sweep times the torch backend, the kernel report captures real
-# launches: both need TRITON_INTERPRET unset), no CUDA test device.
+if [[ $MODE == plan ]]; then
+    total=0
+    printf '%-9s %8s  %s\n' stage limit_s what
+    for s in $STAGES; do
+        [[ -n "${LIMIT[$s]:-}" ]] || { echo "unknown stage $s" >&2; exit 2; }
+        printf '%-9s %8s  %s\n' "$s" "${LIMIT[$s]}" "${WHAT[$s]}"
+        total=$((total + LIMIT[$s] + GRACE + PACK_S))
+    done
+    echo "(each stage: its limit + ${GRACE} s kill grace + ${PACK_S} s packing)"
+    echo "total: ${total} s"
+    exit 0
+fi
+
+mkdir -p "$1"
+OUT="$(cd "$1" && pwd)"
+WORK="${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")}"
+mkdir -p "$WORK/logs" "$WORK/results"
+PY="${PY:-python}"
+RUN_ID="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)"
+TEST_SELECT="${TEST_SELECT:-gpu or bf16 or graph or capture}"
+PYTEST_ARGS="${PYTEST_ARGS:--q -x}"
+SKIPPED_GPU=()
+FAILED=()
+DRY_RUN=$([[ $MODE == dry ]] && echo 1 || echo 0)
 if (( DRY_RUN )); then
+    # a dry run: no interpreter (the CPU sweeps time the torch backend), no CUDA test device
     export TRITON_INTERPRET=0 PYTHONHASHSEED=0
     unset REPLAYSSM_TEST_DEVICE
 else
     export TRITON_INTERPRET=0 REPLAYSSM_TEST_DEVICE=cuda PYTHONHASHSEED=0
 fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export DRY_RUN SITE="$OUT/site"
-
-FAILED=()
+export PYTHONPATH="$PWD:$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}"
+export OUT WORK PY RUN_ID TEST_SELECT PYTEST_ARGS DRY_RUN SITE="$WORK/site" T_TESTS="${LIMIT[tests]}"
+export HEADLINE_ARGS="${HEADLINE_ARGS:-}" E2E_ARGS="${E2E_ARGS:-}"
 printf 'stage\tstatus\tseconds\tlimit_s\n' > "$OUT/stages.tsv"
+: > "$OUT/tests.log"
 
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 
-# run_stage NAME LIMIT CMD...: time-boxed (the whole process group is killed), tee'd to logs/NAME.log,
-# recorded in stages.tsv. CMD may be one of the functions below: they are handed to the child bash.
+# pack: OUT's <= 8 files from WORK, after every stage (a kill keeps what the finished stages wrote)
+pack() {
+    [[ -d "$WORK/results" ]] && tar -C "$WORK" -czf "$OUT/results.tar.gz.tmp" results $(cd "$WORK" && ls pytest.xml 2>/dev/null) \
+        && mv "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"
+    tar -C "$WORK" -czf "$OUT/logs.tar.gz.tmp" logs && mv "$OUT/logs.tar.gz.tmp" "$OUT/logs.tar.gz"
+    [[ -f "$WORK/env.json" ]] && cp "$WORK/env.json" "$OUT/env.json"
+    [[ -f "$WORK/dram.csv" ]] && cp "$WORK/dram.csv" "$OUT/dram.csv"
+    {
+        echo "gpu_check $RUN_ID ($(date -u +%FT%TZ)), mode $MODE"
+        column -t -s $'\t' "$OUT/stages.tsv" 2>/dev/null || cat "$OUT/stages.tsv"
+        [[ -f "$WORK/env.json" ]] && grep -E '"(gpu_name|torch|triton|cuda|copy_GBps|driver)"' "$WORK/env.json"
+        echo "tests: $(grep -c $'\tpassed' "$OUT/tests.log") passed, $(grep -c $'\tfailed' "$OUT/tests.log") failed," \
+            "$(grep -c $'\tskipped' "$OUT/tests.log") skipped"
+        run_dir="$(ls -d "$WORK"/results/*/"$RUN_ID" 2>/dev/null | head -n 1)"
+        [[ -n "$run_dir" && -f "$run_dir/REPORT.md" ]] && grep '^|' "$run_dir/REPORT.md"
+        [[ -f "$WORK/dram.csv" ]] && { echo; column -t -s, "$WORK/dram.csv" 2>/dev/null || cat "$WORK/dram.csv"; }
+        (( ${#SKIPPED_GPU[@]} )) && printf 'skipped (GPU): %s\n' "${SKIPPED_GPU[@]}"
+    } > "$OUT/summary.txt" 2>/dev/null
+    return 0
+}
+
+# run_stage NAME CMD...: time-boxed (the whole process group is killed), logged live to OUT/stage.log,
+# recorded in stages.tsv, then archived into logs.tar.gz with the rest.
 run_stage() {
-    local name=$1 limit=$2 t0=$SECONDS rc status
-    shift 2
+    local name=$1 limit=${LIMIT[$1]} t0=$SECONDS rc status
+    shift
     printf '\n==== [%s] limit %ss: %s\n' "$name" "$limit" "$*"
-    timeout -k 10 "$limit" bash -c "$(declare -f env_report wheels_stage pytest_stage sweep_stage scripts_stage); \"\$@\"" \
-        stage "$@" 2>&1 | tee -a "$OUT/logs/$name.log"
+    timeout -k "$GRACE" "$limit" bash -c "$(declare -f env_stage wheels_stage tests_stage sweep headline_stage \
+        e2e_stage dram_stage report_stage run_dir); \"\$@\"" stage "$@" 2>&1 | tee "$OUT/stage.log"
     rc=${PIPESTATUS[0]}
     case $rc in
         0) status=ok ;;
         124|137) status=timeout ;;
         *) status="failed(rc=$rc)" ;;
     esac
+    mv "$OUT/stage.log" "$WORK/logs/$name.log"
     printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - t0))" "$limit" >> "$OUT/stages.tsv"
     [[ $rc -eq 0 ]] || FAILED+=("$name:$status")
-    return 0
+    pack
 }
 
-env_report() {
+# skip_gpu NAME CMD: --dry-run's record of a GPU-only command: printed, in stages.tsv and summary.txt
+skip_gpu() {
+    local name=$1
+    shift
+    SKIPPED_GPU+=("[$name] $*")
+    printf '\n==== [%s] skipped (needs a GPU): %s\n' "$name" "$*"
+    printf '%s\t%s\t%s\t%s\n' "$name" "skipped-gpu" 0 0 >> "$OUT/stages.tsv"
+}
+
+run_dir() { ls -d "$WORK"/results/*/"$RUN_ID" 2>/dev/null | head -n 1; }
+
+env_stage() {
     nvidia-smi || echo "nvidia-smi not available"
-    nvidia-smi -q > "$OUT/nvidia-smi-q.txt" 2>&1 || true
-    "$PY" - "$OUT/env.json" <<'PYEOF'
+    "$PY" - "$WORK/env.json" <<'PYEOF'
 import importlib, json, platform, sys
 info = {"python": sys.version.split()[0], "platform": platform.platform()}
 try:
@@ -104,11 +162,24 @@ try:
         p = torch.cuda.get_device_properties(0)
         info.update(gpu_name=p.name, compute_capability=f"{p.major}.{p.minor}", sm_count=p.multi_processor_count,
                     gpu_memory_bytes=p.total_memory, l2_bytes=getattr(p, "L2_cache_size", None))
+        from experiments.harness.timing import measure_copy_GBps
+        info["copy_GBps"] = measure_copy_GBps("cuda", 1 << 30)     # 1 GiB device copy, read + write counted
 except Exception as exc:  # noqa: BLE001 - report whatever is broken
     info["torch_error"] = repr(exc)
+try:
+    import pynvml
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    clock = pynvml.nvmlDeviceGetMaxClockInfo
+    info["nvml"] = {"driver": pynvml.nvmlSystemGetDriverVersion(), "name": pynvml.nvmlDeviceGetName(h),
+                    "memory_total": pynvml.nvmlDeviceGetMemoryInfo(h).total,
+                    "max_sm_clock_mhz": clock(h, pynvml.NVML_CLOCK_SM),
+                    "max_mem_clock_mhz": clock(h, pynvml.NVML_CLOCK_MEM)}
+except Exception as exc:  # noqa: BLE001
+    info["nvml"] = f"unavailable: {type(exc).__name__}: {exc}"
 modules = {}
 for name in ("triton", "hydra", "omegaconf", "pandas", "numpy", "matplotlib", "tqdm", "pynvml", "pytest",
-             "pytest_benchmark", "xdist", "mamba_ssm", "fla", "flashinfer"):
+             "pytest_benchmark", "xdist", "einops", "mamba_ssm", "fla", "flashinfer"):
     try:
         mod = importlib.import_module(name)
         modules[name] = getattr(mod, "__version__", "present")
@@ -120,7 +191,7 @@ print(json.dumps(info, indent=2, default=str))
 PYEOF
 }
 
-wheels_stage() {   # wheels_stage DIR: check every file of DIR/MANIFEST.tsv, install it offline into $SITE
+wheels_stage() {   # wheels_stage DIR: check every file of DIR/MANIFEST.tsv, install offline into $SITE, import
     "$PY" - "$1" "$SITE" "$DRY_RUN" <<'PYEOF' || return 1
 import hashlib, subprocess, sys
 from pathlib import Path
@@ -171,89 +242,149 @@ if install:
     subprocess.run(cmd, check=True)
 print(f"wheels: installed {len(install)} into {site}")
 PYEOF
-    # the bundle's copies must be the ones imported (OUT/site is first on PYTHONPATH for later stages)
-    if [[ -d "$SITE/hydra" ]]; then
-        PYTHONPATH="$SITE:$PYTHONPATH" "$PY" -c "import hydra, omegaconf; assert hydra.__file__.startswith('$SITE'), \
-hydra.__file__; print('wheels: hydra', hydra.__version__, 'omegaconf', omegaconf.__version__, 'from', '$SITE')"
-    fi
+    # every module the harness imports, from the bundle's site first: a gap names the bundle that has it
+    PYTHONPATH="$SITE:$PYTHONPATH" "$PY" - "$1" "$SITE" <<'PYEOF'
+import importlib, sys
+bundle, site = sys.argv[1], sys.argv[2]
+NEEDED = ["torch", "triton", "numpy", "pandas", "matplotlib", "yaml", "tqdm", "pynvml", "packaging", "einops",
+          "hydra", "omegaconf", "antlr4", "pytest", "pytest_benchmark",
+          "experiments.harness.runner", "experiments.hybrid.run", "experiments.accuracy", "replayssm.traffic"]
+missing = []
+for name in NEEDED:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001
+        missing.append(f"{name} ({type(exc).__name__}: {str(exc)[:80]})")
+try:                                      # the peers as the harness imports them (mamba_ssm: its Triton op only)
+    from baselines.peers import peer_status
+    for name, status in peer_status().items():
+        print(f"wheels: peer {name}: {status}")
+except Exception as exc:  # noqa: BLE001
+    missing.append(f"baselines.peers ({type(exc).__name__}: {str(exc)[:80]})")
+hydra = importlib.import_module("hydra") if "hydra" not in " ".join(missing) else None
+if hydra is not None and "site-packages" in hydra.__file__ and not hydra.__file__.startswith(site):
+    print(f"wheels: note: hydra from {hydra.__file__}, not the bundle")
+if missing:
+    sys.exit(f"wheels: the harness needs modules this box lacks: {'; '.join(missing)}. Make the bundle with "
+             f"`bash scripts/gpu_bundle.sh {bundle} --full` (every dependency beyond torch/triton) and rerun.")
+print(f"wheels: all {len(NEEDED)} harness modules import")
+PYEOF
 }
 
-pytest_stage() {
+tests_stage() {
     local extra=() args
     read -r -a args <<< "$PYTEST_ARGS"
     # pyproject's addopts name --benchmark-disable, which needs pytest-benchmark: drop them when it is absent
     "$PY" -c "import pytest_benchmark" 2>/dev/null || extra+=(-o "addopts=-ra")
-    "$PY" -m pytest tests -p no:randomly -p no:cacheprovider --junitxml="$OUT/pytest.xml" \
-        ${extra[@]+"${extra[@]}"} ${args[@]+"${args[@]}"}
+    GPU_CHECK_TEST_LOG="$OUT/tests.log" GPU_CHECK_TEST_BUDGET_S="$((T_TESTS - 15))" GPU_CHECK_TEST_T0="$(date +%s)" \
+        "$PY" -m pytest tests -p no:randomly -p no:cacheprovider -p gpu_check_testlog -k "$TEST_SELECT" \
+        --junitxml="$WORK/pytest.xml" ${extra[@]+"${extra[@]}"} ${args[@]+"${args[@]}"}
 }
 
-sweep_stage() {    # sweep_stage EXPERIMENT: the first creates the run, the second resumes it
-    local experiment=$1 run_dir where extra
-    read -r -a extra <<< "$SWEEP_ARGS"
-    run_dir="$(ls -d "$OUT"/results/*/"$RUN_ID" 2>/dev/null | head -n 1 || true)"
-    if [[ -n "$run_dir" ]]; then where="resume=$run_dir"; else where="run_id=$RUN_ID"; fi
-    "$PY" -m "experiments.$experiment" "sweep=$SWEEP" "out_dir=$OUT/results" "$where" progress=false \
-        "hydra.run.dir=$OUT/hydra/$experiment" ${extra[@]+"${extra[@]}"}
+# sweep EXPERIMENT ARGS...: the first sweep creates the run, the later ones join it (resume=)
+sweep() {
+    local experiment=$1 where dir
+    shift
+    dir="$(run_dir)"
+    if [[ -n "$dir" ]]; then where="resume=$dir"; else where="run_id=$RUN_ID"; fi
+    "$PY" -m "experiments.$experiment" "out_dir=$WORK/results" "$where" progress=false \
+        "hydra.run.dir=$WORK/hydra/$experiment" "$@"
 }
 
-scripts_stage() {
-    local run_dir
-    run_dir="$(ls -d "$OUT"/results/*/"$RUN_ID" 2>/dev/null | head -n 1 || true)"
-    if [[ -z "$run_dir" ]]; then
-        echo "no run directory under $OUT/results (did the sweeps run?)"
+headline_stage() {
+    local extra
+    read -r -a extra <<< "$HEADLINE_ARGS"
+    if (( DRY_RUN )); then       # CPU: the smoke sweep (tiny models, torch backend: conf/sweep/smoke.yaml on_cpu)
+        sweep kernel_decode sweep=smoke ${extra[@]+"${extra[@]}"} && \
+            sweep kernel_spec sweep=smoke ${extra[@]+"${extra[@]}"}
+        return
+    fi
+    # short timing windows: 20 headline points must fit with their compiles; rows record the settings
+    local common=(sweep=paper timing.warmup_ms=10 timing.rep_ms=40 "sweep.state_dtype=[float32]"
+                  "sweep.act_dtype=[bfloat16]")
+    sweep kernel_decode "${common[@]}" "sweep.models=[nemotron3_super_120b]" "sweep.batch=[64,256,512]" \
+        "sweep.buffer_len=[8,16]" method=all ${extra[@]+"${extra[@]}"} || return 1
+    sweep kernel_decode "${common[@]}" "sweep.models=[qwen35_122b_a10b]" "sweep.batch=[64,256,512]" \
+        "sweep.buffer_len=[16]" method=all ${extra[@]+"${extra[@]}"} || return 1
+    sweep kernel_spec "${common[@]}" "sweep.models=[nemotron3_super_120b,qwen35_122b_a10b]" \
+        "sweep.batch=[128,512]" "sweep.spec_T=[4]" "sweep.acceptance=[{kind: rate, p: 0.8}]" \
+        "method.names=[baseline_spec,replay_spec,commit_replay_spec]" ${extra[@]+"${extra[@]}"} || return 1
+    sweep kernel_spec "${common[@]}" "sweep.models=[nemotron3_super_120b,qwen35_122b_a10b]" \
+        "sweep.batch=[128]" "sweep.spec_T=[6]" "sweep.acceptance=[{kind: rate, p: 0.8}]" \
+        "method.names=[baseline_spec,replay_spec,commit_replay_spec]" ${extra[@]+"${extra[@]}"}
+}
+
+e2e_stage() {
+    local extra
+    read -r -a extra <<< "$E2E_ARGS"
+    if (( DRY_RUN )); then       # CPU: the e2e / serving CPU sweeps, one tiny model, one batch
+        sweep e2e_decode sweep=e2e_cpu "sweep.models=[tiny_mamba2]" "sweep.batch=[1]" ${extra[@]+"${extra[@]}"} && \
+            sweep serving sweep=serving_cpu "sweep.models=[tiny_mamba2]" "sweep.batch=[1]" ${extra[@]+"${extra[@]}"}
+        return
+    fi
+    sweep e2e_decode sweep=paper_e2e "sweep.models=[nemotron3_nano_4b,qwen35_4b]" "sweep.batch=[256]" \
+        "sweep.context_len=[1024]" timing.warmup_ms=10 timing.rep_ms=40 ${extra[@]+"${extra[@]}"} || return 1
+    sweep serving sweep=paper_serving "sweep.models=[nemotron3_nano_4b]" "sweep.batch=[128]" "sweep.spec_T=[4]" \
+        "sweep.acceptance=[{kind: rate, p: 0.8}]" sweep.at_concurrency=false timing.warmup_ms=10 timing.rep_ms=40 \
+        ${extra[@]+"${extra[@]}"}
+}
+
+dram_stage() { "$PY" scripts/dram_traffic.py --out "$WORK/dram.csv" --timeout 12; }
+
+report_stage() {
+    local dir
+    dir="$(run_dir)"
+    if [[ -z "$dir" ]]; then
+        echo "no run directory under $WORK/results (did the sweeps run?)"
         return 1
     fi
-    "$PY" scripts/aggregate.py "$run_dir" && "$PY" scripts/tables.py "$run_dir" --quiet \
-        && "$PY" scripts/claims.py "$run_dir" && "$PY" scripts/plots.py "$run_dir" || return 1
-    grep '^|' "$run_dir/REPORT.md"       # the claims table: what this GPU measured against the paper
+    "$PY" scripts/aggregate.py "$dir" && "$PY" scripts/hybrid_summary.py "$dir" \
+        && "$PY" scripts/tables.py "$dir" --quiet && "$PY" scripts/claims.py "$dir" \
+        && "$PY" scripts/plots.py "$dir" || return 1
+    grep '^|' "$dir/REPORT.md"       # the claims table: what this GPU measured against the paper
 }
 
-# skip_gpu NAME CMD: --dry-run's record of a GPU-only stage: the exact command, printed and in stages.tsv
-skip_gpu() {
-    local name=$1
-    shift
-    SKIPPED_GPU+=("[$name] $*")
-    printf '\n==== [%s] skipped (needs a GPU): %s\n' "$name" "$*"
-    printf '%s\t%s\t%s\t%s\n' "$name" "skipped-gpu" 0 0 >> "$OUT/stages.tsv"
-}
-
-want env && run_stage env "$T_ENV" env_report
+want env && run_stage env env_stage
 if want wheels && [[ -n "${WHEELS:-}" ]]; then
     WHEELS="$(cd "$WHEELS" && pwd)"
-    run_stage wheels "$T_WHEELS" wheels_stage "$WHEELS"
+    run_stage wheels wheels_stage "$WHEELS"
     [[ -d "$SITE" ]] && export PYTHONPATH="$SITE:$PYTHONPATH"
 fi
 if want tests; then
     if (( DRY_RUN )); then
-        skip_gpu tests "TRITON_INTERPRET=0 REPLAYSSM_TEST_DEVICE=cuda $PY -m pytest tests -p no:randomly" \
-            "-p no:cacheprovider --junitxml=$OUT/pytest.xml $PYTEST_ARGS"
+        skip_gpu tests "TRITON_INTERPRET=0 REPLAYSSM_TEST_DEVICE=cuda $PY -m pytest tests -p gpu_check_testlog" \
+            "-k '$TEST_SELECT' --junitxml=pytest.xml $PYTEST_ARGS"
     else
-        run_stage tests "$T_TESTS" pytest_stage
+        run_stage tests tests_stage
     fi
 fi
-if want sweeps; then
+if want headline; then
+    (( DRY_RUN )) && skip_gpu headline_gpu "sweep=paper: Super-120B / Qwen3.5-122B, b64/256/512, L8/16, T4/T6 (the" \
+        "GPU commands are headline_stage in this script); here: sweep=smoke on the CPU"
+    run_stage headline headline_stage
+fi
+if want e2e; then
+    (( DRY_RUN )) && skip_gpu e2e_gpu "sweep=paper_e2e Nano-4B + Qwen3.5-4B b256; sweep=paper_serving Nano-4B T4" \
+        "b128; here: the CPU sweeps on tiny_mamba2"
+    run_stage e2e e2e_stage
+fi
+if want dram; then
     if (( DRY_RUN )); then
-        for experiment in kernel_decode kernel_spec; do
-            skip_gpu "gpu_sweep_$experiment" "TRITON_INTERPRET=0 $PY -m experiments.$experiment sweep=$SWEEP" \
-                "out_dir=$OUT/results (on a GPU: the large models, backend=triton, CUDA graphs, cold L2)"
-        done
+        skip_gpu dram "$PY scripts/dram_traffic.py --out dram.csv (ncu, one point per method)"
+    else
+        run_stage dram dram_stage
     fi
-    run_stage sweep_kernel_decode "$T_SWEEP" sweep_stage kernel_decode
-    run_stage sweep_kernel_spec "$T_SWEEP" sweep_stage kernel_spec
 fi
-want scripts && run_stage scripts "$T_SCRIPTS" scripts_stage
-if want report; then
-    read -r -a kr_args <<< "$KR_ARGS"
-    run_stage kernel_report "$T_REPORT" "$PY" scripts/kernel_report.py ${kr_args[@]+"${kr_args[@]}"} \
-        --csv "$OUT/kernel_report.csv" --json "$OUT/kernel_report.json"
-fi
+want report && run_stage report report_stage
+pack
 
 if (( ${#SKIPPED_GPU[@]} )); then
     printf '\n==== dry run: GPU commands skipped here (run them on the GPU box: bash scripts/gpu_check.sh OUT)\n'
     printf '  %s\n' "${SKIPPED_GPU[@]}"
 fi
-printf '\n==== summary (%s)\n' "$OUT/stages.tsv"
-column -t -s $'\t' "$OUT/stages.tsv" 2>/dev/null || cat "$OUT/stages.tsv"
+printf '\n==== summary (%s)\n' "$OUT/summary.txt"
+cat "$OUT/summary.txt"
+echo "files: $(cd "$OUT" && ls | tr '\n' ' ')"
 if (( ${#FAILED[@]} )); then
     echo "FAILED: ${FAILED[*]}"
     exit 1

@@ -13,8 +13,18 @@
 # results/<hardware>/<run-id>/ with rows.csv, env.json, summary.csv, TABLES.md, plots/ and REPORT.md; the
 # accuracy study (experiments/accuracy.py) joins it too, as accuracy.csv.
 #
+# Resume: `RUN_ID=<id> make reproduce` after a kill continues the run results/*/<id>/ (every experiment with
+# resume=: points already in it are skipped, none is written twice; the run directory is locked while a
+# process writes it), then rewrites the report from all its rows.
+# Time: on a GPU the estimate of the paper sweep (experiments/harness/budget.py) is printed first;
+# BUDGET_MIN=N runs each experiment's points that answer the published claims first and stops before the next
+# point once N minutes (less 2 for the report) have passed, then writes the report over what ran.
+# Several GPUs: GPUS=N (local, Hydra's joblib launcher, one process per GPU) or SHARDS=N LAUNCHER=slurm
+# (conf/hydra/launcher/slurm.yaml, hydra-submitit-launcher): each kernel / whole-model experiment runs as a
+# Hydra multirun of N shards (a point's shard: its config_hash mod N), all writing the one run directory.
+#
 # Environment: PY (python to use; default .venv/bin/python), RESULTS (default results), RUN_ID (default
-# reproduce-<UTC time>-<git sha>), PAPER_MODELS (GPU model list, Hydra syntax), SWEEP (override the sweep
+# reproduce-<UTC time>-<git sha>), BUDGET_MIN, GPUS, SHARDS, LAUNCHER (joblib | slurm), PAPER_MODELS (GPU model list, Hydra syntax), SWEEP (override the sweep
 # name), EXTRA (extra Hydra overrides for both experiments, e.g. "sweep.batch=[1,64]"); the vLLM stage:
 # ENGINE_SWEEP (default vllm_paper), ENGINE_MODELS (default [nemotron3_nano_4b,qwen35_4b]), ENGINE_EXTRA.
 set -euo pipefail
@@ -27,6 +37,30 @@ RUN_ID="${RUN_ID:-reproduce-$(date -u +%Y%m%dT%H%M%SZ)-${SHA}}"
 PAPER_MODELS="${PAPER_MODELS:-[nemotron3_nano_4b,nemotron3_super_120b,nemotron3_ultra_550b@tp2,qwen35_4b,qwen35_122b_a10b]}"
 read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
 MISSING=()
+START=$(date +%s)
+# Budget and shards: Hydra overrides every experiment gets (BUDGET_ARGS) and the kernel / whole-model ones run
+# as a multirun of SHARDS jobs (SHARD_ARGS).
+BUDGET_ARGS=()
+if [[ -n "${BUDGET_MIN:-}" ]]; then
+    [[ "$BUDGET_MIN" =~ ^[0-9]+$ ]] || { echo "reproduce: BUDGET_MIN=$BUDGET_MIN: expected whole minutes" >&2; exit 2; }
+    BUDGET_ARGS=("budget.deadline=$((START + BUDGET_MIN * 60 - 120))" "budget.claims_first=true")
+fi
+SHARDS="${SHARDS:-${GPUS:-1}}"
+LAUNCHER="${LAUNCHER:-joblib}"
+SHARD_ARGS=()
+if (( SHARDS > 1 )); then
+    case "$LAUNCHER" in
+        joblib) SHARD_ARGS=(--multirun hydra/launcher=joblib "hydra.launcher.n_jobs=${SHARDS}") ;;
+        slurm) SHARD_ARGS=(--multirun hydra/launcher=slurm) ;;
+        *) echo "reproduce: LAUNCHER=$LAUNCHER: expected joblib or slurm" >&2; exit 2 ;;
+    esac
+    SHARD_ARGS+=("shard.count=${SHARDS}" "shard.index=range(0,${SHARDS})")
+fi
+# where Hydra writes its own logs for one experiment (a multirun: its sweep dir, shared by the shards)
+hydra_dir() {
+    if (( SHARDS > 1 )); then echo "hydra.sweep.dir=outputs/reproduce/${RUN_ID}/$1"; else
+        echo "hydra.run.dir=outputs/reproduce/${RUN_ID}/$1"; fi
+}
 
 stage() { printf '\n==== %s\n' "$*" >&2; }
 
@@ -52,6 +86,9 @@ if [[ "$GPU" == "True" ]]; then
     # Real kernels on the GPU: never the interpreter.
     export TRITON_INTERPRET=0
     stage "GPU: $("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))'); sweep=${SWEEP}; run ${RUN_ID}"
+    # the estimate before any work (point counts x calibrated per-point costs); informational, never fatal
+    "$PY" -m experiments.harness.budget || echo "reproduce: no estimate (experiments/harness/budget.py failed)" >&2
+    (( SHARDS > 1 )) && echo "reproduce: ${SHARDS} shards (${LAUNCHER}): about 1/${SHARDS} of the device time each" >&2
 else
     SWEEP="${SWEEP:-cpu}"
     MODEL_ARGS=()           # sweep=cpu lists its own models (tiny ones and TP8 splits of the large ones)
@@ -73,6 +110,8 @@ find_run_dir() {
     [[ -n "$found" ]] && RUN_DIR="$found"
     return 0
 }
+find_run_dir                       # RUN_ID of an earlier (killed) run: every experiment resumes it
+[[ -n "$RUN_DIR" ]] && stage "resuming ${RUN_DIR}: points already in it are skipped"
 
 for experiment in kernel_decode kernel_spec; do
     if ! have_module "experiments.${experiment}"; then
@@ -91,9 +130,9 @@ for experiment in kernel_decode kernel_spec; do
     else
         cpu_args=(${CPU_DECODE_ARGS[@]+"${CPU_DECODE_ARGS[@]}"})
     fi
-    "$PY" -m "experiments.${experiment}" "sweep=${SWEEP}" ${MODEL_ARGS[@]+"${MODEL_ARGS[@]}"} "${where[@]}" \
-        progress=false "hydra.run.dir=outputs/reproduce/${RUN_ID}/${experiment}" ${cpu_args[@]+"${cpu_args[@]}"} \
-        ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+    "$PY" -m "experiments.${experiment}" ${SHARD_ARGS[@]+"${SHARD_ARGS[@]}"} "sweep=${SWEEP}" \
+        ${MODEL_ARGS[@]+"${MODEL_ARGS[@]}"} "${where[@]}" progress=false "$(hydra_dir "$experiment")" \
+        ${cpu_args[@]+"${cpu_args[@]}"} ${BUDGET_ARGS[@]+"${BUDGET_ARGS[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
     find_run_dir
 done
 
@@ -116,8 +155,9 @@ for experiment in e2e_decode serving; do
         where=("resume=${RUN_DIR}")
     fi
     stage "sweep: python -m experiments.${experiment} sweep=${hsweep} ${where[*]}"
-    "$PY" -m "experiments.${experiment}" "sweep=${hsweep}" "${where[@]}" progress=false \
-        "hydra.run.dir=outputs/reproduce/${RUN_ID}/${experiment}" ${HYBRID_ARGS[@]+"${HYBRID_ARGS[@]}"}
+    "$PY" -m "experiments.${experiment}" ${SHARD_ARGS[@]+"${SHARD_ARGS[@]}"} "sweep=${hsweep}" "${where[@]}" \
+        progress=false "$(hydra_dir "$experiment")" ${BUDGET_ARGS[@]+"${BUDGET_ARGS[@]}"} \
+        ${HYBRID_ARGS[@]+"${HYBRID_ARGS[@]}"}
     find_run_dir
 done
 
@@ -134,7 +174,7 @@ if have_module "experiments.accuracy"; then
     if [[ "$GPU" == "True" ]]; then ACC_SWEEP="${ACC_SWEEP:-accuracy_paper}"; else ACC_SWEEP="${ACC_SWEEP:-accuracy_cpu}"; fi
     stage "accuracy: python -m experiments.accuracy sweep=${ACC_SWEEP} resume=${RUN_DIR}"
     "$PY" -m experiments.accuracy "sweep=${ACC_SWEEP}" "resume=${RUN_DIR}" progress=false \
-        "hydra.run.dir=outputs/reproduce/${RUN_ID}/accuracy"
+        "hydra.run.dir=outputs/reproduce/${RUN_ID}/accuracy" ${BUDGET_ARGS[@]+"${BUDGET_ARGS[@]}"}
 else
     skip_missing "accuracy study" "module experiments.accuracy"
 fi
@@ -161,9 +201,11 @@ if have_module "experiments.vllm_bench"; then
     mkdir -p "$(dirname "$ENGINE_LOG")"
     stage "engine: python -m experiments.vllm_bench engine_sweep=${ENGINE_SWEEP:-vllm_paper} (ENGINE_MODELS, ENGINE_EXTRA)"
     read -r -a ENGINE_ARGS <<< "${ENGINE_EXTRA:-}"
+    ENGINE_DIR="$(ls -d "${RESULTS}"/*/"${ENGINE_RUN_ID}" 2>/dev/null | head -n 1 || true)"
+    if [[ -n "$ENGINE_DIR" ]]; then engine_where="resume=${ENGINE_DIR}"; else engine_where="run_id=${ENGINE_RUN_ID}"; fi
     if "$PY" -m experiments.vllm_bench "engine_sweep=${ENGINE_SWEEP:-vllm_paper}" \
         "engine_sweep.models=${ENGINE_MODELS:-[nemotron3_nano_4b,qwen35_4b]}" "out_dir=${RESULTS}" \
-        "run_id=${ENGINE_RUN_ID}" progress=false "hydra.run.dir=outputs/reproduce/${RUN_ID}/vllm_bench" \
+        "$engine_where" progress=false "hydra.run.dir=outputs/reproduce/${RUN_ID}/vllm_bench" \
         ${ENGINE_ARGS[@]+"${ENGINE_ARGS[@]}"} > "$ENGINE_LOG" 2>&1; then
         ENGINE_DIR="$(ls -d "${RESULTS}"/*/"${ENGINE_RUN_ID}" 2>/dev/null | head -n 1 || true)"
         tail -n 3 "$ENGINE_LOG" >&2

@@ -12,6 +12,8 @@ and the sweep goes on.
 from __future__ import annotations
 
 import math
+import statistics
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,11 +21,12 @@ from pathlib import Path
 import torch
 
 from experiments.harness import memory, timing
+from experiments.harness.budget import Budget
 from experiments.harness.check import gate
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.methods import REGISTRY, Method, MethodUnavailable
 from experiments.harness.points import CONF_DIR, Plan, Point, device_sweep, expand
-from experiments.harness.store import COLUMNS, RunStore
+from experiments.harness.store import COLUMNS, RunStore, RunTable, parse_shard, run_pending, shard_of
 from experiments.harness.workload import Workload
 from replayssm.checks import interpreter_active
 
@@ -98,8 +101,19 @@ def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
     from omegaconf import OmegaConf
 
     settings = plan.timing
+    shard, shards = parse_shard(data)
     hardware = resolve_hardware(data.get("hardware") or {}, plan.device, CONF_DIR)
     store = RunStore.open(data, hardware["name"])
+    # this process's points: its shard (config_hash mod shard.count), less what the run already has
+    done = store.done_hashes()
+    budget = Budget.of(data)
+    mine = [p for p in plan.points if shard_of(p.config_hash(), shards) == shard]
+    todo = budget.order([p for p in mine if p.config_hash() not in done])
+    skipped = len(mine) - len(todo)
+    if not todo:                                   # nothing to run: no provenance file, no bandwidth probe
+        return RunResult(run_dir=store.run_dir, run_id=store.run_id, rows=[], resumed_skipped=skipped)
+    if plan.device == "cuda" and shards > 1:       # one process per GPU: shard i on local GPU i mod count
+        torch.cuda.set_device(shard % torch.cuda.device_count())
     copy_bytes = int(settings.get("copy_bytes", 1 << 30))
     probe = None
     if plan.device == "cpu":
@@ -112,26 +126,31 @@ def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
     env = collect_env(device=plan.device, hardware=hardware, timing=settings, sweep=data["sweep"])
     if probe is not None:
         env["cpu_cold_probe"] = probe
-    env.update(run_id=store.run_id, copy_GBps=copy_GBps, copy_bytes=copy_bytes, points=len(plan.points))
+    env.update(run_id=store.run_id, copy_GBps=copy_GBps, copy_bytes=copy_bytes, points=len(plan.points),
+               shard={"index": shard, "count": shards, "points": len(mine), "to_run": len(todo)})
     if plan.device == "cpu":
         env["cpu_clock"] = timing.cpu_clock(settings.get("cpu_clock", "auto")).__name__
-    name = store.env_name()
-    store.write_json(name, env)
-    store.write_text(name.replace("env", "config").replace(".json", ".yaml"), OmegaConf.to_yaml(data))
+    name = store.write_provenance(plan.experiment, env, OmegaConf.to_yaml(data))
 
-    done = store.done_hashes()
     ctx = Context(plan=plan, run_id=store.run_id, hardware=hardware, copy_GBps=copy_GBps)
-    rows, skipped = [], 0
+    rows: list[dict] = []
     show = data.get("progress", True) if progress is None else progress
-    from tqdm import tqdm
 
-    for p in tqdm(plan.points, desc=plan.experiment, unit="pt", disable=not show):
-        if p.config_hash() in done:
-            skipped += 1
-            continue
-        row = run_point(p, ctx)
-        store.append(row)
-        rows.append(row)
+    host_table = RunTable(store, "host_costs.csv", HOST_COLUMNS, key="config_hash")
+
+    def keep(row: dict) -> bool:
+        if store.append(row):                       # False: another process wrote this point meanwhile
+            rows.append(row)
+            host = row.pop("_host", {})
+            host_table.append_many([{c: row.get(c) for c in HOST_COLUMNS} | host])
+            return True
+        return False
+
+    run_pending(todo, Point.config_hash, lambda p: run_point(p, ctx), keep, store.claim, experiment=plan.experiment,
+                run_dir=store.run_dir, desc=plan.experiment, show=show, stop=budget.expired)
+    skipped += len(todo) - len(rows)               # measured meanwhile by another process (a second resume)
+    env["host_per_point_s"] = host_summary(host_table.path)
+    store.write_json(name, env)
     if plan.device == "cuda":                       # device-wide usage at the end (None when NVML is absent)
         env["nvml_used_bytes_end"] = memory.nvml_used_bytes()
         store.write_json(name, env)
@@ -155,6 +174,26 @@ def cold_stack_bytes(hardware: dict, settings: dict) -> dict | None:
                              f"({probe['threads']} threads; sysfs LLC {hardware.get('llc_bytes')} B)"
                              + ("" if probe["reached"] else "; plateau not confirmed up to the largest size probed"))
     return probe
+
+
+HOST_COLUMNS = ["config_hash", "experiment", "model", "method", "batch", "gate_s", "build_s", "capture_s",
+                "timing_s", "run_id"]
+
+
+def host_summary(path: Path) -> dict:
+    """Median host seconds per timed point of a run's host_costs.csv: gate, build, capture (warm-up + graph
+    capture: GPU), the whole timing call, and build + gate + capture."""
+    import csv
+
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["timing_s"]]
+    if not rows:
+        return {}
+    med = {k: statistics.median(float(r[k] or 0) for r in rows) for k in ("gate_s", "build_s", "capture_s",
+                                                                         "timing_s")}
+    med["host_s"] = statistics.median(sum(float(r[k] or 0) for k in ("gate_s", "build_s", "capture_s"))
+                                      for r in rows)
+    return med | {"points": len(rows)}
 
 
 # ------------------------------------------------------------------------------------------------ points
@@ -211,8 +250,11 @@ def _measure(p: Point, method: Method, ctx: Context, row: dict, notes: list[str]
     acc = plan.acceptances.get(p.acceptance) if p.acceptance else None
     fns = method.api(p.family)
 
+    host = row["_host"] = {}                       # host seconds of this point (host_costs.csv, not rows.csv)
+    t0 = time.perf_counter()
     result = gate(method, fns, wl, p, max_batch=int(settings["check_max_batch"]),
                   ar_steps=int(settings["check_ar_steps"]), acceptance=acc)
+    host["gate_s"] = time.perf_counter() - t0
     row["rel_err"] = result.rel_err
     notes.append(result.message())
     if not result.ok:
@@ -221,10 +263,15 @@ def _measure(p: Point, method: Method, ctx: Context, row: dict, notes: list[str]
         notes.append("Triton interpreter: correctness only, never timed")
         return "ok"
 
+    t0 = time.perf_counter()
     stack = Stack(method, wl, p, acc, settings, ctx.hardware)
+    host["build_s"] = time.perf_counter() - t0
     notes.append(stack.note)
     row["cache_resident"] = stack.cache_resident
+    timing.CAPTURE_SECONDS[0] = 0.0
+    t0 = time.perf_counter()
     best, flush = _time_variants(stack, method, wl, p, settings, notes, row)
+    host.update(timing_s=time.perf_counter() - t0, capture_s=timing.CAPTURE_SECONDS[0])
     row.update(median_us=best.median_us, p20_us=best.p20_us, p80_us=best.p80_us,
                flush_us=flush.median_us if flush else None)
     mean_acc = float(stack.counts.float().mean()) if stack.counts is not None else None
@@ -466,6 +513,11 @@ def hydra_entry(cfg) -> str:
     extra = f" ({result.resumed_skipped} points already done)" if result.resumed_skipped else ""
     print(f"{cfg.experiment.name}: {len(result.rows)} rows in {elapsed:.1f} s{extra} -> {result.run_dir}")
     exit_if_nothing_measured(result.rows, cfg.experiment.name, result.run_dir)
+    host = result.env.get("host_per_point_s") if result.env else None
+    if host:
+        print(f"host per timed point (median of {host['points']}): gate {host['gate_s']:.3f} s + build "
+              f"{host['build_s']:.3f} s + capture {host['capture_s']:.3f} s = {host['host_s']:.3f} s; whole timing "
+              f"call {host['timing_s']:.3f} s (host_costs.csv)")
     return str(result.run_dir)
 
 

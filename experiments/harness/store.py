@@ -5,15 +5,32 @@ the point in flight. A run never overwrites another: a new run directory is crea
 automatic run-id that collides gets a -2, -3 ... suffix; an explicit one is refused), and an existing one is
 only reopened by `resume`, which then skips the points whose config_hash already has a row.
 
+Several processes may write one run directory at once (two `resume=` of it, the shards of a Hydra multirun,
+SLURM array jobs on a shared file system). Three file locks (fcntl.flock: released by the kernel when a
+process dies, so a kill never leaves a stale lock) keep it consistent:
+  <run dir>/.lock             held while a row is appended: the append re-reads the keys under it and drops a
+                              row whose key is already there, so no key ever has two rows;
+  <run dir>/.claims/<key>     held while a process measures that point: another process skips it;
+  <parent>/.<run id>.lock     held while the jobs of one multirun create or join their shared run directory.
+Provenance: the first process writes env.json / config.yaml; every later one env.<experiment>.json /
+config.<experiment>.yaml (-2, -3 ... when that exists), and only when it has a point to run.
+
 Columns (the contract with scripts/; empty = not applicable to the row's method):
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
+import io
 import json
 import math
 import os
+import re
+import shlex
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 COLUMNS = [
@@ -38,6 +55,89 @@ def _cell(value):
     return value
 
 
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path` (created if absent) for the with-block; it blocks until free."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)                             # closing the descriptor releases the lock
+
+
+class KeyIndex:
+    """The set of `key` values in a CSV table, read incrementally: each refresh parses only the bytes appended
+    since the last one (rows.csv of a paper sweep is ~2,000 rows; re-reading it per append would cost seconds)."""
+
+    def __init__(self, path: Path, key: str):
+        self.path, self.key, self.keys, self.offset, self.column = Path(path), key, set(), 0, None
+
+    def refresh(self) -> set[str]:
+        with open(self.path, newline="") as f:
+            f.seek(self.offset)
+            text = f.read()
+            self.offset = f.tell()
+        reader = csv.reader(io.StringIO(text))
+        if self.column is None:
+            header = next(reader, [])
+            if self.key not in header:
+                raise ValueError(f"{self.path}: no {self.key!r} column")
+            self.column = header.index(self.key)
+        self.keys.update(r[self.column] for r in reader if len(r) > self.column)
+        return self.keys
+
+
+def append_unique(path: Path, columns: list[str], rows: list[dict], index: KeyIndex, lock: Path) -> int:
+    """Append `rows` (all rows of one key, e.g. an accuracy series' checkpoints) under `lock`, unless their key
+    already has a row (another process wrote it meanwhile); durable before returning. The number appended."""
+    if not rows:
+        return 0
+    with locked(lock):
+        if rows[0][index.key] in index.refresh():
+            return 0
+        with open(path, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            for row in rows:
+                writer.writerow({k: _cell(row.get(k)) for k in columns})
+            f.flush()
+            os.fsync(f.fileno())
+        index.refresh()
+    return len(rows)
+
+
+# ---------------------------------------------------------------------------------------- shards, multirun
+
+def shard_of(key: str, count: int) -> int:
+    """The shard (0 .. count-1) a point belongs to: its config hash (hex) mod count, the same in every process."""
+    return int(key, 16) % count if count > 1 else 0
+
+
+def parse_shard(data: dict) -> tuple[int, int]:
+    """(index, count) from the config's `shard: {index, count}`; a clear error for a bad pair."""
+    shard = data.get("shard") or {}
+    index, count = shard.get("index", 0), shard.get("count", 1)
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(f"shard.count: {count!r}; expected an integer >= 1")
+    if not isinstance(index, int) or not 0 <= index < count:
+        raise ValueError(f"shard.index: {index!r}; expected an integer in [0, {count - 1}] (shard.count={count})")
+    return index, count
+
+
+def multirun_dir() -> str | None:
+    """The sweep directory when this process is one job of a Hydra multirun (every job of it, on any launcher,
+    sees the same one), else None."""
+    if "hydra" not in sys.modules:
+        return None
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return None
+    cfg = HydraConfig.get()
+    return str(Path(cfg.sweep.dir).resolve()) if cfg.mode == RunMode.MULTIRUN else None
+
+
 class RunStore:
     """An open run directory. `columns`: the row contract (a subclass may extend COLUMNS, e.g. engine rows)."""
 
@@ -46,6 +146,8 @@ class RunStore:
     def __init__(self, run_dir: Path, run_id: str):
         self.run_dir, self.run_id = Path(run_dir), run_id
         self.rows_path = self.run_dir / "rows.csv"
+        self.lock_path = self.run_dir / ".lock"
+        self._index: KeyIndex | None = None
 
     # ------------------------------------------------------------------------------------------- opening
     @classmethod
@@ -70,14 +172,39 @@ class RunStore:
         return store
 
     @classmethod
+    def join(cls, root: Path, hardware: str, run_id: str, token: str) -> RunStore:
+        """The run directory shared by the jobs of one multirun (`token`: its sweep directory): the first job
+        creates it, the others join it; a directory of another run with that name is refused."""
+        parent = Path(root) / hardware
+        parent.mkdir(parents=True, exist_ok=True)
+        run_dir = parent / run_id
+        marker = run_dir / ".multirun"
+        with locked(parent / f".{run_id}.lock"):
+            if run_dir.exists():
+                if not marker.is_file() or marker.read_text() != token:
+                    raise ValueError(f"run_id: {run_dir} already exists and is not this multirun's ({token}); "
+                                     f"pass resume={run_dir} to continue it or choose another run_id")
+                return cls.resume(run_dir)
+            run_dir.mkdir()
+            with open(run_dir / "rows.csv", "w", newline="") as f:
+                csv.DictWriter(f, fieldnames=cls.columns).writeheader()
+            marker.write_text(token)
+        return cls(run_dir, run_id)
+
+    @classmethod
     def open(cls, data: dict, hardware: str) -> RunStore:
-        """The run a composed config asks for: `resume=<run dir>` joins it, else a new run under `out_dir`
+        """The run a composed config asks for: `resume=<run dir>` joins it; in a Hydra multirun every job joins
+        one run directory (named `run_id`, or after the sweep directory); else a new run under `out_dir`
         (default <repo>/results) named `run_id` (explicit: refused if taken) or a fresh id."""
         if data.get("resume"):
             return cls.resume(Path(data["resume"]))
         from experiments.harness.env import REPO_ROOT, new_run_id
 
         root = Path(data["out_dir"]) if data.get("out_dir") else REPO_ROOT / "results"
+        sweep_dir = multirun_dir()
+        if sweep_dir:
+            run_id = data.get("run_id") or "multirun-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(sweep_dir).name)
+            return cls.join(root, hardware, run_id, sweep_dir)
         return cls.create(root, hardware, data.get("run_id") or new_run_id(), explicit=bool(data.get("run_id")))
 
     @classmethod
@@ -94,24 +221,42 @@ class RunStore:
 
     # ------------------------------------------------------------------------------------------- content
     def done_hashes(self) -> set[str]:
-        with open(self.rows_path, newline="") as f:
-            return {row["config_hash"] for row in csv.DictReader(f)}
+        if self._index is None:
+            self._index = KeyIndex(self.rows_path, "config_hash")
+        return set(self._index.refresh())
 
     def read_rows(self) -> list[dict]:
         with open(self.rows_path, newline="") as f:
             return list(csv.DictReader(f))
 
-    def append(self, row: dict) -> None:
-        """Append one row and make it durable before returning."""
+    def append(self, row: dict) -> bool:
+        """Append one row and make it durable before returning; False (nothing written) when its config_hash
+        already has a row (another process measured the point meanwhile)."""
         missing = set(self.columns) - set(row)
         if missing:
             raise ValueError(f"row lacks columns {sorted(missing)}")
         if row["status"] not in STATUSES:
             raise ValueError(f"row status {row['status']!r} not in {STATUSES}")
-        with open(self.rows_path, "a", newline="") as f:
-            csv.DictWriter(f, fieldnames=self.columns).writerow({k: _cell(row[k]) for k in self.columns})
-            f.flush()
-            os.fsync(f.fileno())
+        if self._index is None:
+            self._index = KeyIndex(self.rows_path, "config_hash")
+        return append_unique(self.rows_path, self.columns, [row], self._index, self.lock_path) == 1
+
+    @contextlib.contextmanager
+    def claim(self, key: str, done: Callable[[], set[str]] | None = None) -> Iterator[bool]:
+        """True for the with-block when this process may measure point `key`: no other live process holds its
+        claim and (`done`, default this run's rows) it has no row yet. The claim dies with the process."""
+        claims = self.run_dir / ".claims"
+        claims.mkdir(exist_ok=True)
+        fd = os.open(claims / key, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield key not in (done or self.done_hashes)()
+        finally:
+            os.close(fd)
 
     def write_json(self, name: str, data: dict) -> Path:
         path = self.run_dir / name
@@ -123,44 +268,83 @@ class RunStore:
         path.write_text(text)
         return path
 
-    def env_name(self) -> str:
-        """env.json for a new run; env.resume-N.json for each resume (the original provenance is kept)."""
-        if not (self.run_dir / "env.json").exists():
-            return "env.json"
-        n = 1
-        while (self.run_dir / f"env.resume-{n}.json").exists():
-            n += 1
-        return f"env.resume-{n}.json"
+    def write_provenance(self, experiment: str, env: dict, config_text: str) -> str:
+        """env.json + config.yaml for the run's first writer; env.<experiment>.json + config.<experiment>.yaml
+        for a later one (a second experiment joining, a resume, a shard), numbered -2, -3 ... when taken.
+        Reserved under the run's lock, so concurrent writers never share a name. Returns the env file's name."""
+        with locked(self.lock_path):
+            if not (self.run_dir / "env.json").exists():
+                stem = ""
+            else:
+                stem, n = f".{experiment}", 1
+                while (self.run_dir / f"env{stem}.json").exists():
+                    n += 1
+                    stem = f".{experiment}-{n}"
+            name = f"env{stem}.json"
+            self.write_json(name, env)
+        self.write_text(f"config{stem}.yaml", config_text)
+        return name
+
+
+# ------------------------------------------------------------------------------------------- the loop
+
+def resume_command(experiment: str, run_dir: Path, argv: list[str] | None = None) -> str:
+    """The command that continues this run: the same module and overrides, with resume= instead of run_id=."""
+    args = [a for a in (sys.argv[1:] if argv is None else argv)
+            if not a.startswith(("run_id=", "out_dir=", "resume=", "-m", "--multirun"))]
+    return shlex.join(["python", "-m", f"experiments.{experiment}", f"resume={run_dir}", *args])
+
+
+def run_pending(items: Iterable, key: Callable, work: Callable, append: Callable, claim: Callable, *,
+                experiment: str, run_dir: Path, desc: str, show: bool, stop: Callable[[], bool] | None = None) -> int:
+    """For each item (already filtered to this shard and to keys without rows): measure it under its claim and
+    append its rows; skip one another live process is measuring. `stop()` true (the time budget is spent):
+    end cleanly before the next item with a note and the resume command. Ctrl-C: a note of the rows kept
+    and the exact resume command, then exit 130 (no traceback). Returns the number of items appended."""
+    from tqdm import tqdm
+
+    kept, items = 0, list(items)
+    try:
+        for i, item in enumerate(tqdm(items, desc=desc, unit="pt", disable=not show)):
+            if stop is not None and stop():
+                print(f"time budget spent: {len(items) - i} points of {desc} not run (kept: {kept} written now); "
+                      f"continue with:\n  {resume_command(experiment, run_dir)}", file=sys.stderr)
+                break
+            with claim(key(item)) as mine:
+                if mine and append(work(item)):
+                    kept += 1
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {kept} points written by this process are kept in {run_dir} (rows.csv is fsync'ed "
+              f"per point); continue with:\n  {resume_command(experiment, run_dir)}", file=sys.stderr)
+        raise SystemExit(130) from None
+    return kept
 
 
 class RunTable:
     """A second table of a run directory (e.g. accuracy.csv of experiments/accuracy.py) with its own columns,
     kept beside rows.csv so a run that joins the kernel sweeps (`resume=`) leaves their contract untouched.
-    Same rules as rows.csv: header written once, each row appended and fsync'ed; `done_keys` lets a resumed
-    run skip what is already there."""
+    Same rules as rows.csv: header written once, each key's rows appended together, fsync'ed and never twice
+    (under the run's lock); `done_keys` lets a resumed run skip what is already there."""
 
     def __init__(self, store: RunStore, name: str, columns: list[str], key: str):
-        self.path, self.columns, self.key = store.run_dir / name, list(columns), key
-        if not self.path.exists():
-            with open(self.path, "w", newline="") as f:
-                csv.DictWriter(f, fieldnames=self.columns).writeheader()
-        else:
-            with open(self.path, newline="") as f:
-                if next(csv.reader(f), []) != self.columns:
-                    raise ValueError(f"{self.path} has different columns than this experiment writes")
+        self.store, self.path, self.columns, self.key = store, store.run_dir / name, list(columns), key
+        with locked(store.lock_path):
+            if not self.path.exists():
+                with open(self.path, "w", newline="") as f:
+                    csv.DictWriter(f, fieldnames=self.columns).writeheader()
+            else:
+                with open(self.path, newline="") as f:
+                    if next(csv.reader(f), []) != self.columns:
+                        raise ValueError(f"{self.path} has different columns than this experiment writes")
+        self.index = KeyIndex(self.path, key)
 
     def done_keys(self) -> set[str]:
-        with open(self.path, newline="") as f:
-            return {row[self.key] for row in csv.DictReader(f)}
+        return set(self.index.refresh())
 
-    def append_many(self, rows: list[dict]) -> None:
+    def append_many(self, rows: list[dict]) -> int:
+        """Append the rows of one key (unless that key already has rows); the number appended."""
         for row in rows:
             missing = set(self.columns) - set(row)
             if missing:
                 raise ValueError(f"row lacks columns {sorted(missing)}")
-        with open(self.path, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self.columns)
-            for row in rows:
-                writer.writerow({k: _cell(row[k]) for k in self.columns})
-            f.flush()
-            os.fsync(f.fileno())
+        return append_unique(self.path, self.columns, rows, self.index, self.store.lock_path)

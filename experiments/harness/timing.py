@@ -113,8 +113,12 @@ def time_cpu_prepared(prepare: Callable[[], None], step: Callable[[], None], wor
 
 # ------------------------------------------------------------------------------------------------------ GPU
 
+CAPTURE_SECONDS = [0.0]   # wall seconds spent in capture_graph (warm-up + capture); the runner reads it per point
+
+
 def capture_graph(cycle: Callable[[], None], warmup_calls: int = 2) -> torch.cuda.CUDAGraph:
     """Warm up on a side stream (Triton JIT, allocator), then capture one call of `cycle` in a CUDA graph."""
+    t0 = time.perf_counter()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -126,6 +130,7 @@ def capture_graph(cycle: Callable[[], None], warmup_calls: int = 2) -> torch.cud
     with torch.cuda.graph(graph):
         cycle()
     torch.cuda.synchronize()
+    CAPTURE_SECONDS[0] += time.perf_counter() - t0
     return graph
 
 

@@ -35,9 +35,20 @@ ATTENTION_IMPL = "torch_sdpa"
 KV_LAYOUT = "contiguous"
 
 
+def randn(gen: torch.Generator, shape, device) -> torch.Tensor:
+    """Standard normal values, reproducible from the CPU generator `gen`. On a GPU they are drawn there from a
+    seed taken from `gen` (a 4B model's weights drawn on one host core took minutes per build); on the CPU
+    they come from `gen` itself, as before. Same `gen` state, same values: every method of a point's model
+    sees the same weights."""
+    if torch.device(device).type == "cpu":
+        return torch.randn(shape, generator=gen)
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+    return torch.randn(shape, generator=torch.Generator(device).manual_seed(seed), device=device)
+
+
 def _w(gen: torch.Generator, *shape: int, fan_in: int, dtype, device) -> torch.Tensor:
-    """Random weights with std 1/sqrt(fan_in), drawn on the CPU generator (reproducible), then moved."""
-    return (torch.randn(*shape, generator=gen) / math.sqrt(fan_in)).to(device=device, dtype=dtype)
+    """Random weights with std 1/sqrt(fan_in), reproducible from the CPU generator (see `randn`)."""
+    return (randn(gen, shape, device) / math.sqrt(fan_in)).to(device=device, dtype=dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -111,9 +122,9 @@ class SSMMixer:
         g, shape = self.spec.geometry, self.call.state_shape
         std = 1.0 if self.spec.family == "mamba2" else g.K ** -0.5
         n = self.conv_state.shape[0]
-        state = (torch.randn(n, *shape, generator=gen) * std).to(self.device, self.call.state_dtype)
+        state = (randn(gen, (n, *shape), self.device) * std).to(self.device, self.call.state_dtype)
         self.method.set_state(self.cache, state)
-        self.conv_state.copy_(torch.randn(self.conv_state.shape, generator=gen))
+        self.conv_state.copy_(randn(gen, self.conv_state.shape, self.device))
 
     def nbytes(self) -> int:
         return int(self.method.footprint(self.cache)) + self.conv_state.numel() * self.conv_state.element_size()
@@ -196,8 +207,8 @@ class Attention:
         self.v = torch.zeros_like(self.k)
 
     def reset(self, gen: torch.Generator, context: int) -> None:
-        self.k[:, :context].copy_(torch.randn(self.k[:, :context].shape, generator=gen))
-        self.v[:, :context].copy_(torch.randn(self.v[:, :context].shape, generator=gen))
+        self.k[:, :context].copy_(randn(gen, self.k[:, :context].shape, self.k.device))
+        self.v[:, :context].copy_(randn(gen, self.v[:, :context].shape, self.v.device))
 
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()

@@ -25,9 +25,11 @@ import torch
 
 from experiments.harness import memory, timing
 from experiments.harness.acceptance import parse_acceptance
+from experiments.harness.budget import Budget
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.points import CONF_DIR, DTYPES
 from experiments.harness.runner import failure
+from experiments.harness.store import parse_shard, run_pending, shard_of
 from experiments.hybrid.footprint import footprint, max_concurrency, step_bytes
 from experiments.hybrid.layers import ATTENTION_IMPL, KV_LAYOUT, SSMCall
 from experiments.hybrid.model import HybridModel, MTPDrafter
@@ -305,23 +307,34 @@ def run_hybrid(cfg, experiment: str) -> tuple[Path, list[dict]]:
     plan = expand(data, experiment, hardware)                     # every ValueError here, before any work
     columns = E2E_COLUMNS if experiment == "e2e_decode" else SERVING_COLUMNS
     store = HybridStore.open(data, hardware["name"], experiment, columns)
-    env = collect_env(device=plan.device, hardware=hardware, timing=plan.timing, sweep=data["sweep"])
-    env.update(run_id=store.run_id, points=len(plan.points), experiment=experiment)
-    store.store.write_json(f"env.{experiment}.json", env)
-    store.store.write_text(f"config.{experiment}.yaml", OmegaConf.to_yaml(data))
+    shard, shards = parse_shard(data)
     done = store.done_hashes()
+    budget = Budget.of(data)
+    todo = budget.order([p for p in plan.points
+                         if shard_of(p.config_hash(), shards) == shard and p.config_hash() not in done])
+    if not todo:                                  # a resume with nothing left writes no provenance file
+        return store.run_dir, []
+    if plan.device == "cuda" and shards > 1:      # one process per GPU: shard i on local GPU i mod count
+        torch.cuda.set_device(shard % torch.cuda.device_count())
+    env = collect_env(device=plan.device, hardware=hardware, timing=plan.timing, sweep=data["sweep"])
+    env.update(run_id=store.run_id, points=len(plan.points), experiment=experiment,
+               shard={"index": shard, "count": shards, "to_run": len(todo)})
+    store.store.write_provenance(experiment, env, OmegaConf.to_yaml(data))
     threads = torch.get_num_threads()
     if data["sweep"].get("threads"):
         torch.set_num_threads(int(data["sweep"]["threads"]))
     rows = []
-    from tqdm import tqdm
+
+    def keep(row: dict) -> bool:
+        if store.append(row):
+            rows.append(row)
+            return True
+        return False
 
     try:
-        for p in tqdm(plan.points, desc=experiment, unit="pt", disable=not data.get("progress", True)):
-            if p.config_hash() in done:
-                continue
-            rows.append(_run_point(p, plan, store.run_id))
-            store.append(rows[-1])
+        run_pending(todo, HybridPoint.config_hash, lambda p: _run_point(p, plan, store.run_id), keep,
+                    lambda key: store.store.claim(key, store.done_hashes), experiment=experiment,
+                    run_dir=store.run_dir, desc=experiment, show=data.get("progress", True), stop=budget.expired)
     finally:
         torch.set_num_threads(threads)
     return store.run_dir, rows

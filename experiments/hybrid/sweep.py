@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from experiments.harness.points import (
     resolve_device,
     validate_timing,
 )
-from experiments.harness.store import RunStore
+from experiments.harness.store import KeyIndex, RunStore, append_unique, locked
 from experiments.hybrid import footprint as fpm
 from experiments.hybrid.spec import HybridSpec, hybrid_spec
 
@@ -332,43 +331,36 @@ def _build(spec: HybridSpec, build: str, sweep: dict, act: str) -> str:
 # --------------------------------------------------------------------------------------------------- store
 
 class HybridStore:
-    """<run dir>/<experiment>_rows.csv in a run directory made (or resumed) by the harness's RunStore."""
+    """<run dir>/<experiment>_rows.csv in a run directory made (or resumed) by the harness's RunStore; rows are
+    appended under the run's lock, never twice for one config_hash (experiments/harness/store.py)."""
 
     def __init__(self, store: RunStore, experiment: str, columns: list[str]):
         self.store, self.columns = store, columns
         self.run_dir, self.run_id = store.run_dir, store.run_id
         self.path = store.run_dir / f"{experiment.removesuffix('_decode')}_rows.csv"
-        if self.path.exists():
-            with open(self.path, newline="") as f:
-                if next(csv.reader(f), []) != columns:
-                    raise ValueError(f"resume: {self.path} has different columns than this harness writes")
-        else:
-            with open(self.path, "w", newline="") as f:
-                csv.DictWriter(f, fieldnames=columns).writeheader()
+        with locked(store.lock_path):
+            if self.path.exists():
+                with open(self.path, newline="") as f:
+                    if next(csv.reader(f), []) != columns:
+                        raise ValueError(f"resume: {self.path} has different columns than this harness writes")
+            else:
+                with open(self.path, "w", newline="") as f:
+                    csv.DictWriter(f, fieldnames=columns).writeheader()
+        self.index = KeyIndex(self.path, "config_hash")
 
     @classmethod
     def open(cls, data: dict, hardware: str, experiment: str, columns: list[str]) -> HybridStore:
-        from experiments.harness.env import REPO_ROOT, new_run_id
-
         if data.get("resume"):
             run_dir = Path(data["resume"])
             if not run_dir.is_dir():
                 raise ValueError(f"resume: {run_dir} is not a run directory")
             store = RunStore(run_dir, run_dir.name)
-        else:
-            root = Path(data["out_dir"]) if data.get("out_dir") else REPO_ROOT / "results"
-            store = RunStore.create(root, hardware, data.get("run_id") or new_run_id(),
-                                    explicit=bool(data.get("run_id")))
+        else:                                        # a new run, or the shared one of a multirun
+            store = RunStore.open(data, hardware)
         return cls(store, experiment, columns)
 
     def done_hashes(self) -> set[str]:
-        with open(self.path, newline="") as f:
-            return {r["config_hash"] for r in csv.DictReader(f)}
+        return set(self.index.refresh())
 
-    def append(self, row: dict) -> None:
-        from experiments.harness.store import _cell
-
-        with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, fieldnames=self.columns).writerow({k: _cell(row.get(k)) for k in self.columns})
-            f.flush()
-            os.fsync(f.fileno())
+    def append(self, row: dict) -> bool:
+        return append_unique(self.path, self.columns, [row], self.index, self.store.lock_path) == 1

@@ -136,10 +136,9 @@ def run_engine_bench(cfg, *, progress: bool | None = None) -> EngineRun:
     store = EngineStore.open(data, hardware["name"])
     env = collect_env(device=device, hardware=hardware, timing={}, sweep={})
     env.update(run_id=store.run_id, points=len(plan.points), level=LEVEL, engine=engine.describe())
-    name = store.env_name()
-    store.write_json(name, env)
-    store.write_text(name.replace("env", "config").replace(".json", ".yaml"), OmegaConf.to_yaml(data))
     done = store.done_hashes()
+    if any(point_hash(p) not in done for p in plan.points):     # a resume with nothing left adds no file
+        store.write_provenance(EXPERIMENT, env, OmegaConf.to_yaml(data))
     run = EngineRun(run_dir=store.run_dir, run_id=store.run_id, engine=engine.describe())
     show = data.get("progress", True) if progress is None else progress
     for i, p in enumerate(tqdm(plan.points, desc=EXPERIMENT, unit="pt", disable=not show)):

@@ -28,20 +28,18 @@ def _run_dirs(tmp_path: Path) -> list[Path]:
     return sorted(p for p in (tmp_path / "results" / "cpu").iterdir() if p.is_dir())
 
 
-def test_multirun_over_models_writes_one_run_dir_each_and_nothing_in_cwd(tmp_path):
+def test_multirun_over_models_writes_one_run_dir_and_nothing_in_cwd(tmp_path):
     proc = _run(tmp_path, "experiments.kernel_decode", "--multirun", "model=tiny_mamba2,tiny_gdn", "sweep=cpu",
                 "sweep.batch=[1]", "sweep.buffer_len=[2]", "method=ours", f"hydra.sweep.dir={tmp_path / 'multirun'}",
                 "hydra.sweep.subdir=${hydra.job.num}")
-    runs = _run_dirs(tmp_path)
-    assert len(runs) == 2                                           # two jobs, two runs, none overwritten
-    models = set()
-    for run in runs:
-        with open(run / "rows.csv", newline="") as f:
-            rows = list(csv.DictReader(f))
-        assert rows and all(r["status"] == "ok" for r in rows), rows
-        models |= {r["model"] for r in rows}                        # model= narrowed the cpu sweep's model list
-        assert (run / "env.json").exists() and (run / "config.yaml").exists()
-    assert models == {"tiny_mamba2", "tiny_gdn"}
+    (run,) = _run_dirs(tmp_path)                                    # two jobs, one run directory
+    with open(run / "rows.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["status"] == "ok" for r in rows), rows
+    assert {r["model"] for r in rows} == {"tiny_mamba2", "tiny_gdn"}   # model= narrowed the cpu sweep's models
+    assert len({r["config_hash"] for r in rows}) == len(rows)
+    for name in ("env.json", "config.yaml", "env.kernel_decode.json", "config.kernel_decode.yaml"):
+        assert (run / name).exists(), name                          # each job's provenance, none overwritten
     assert (tmp_path / "multirun" / "0" / ".hydra" / "config.yaml").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["multirun", "results"]      # nothing else in cwd
     assert "kernel_decode:" in proc.stdout and "status: ok=" in proc.stdout

@@ -85,11 +85,13 @@ def test_resume_skips_recorded_points_and_completes_the_rest(tmp_path):
     assert [r["batch"] for r in resumed.rows] == [3]
     on_disk = _rows_on_disk(first.run_dir)
     assert [r["batch"] for r in on_disk] == ["2", "3"] and len({r["config_hash"] for r in on_disk}) == 2
-    assert (first.run_dir / "env.json").exists() and (first.run_dir / "env.resume-1.json").exists()
-    assert (first.run_dir / "config.resume-1.yaml").exists()
+    assert (first.run_dir / "env.json").exists() and (first.run_dir / "env.kernel_decode.json").exists()
+    assert (first.run_dir / "config.kernel_decode.yaml").exists()          # named by experiment, not resume-N
+    files = sorted(p.name for p in first.run_dir.iterdir())
     again = run_experiment(compose(tmp_path, overrides=["sweep.models=[tiny_mamba2]", "sweep.batch=[2,3]",
                                                         "method.names=[baseline_ar]", f"resume={first.run_dir}"]))
     assert again.rows == [] and again.resumed_skipped == 2
+    assert sorted(p.name for p in first.run_dir.iterdir()) == files          # ran nothing: wrote no config file
 
 
 def test_runs_never_overwrite_each_other(tmp_path):

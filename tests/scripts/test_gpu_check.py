@@ -1,9 +1,11 @@
-"""scripts/gpu_check.sh --dry-run on this CPU box with a local FAKE bundle (no network): the env stage runs,
-the wheels stage verifies the manifest and installs offline into OUT/site, a cp312 binary is only checked,
-the GPU stages are printed as skipped; a tampered bundle fails the wheels stage."""
+"""scripts/gpu_check.sh on this CPU box: --plan's stages and total; --dry-run with a local FAKE bundle (no
+network): the env stage runs, the wheels stage verifies the manifest, installs offline into WORK/site and imports
+every harness module, a cp312 binary is only checked, the GPU stages are printed as skipped, OUT holds at most
+8 files; a tampered bundle fails the wheels stage. The per-test log plugin and the ncu CSV parser."""
 
 from __future__ import annotations
 
+import argparse
 import base64
 import hashlib
 import os
@@ -51,7 +53,8 @@ def _bundle(tmp_path: Path) -> Path:
 
 
 def _run(out: Path, bundle: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PY=sys.executable, WHEELS=str(bundle), STAGES="env wheels tests", T_ENV="60")
+    env = dict(os.environ, PY=sys.executable, WHEELS=str(bundle), STAGES="env wheels tests", T_ENV="60",
+               T_WHEELS="120", WORK=str(out.parent / "work"))
     return subprocess.run(["bash", str(SCRIPT), "--dry-run", str(out)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=180)
 
@@ -64,9 +67,12 @@ def test_dry_run_installs_the_bundle_offline_and_prints_the_gpu_commands(tmp_pat
     stages = dict(line.split("\t")[:2] for line in (out / "stages.tsv").read_text().splitlines()[1:])
     assert stages == {"env": "ok", "wheels": "ok", "tests": "skipped-gpu"}
     assert (out / "env.json").is_file()
-    assert (out / "site" / "replayssm_fake_dep.py").is_file()               # the pure wheel: installed
-    assert not (out / "site" / "replayssm_fake_ext.py").exists()            # the cp312 binary: checked only
-    assert "checked only (cp312 binary" in proc.stdout
+    site = out.parent / "work" / "site"
+    assert (site / "replayssm_fake_dep.py").is_file()                       # the pure wheel: installed
+    assert not (site / "replayssm_fake_ext.py").exists()                    # the cp312 binary: checked only
+    assert "checked only (cp312 binary" in proc.stdout and "harness modules import" in proc.stdout
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and "summary.txt" in files and "logs.tar.gz" in files, files
     assert "GPU commands skipped here" in proc.stdout and "REPLAYSSM_TEST_DEVICE=cuda" in proc.stdout
 
 
@@ -78,9 +84,83 @@ def test_a_tampered_bundle_fails_the_wheels_stage(tmp_path):
     proc = _run(out, bundle)
     assert proc.returncode == 1
     assert "wheels\tfailed" in (out / "stages.tsv").read_text()
-    assert "size/sha256 differ" in proc.stdout and not (out / "site").exists()
+    assert "size/sha256 differ" in proc.stdout and not (out.parent / "work" / "site").exists()
 
 
 def test_usage_error_without_out_dir():
     proc = subprocess.run(["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+def test_plan_lists_every_stage_within_eight_minutes():
+    proc = subprocess.run(["bash", str(SCRIPT), "--plan"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    rows = [ln.split() for ln in proc.stdout.splitlines()[1:] if not ln.startswith(("total", "("))]
+    stages = [r[0] for r in rows]
+    assert stages == ["env", "wheels", "tests", "headline", "e2e", "dram", "report"]
+    total = int(proc.stdout.strip().splitlines()[-1].removeprefix("total: ").removesuffix(" s"))
+    limits = sum(int(r[1]) for r in rows)
+    assert limits < total <= 480                       # the limits plus kill grace and packing per stage
+
+
+def test_a_missing_harness_module_fails_the_wheels_stage_naming_full(tmp_path):
+    out = tmp_path / "out"
+    bundle = _bundle(tmp_path)
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "einops.py").write_text("raise ImportError('hidden by the test')\n")   # shadows the installed one
+    env = dict(os.environ, PY=sys.executable, WHEELS=str(bundle), STAGES="wheels", T_WHEELS="120",
+               WORK=str(tmp_path / "work"), PYTHONPATH=str(hide))
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 1
+    assert "einops" in proc.stdout and "--full" in proc.stdout
+
+
+def test_the_per_test_log_records_each_test_and_the_time_budget(tmp_path):
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "test_x.py").write_text("import time\n\ndef test_a():\n    time.sleep(0.3)\n\n"
+                                     "def test_b():\n    assert False\n\ndef test_c():\n    pass\n")
+    log = tmp_path / "tests.log"
+    env = dict(os.environ, GPU_CHECK_TEST_LOG=str(log), GPU_CHECK_TEST_BUDGET_S="0.2",
+               PYTHONPATH=str(ROOT / "scripts"))
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(tests), "-p", "gpu_check_testlog", "-p", "no:randomly",
+                           "-o", "addopts=", "-q", "--rootdir", str(tests)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    lines = log.read_text().splitlines()
+    assert lines[0].endswith("test_a\tstarted") and "test_a\tpassed" in lines[1], lines
+    assert lines[-1].startswith("# time budget 0.2 s spent: 2 tests not started"), (lines, proc.stdout[-800:])
+
+
+def test_ncu_csv_is_summed_per_metric_and_a_missing_ncu_is_reported(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import dram_traffic
+
+    text = "\n".join(['==PROF== Connected', '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"',
+                      '"0","k1","dram__bytes_read.sum","Mbyte","1.5"',
+                      '"0","k1","dram__bytes_write.sum","Kbyte","2"',
+                      '"1","k2","dram__bytes_read.sum","byte","1,000"',
+                      '"1","k2","dram__bytes_write.sum","byte","0"'])
+    assert dram_traffic.parse_ncu_csv(text) == (2, 1.5e6 + 1000, 2e3)
+    monkeypatch.setattr(dram_traffic.shutil, "which", lambda name: None)
+    out = tmp_path / "dram.csv"
+    assert dram_traffic.main(["--out", str(out), "--methods", "baseline_ar,replay_ar"]) == 0
+    text = out.read_text()
+    assert text.count("unavailable") == 2 and "ncu not found" in text
+
+
+def test_each_dram_point_is_a_valid_gpu_config():
+    """The ncu stage's points compose and expand as on the GPU (CUDA only pretended; nothing runs)."""
+    from unittest import mock
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import dram_traffic
+
+    args = argparse.Namespace(model="nemotron3_super_120b", batch=256, buffer_len=16, spec_T=4, route="output_only")
+    with mock.patch.object(torch.cuda, "is_available", return_value=True):
+        for method in dram_traffic.AR_METHODS + dram_traffic.SPEC_METHODS:
+            _, p = dram_traffic._point(args, method)
+            assert p.method == method and p.batch == 256 and p.device == "cuda" and p.backend == "triton"
