@@ -319,6 +319,10 @@ def run_hybrid(cfg, experiment: str) -> tuple[Path, list[dict]]:
     env = collect_env(device=plan.device, hardware=hardware, timing=plan.timing, sweep=data["sweep"])
     env.update(run_id=store.run_id, points=len(plan.points), experiment=experiment,
                shard={"index": shard, "count": shards, "to_run": len(todo)})
+    if plan.over_capacity:                        # sweep.over_capacity: skip (paper_serving on one GPU)
+        env["over_capacity"] = plan.over_capacity
+        print(f"{experiment}: {len(plan.over_capacity)} points above their mode's max concurrency left out "
+              f"(sweep.over_capacity=skip; listed in env.json), e.g. {plan.over_capacity[0]}")
     store.store.write_provenance(experiment, env, OmegaConf.to_yaml(data))
     threads = torch.get_num_threads()
     if data["sweep"].get("threads"):

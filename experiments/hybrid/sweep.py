@@ -67,6 +67,10 @@ class HybridSweepSchema:
     hbm_util: float = 0.9                   # vLLM's gpu_memory_utilization default
     at_concurrency: bool = False            # serving: add a point per mode at its max concurrency (capped)
     concurrency_batch_cap: int = 1024
+    # serving: a batch above a mode's max concurrency under the HBM budget is refused (`refuse`) or, in a
+    # multi-model sweep whose at_concurrency point measures each mode's high end, left out and listed in the
+    # run's env.json and console (`skip`)
+    over_capacity: str = "refuse"
     vocab_cap: int | None = None            # CPU: truncate the (per-rank) LM head to this many rows (recorded)
     expert_cap: int | None = None           # CPU: build at most this many routed experts (>= top-k; recorded)
     threads: int | None = None
@@ -120,6 +124,7 @@ class HybridPlan:
     timing: dict
     budget: dict = field(default_factory=dict)     # model_key -> (bytes, source)
     full_specs: dict[str, HybridSpec] = field(default_factory=dict)   # model_key -> spec before the CPU caps
+    over_capacity: list[str] = field(default_factory=list)   # serving points left out (sweep.over_capacity: skip)
 
 
 def _models(sweep: dict) -> list[tuple[str, dict, int | None]]:
@@ -187,6 +192,8 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
     build = _choice("sweep.build", sweep.get("build", "auto"), ("auto", "full", "block"))
     _choice("sweep.moe_impl", sweep.get("moe_impl", "auto"), ("auto", "grouped_mm", "loop"))
     route = _choice("sweep.route", sweep.get("route"), ("output_only", "state_and_output"))
+    over_capacity = _choice("sweep.over_capacity", sweep.get("over_capacity", "refuse"), ("refuse", "skip"))
+    skipped: list[str] = []
     for key, allowed in (("state_dtype", ("float32", "float16")), ("act_dtype", ("float32", "float16", "bfloat16"))):
         v = sweep.get(key)
         if v not in DTYPES or str(DTYPES[v]).removeprefix("torch.") not in allowed:
@@ -252,6 +259,9 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
                             bs.append(-min(cap, int(sweep.get("concurrency_batch_cap", 1024))))
                         for b in bs:
                             at_cap, b = b < 0, abs(b)
+                            if b > cap and over_capacity == "skip":
+                                skipped.append(f"{key} T={T} ctx={ctx} {mode}: batch {b} > max concurrency {cap}")
+                                continue
                             if b > cap:
                                 raise ValueError(
                                     f"{key}: batch {b} cannot fit the HBM budget in mode {mode!r} (max concurrency "
@@ -272,7 +282,7 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
         raise ValueError(f"experiment.name: unknown hybrid experiment {experiment!r}")
     return HybridPlan(experiment=experiment, device=device, points=points,
                       specs={key_of(s): s for _, s in models}, sweep=sweep, timing=timing, budget=budgets,
-                      full_specs=full)
+                      full_specs=full, over_capacity=skipped)
 
 
 def key_of(spec: HybridSpec) -> str:
