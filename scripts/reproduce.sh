@@ -4,7 +4,8 @@
 #   GPU (torch.cuda.is_available()): the paper sweep of both kernel experiments (sweep=paper, hardware
 #       auto-detected, the five production models; Ultra at TP2 as in the paper), into ONE run directory.
 #   CPU: the embedded default: the CPU micro-benchmarks (make bench-cpu) and the CPU sweeps of both
-#       experiments (sweep=cpu, torch backend), then the same scripts. CPU numbers are labelled as such.
+#       experiments (sweep=cpu, backend=cpu: the fused C/OpenMP kernels), the tree-speculation sweep
+#       (sweep=tree_cpu, its own run <RUN_ID>-tree), then the same scripts. CPU numbers are labelled as such.
 #
 # Then the whole-model experiments e2e_decode and serving (experiments/hybrid; GPU: sweep=paper_e2e /
 # paper_serving, CPU: e2e_cpu / serving_cpu, a few minutes) join the same run with resume=.
@@ -32,7 +33,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
 RESULTS="${RESULTS:-results}"
-SHA="$(git rev-parse --short HEAD 2>/dev/null || echo nogit)"
+SHA="$(git rev-parse --short=7 HEAD 2>/dev/null || echo nogit)"
 RUN_ID="${RUN_ID:-reproduce-$(date -u +%Y%m%dT%H%M%SZ)-${SHA}}"
 PAPER_MODELS="${PAPER_MODELS:-[nemotron3_nano_4b,nemotron3_super_120b,nemotron3_ultra_550b@tp2,qwen35_4b,qwen35_122b_a10b]}"
 read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
@@ -99,7 +100,7 @@ else
     # (timing) and config.yaml like every other setting.
     CPU_DECODE_ARGS=("timing.cpu_repeats=7")
     CPU_SPEC_ARGS=("timing.cpu_repeats=5" "timing.cpu_warmup=1" "timing.spec_steps=18" "sweep.batch=[8]")
-    stage "CPU: no CUDA device; the embedded CPU default (torch backend, sweep=${SWEEP}); run ${RUN_ID}"
+    stage "CPU: no CUDA device; the embedded CPU default (cpu backend, sweep=${SWEEP}); run ${RUN_ID}"
 fi
 
 # ---------------------------------------------------------------------------------------------- sweeps
@@ -139,7 +140,7 @@ done
 # ------------------------------------------------- whole-model experiments (experiments/hybrid), same run
 # e2e_decode (a hybrid model's decode step, baseline vs ReplaySSM AR) and serving (speculative serving with an
 # MTP drafter, modes ar / native / replayssm / commit_replay) join the run directory like kernel_spec does.
-# GPU: sweep=paper_e2e / paper_serving; CPU: e2e_cpu / serving_cpu (tiny models + Nemotron-3-Nano-4B TP8,
+# GPU: sweep=paper_e2e / paper_serving; CPU: e2e_cpu / serving_cpu (tiny models + Nano-4B, Super-120B, Qwen3.5-122B at TP8,
 # composed). HYBRID_EXTRA: extra Hydra overrides for these two (their sweep keys differ from the kernels').
 read -r -a HYBRID_ARGS <<< "${HYBRID_EXTRA:-}"
 for experiment in e2e_decode serving; do
@@ -177,6 +178,26 @@ if have_module "experiments.accuracy"; then
         "hydra.run.dir=outputs/reproduce/${RUN_ID}/accuracy" ${BUDGET_ARGS[@]+"${BUDGET_ARGS[@]}"}
 else
     skip_missing "accuracy study" "module experiments.accuracy"
+fi
+
+# ------------------------------------------ tree speculation (experiments/kernel_tree.py), CPU sweep
+# Its own run (tree rows carry the tree shape and acceptance columns): results/tree/cpu/<RUN_ID>-tree/ with
+# tree_table.md and tree_tokens_per_s.png. No GPU path yet (the tree kernels are AOT-built, not timed).
+if [[ "$GPU" != "True" ]]; then
+    if have_module "experiments.kernel_tree"; then
+        TREE_DIR="${RESULTS}/tree/cpu/${RUN_ID}-tree"
+        if [[ -f "$TREE_DIR/tree_rows.csv" ]]; then        # a resumed run: the tree sweep (~2 min) already ran
+            stage "tree: ${TREE_DIR} exists (kernel_tree has no per-point resume): kept as it is"
+        else
+            rm -rf "$TREE_DIR"                               # a killed tree sweep: it is short, run it again
+            stage "tree: python -m experiments.kernel_tree sweep=tree_cpu run_id=${RUN_ID}-tree"
+            "$PY" -m experiments.kernel_tree sweep=tree_cpu "out_dir=${RESULTS}" "run_id=${RUN_ID}-tree" \
+                "hydra.run.dir=outputs/reproduce/${RUN_ID}/kernel_tree"
+        fi
+        "$PY" scripts/tree_plots.py "$TREE_DIR"
+    else
+        skip_missing "tree speculation" "module experiments.kernel_tree"
+    fi
 fi
 
 # ------------------------------------------------------------------ CPU micro-benchmarks (make bench-cpu)

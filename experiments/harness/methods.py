@@ -12,7 +12,8 @@ decode step (AR) or one verify + commit (spec), and its analytic bytes per step 
     commit_replay_spec  spec  mamba2, gdn  frozen checkpoint, replay the accepted prefix at commit
     replay_spec         spec  mamba2, gdn  ReplaySSM ring: verify from one checkpoint, early flush
     peer:mamba_ssm      ar    mamba2       installed mamba_ssm selective_state_update (baselines.peers)
-    peer:fla            ar    gdn          installed FLA fused_recurrent_gated_delta_rule (baselines.peers)
+    peer:fla            ar    gdn          installed FLA, its pool-indexed recurrent kernel (fused_recurrent_kda_fwd
+                                         with the GDN decay broadcast over K: the same recurrence; baselines.peers)
 
 The API functions an entry returns from `api()` are the raw public functions; the harness may wrap
 them in torch.compile, then calls them through `step` / `verify` / `commit`.
