@@ -32,13 +32,13 @@ import torch
 
 from replayssm.checks import (
     NULL_SLOT,
-    capturing,
     check_backend,
     check_num_accepted,
     check_ring_lengths,
     check_same_device,
     check_slots,
     next_pow2,
+    skip_value_checks,
 )
 
 # triton.language, bound by _kernels() on the first Triton-backend call. The kernels below are plain
@@ -68,7 +68,7 @@ def check_live_counts(num_accepted: torch.Tensor, slots: torch.Tensor, null_slot
     the values would be a host sync, and even the `slots != null_slot` mask would put an elementwise kernel
     into every captured step. Shared by both rings and every speculative baseline."""
     batch = slots.shape[0]
-    if capturing():
+    if skip_value_checks():
         return check_num_accepted(num_accepted, batch, window)       # an int32 tensor comes back as it is
     live = slots != null_slot
     check_num_accepted(num_accepted[live], int(live.sum()), window)

@@ -29,7 +29,7 @@ import weakref
 
 import torch
 
-from replayssm.checks import capturing, check_backend, check_same_device, check_slots, next_pow2
+from replayssm.checks import check_backend, check_same_device, check_slots, next_pow2, skip_value_checks
 
 MOVE_TILE = 4096  # elements per program of the Triton move kernel (heads split over programs beyond it)
 PARENTS_ATTR = "_tree_parents"  # tree_verify leaves its parents [batch, N] on the ring for tree_commit's checks
@@ -56,7 +56,7 @@ def check_parents(parents, batch: int, N: int, device: torch.device, live: torch
         raise ValueError(f"parents must be [batch, N] = [{batch}, {N}] or [{N}], got shape {tuple(parents.shape)}")
     if parents.device != device:
         raise ValueError(f"parents on {parents.device}, ring on {device}")
-    if not capturing() and batch:
+    if not skip_value_checks() and batch:
         rows = parents if live is None else parents[live]
         if rows.numel():
             if bool((rows[:, 0] != -1).any()):
@@ -106,7 +106,7 @@ def check_tree_commit(ring, path, num_accepted, slots, backend: str, parents=Non
         parents = getattr(ring, PARENTS_ATTR, None)
         if parents is not None and parents.shape[0] != batch:
             parents = None           # the last verify had another batch: fall back to the index-order check
-    if capturing() or batch == 0:
+    if skip_value_checks() or batch == 0:
         return path.to(torch.int32), num_accepted.to(torch.int32), slots
     live = slots != ring.null_slot
     a, p = num_accepted[live].long(), path[live].long()
