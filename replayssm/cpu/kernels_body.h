@@ -133,13 +133,17 @@ void SUF(m2_ssu)(STYPE *state, const ATYPE *x, const float *dt, const float *A, 
             const float a = expf(A[h] * d);
             STYPE *S = state + s * ss0 + h * ss1;
             const size_t io = ((size_t)b * H + h) * P;
+            float yv[P];
             for (int p = 0; p < P; p++) {
                 const float xv = LDA(x + io + p), xd = d * xv;
-                const float acc = SUF(ssu_row)(S + p * ss2, N, a, xd, Bv, Cv);
-                float y = acc + (D ? D[h] * xv : 0.0f);
-                if (z) { const float zv = LDA(z + io + p); y *= zv * sigmoid_f(zv); }
-                STA(out + io + p, y);
+                yv[p] = SUF(ssu_row)(S + p * ss2, N, a, xd, Bv, Cv) + (D ? D[h] * xv : 0.0f);
             }
+            if (z) {
+                float zf[P];
+                for (int p = 0; p < P; p++) zf[p] = LDA(z + io + p);
+                silu_gate(yv, zf, P);
+            }
+            for (int p = 0; p < P; p++) STA(out + io + p, yv[p]);
         }
     }
 }
@@ -291,12 +295,14 @@ void SUF(m2_replay)(STYPE *state, ATYPE *xc, ATYPE *Bc, float *dtc, int32_t *wp,
                 for (int n = 0; n < N; n++) Ym[(size_t)nj * N + n] = Bv[n];
                 SUF(rebuild_rows)(S, N, P, N, abar, Xm, Ym, nj + 1, flush, Cv, yv);
             }
-            for (int p = 0; p < P; p++) {
-                const float xv = LDA(x + io + p);
-                float y = yv[p] + (D ? D[h] * xv : 0.0f);
-                if (z) { const float zv = LDA(z + io + p); y *= zv * sigmoid_f(zv); }
-                STA(out + io + p, y);
+            if (D)
+                for (int p = 0; p < P; p++) yv[p] += D[h] * LDA(x + io + p);
+            if (z) {
+                float zf[P];
+                for (int p = 0; p < P; p++) zf[p] = LDA(z + io + p);
+                silu_gate(yv, zf, P);
             }
+            for (int p = 0; p < P; p++) STA(out + io + p, yv[p]);
             if (!flush) {
                 memcpy(xs + (size_t)hp * P, x + io, (size_t)P * sizeof(ATYPE));
                 dts[hp] = d;
