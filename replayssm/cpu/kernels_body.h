@@ -165,6 +165,9 @@ static inline void SUF(rebuild_rows)(STYPE *S, int64_t rs, int R, int N, float s
                 v8f acc[4][2];
                 for (int i = 0; i < 4; i++) {
                     const STYPE *row = S + rr[i] * rs + n0;
+                    /* the tile's J-long FMA run is shorter than a miss: fetch the same columns of the next
+                     * four rows now (past the last row this touches the next head: a prefetch never faults) */
+                    __builtin_prefetch(row + 4 * rs, 1, 3);
                     acc[i][0] = scale * LDS8(row); acc[i][1] = scale * LDS8(row + 8);
                 }
                 for (int j = 0; j < J; j++) {
