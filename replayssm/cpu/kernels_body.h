@@ -682,12 +682,15 @@ void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
                 }
             for (int t = 0; t < T; t++) {
                 const size_t io = (((size_t)b * T + t) * H + h) * P;
-                for (int p = 0; p < P; p++) {
-                    const float xv = LDA(x + io + p);
-                    float y = yv[t * P + p] + (D ? D[h] * xv : 0.0f);
-                    if (z) { const float zv = LDA(z + io + p); y *= zv * sigmoid_f(zv); }
-                    STA(out + io + p, y);
+                float *yt = yv + (size_t)t * P;
+                if (D)
+                    for (int p = 0; p < P; p++) yt[p] += D[h] * LDA(x + io + p);
+                if (z) {
+                    float zf[P];
+                    for (int p = 0; p < P; p++) zf[p] = LDA(z + io + p);
+                    silu_gate(yt, zf, P);
                 }
+                for (int p = 0; p < P; p++) STA(out + io + p, yt[p]);
             }
             if (fl && h0 > 0) {
                 float Xm[h0 * P], Ym[h0 * N];
