@@ -133,57 +133,71 @@ void SUF(m2_ssu)(STYPE *state, const ATYPE *x, const float *dt, const float *A, 
             const float a = expf(A[h] * d);
             STYPE *S = state + s * ss0 + h * ss1;
             const size_t io = ((size_t)b * H + h) * P;
+            float yv[P];
             for (int p = 0; p < P; p++) {
                 const float xv = LDA(x + io + p), xd = d * xv;
-                const float acc = SUF(ssu_row)(S + p * ss2, N, a, xd, Bv, Cv);
-                float y = acc + (D ? D[h] * xv : 0.0f);
-                if (z) { const float zv = LDA(z + io + p); y *= zv * sigmoid_f(zv); }
-                STA(out + io + p, y);
+                yv[p] = SUF(ssu_row)(S + p * ss2, N, a, xd, Bv, Cv) + (D ? D[h] * xv : 0.0f);
             }
+            if (z) {
+                float zf[P];
+                for (int p = 0; p < P; p++) zf[p] = LDA(z + io + p);
+                silu_gate(yv, zf, P);
+            }
+            for (int p = 0; p < P; p++) STA(out + io + p, yv[p]);
         }
     }
 }
 
 /* The rebuild of state rows shared by the Mamba-2 state-and-output route / flush and the GDN flush:
  *   row_r <- scale * S_r + sum_{j<J} X[j, r] * Y[j, :]      (r < R rows of N, row stride rs)
- * stored into S when `store`; with Cv, yout[r] = row_r . Cv. A register-blocked rank-J update: 4 rows x 16
- * columns of accumulators, so each Y element loaded feeds 4 FMAs and every S element is read (and
+ * stored into S when `store`; with Cv, yout[r] = row_r . Cv. A register-blocked rank-J update: TILE_ROWS rows
+ * x 16 columns of accumulators. Per buffered token j the tile costs 2 Y loads (folded into the FMAs, so one
+ * per row) + TILE_ROWS X broadcasts for 2 TILE_ROWS FMAs: with 6 rows that is 12 accumulators (12 independent
+ * chains cover the FMA latency, 15 of the 16 AVX2 registers in use); 4 rows was load-bound and latency-bound,
+ * 8 rows spills (measured: flush 3.1 / 2.55 / 3.3 ms for 4 / 6 / 8 rows). A tile past R repeats row R-1 and
+ * does not store it. Every S element is read (and
  * written) once; the dot with Cv uses vector partial sums. N not a multiple of 16: the plain loop. */
+#ifndef TILE_ROWS
+#define TILE_ROWS 6
+#endif
 static inline void SUF(rebuild_rows)(STYPE *S, int64_t rs, int R, int N, float scale, const float *X,
                                      const float *Y, int J, int store, const float *Cv, float *yout)
 {
     if (N % 16 == 0) {
-        for (int r0 = 0; r0 < R; r0 += 4) {
-            int rr[4];
-            for (int i = 0; i < 4; i++) rr[i] = r0 + i < R ? r0 + i : R - 1;
-            v8f yv[4][2] = {{{0}}};
+        for (int r0 = 0; r0 < R; r0 += TILE_ROWS) {
+            int rr[TILE_ROWS];
+            for (int i = 0; i < TILE_ROWS; i++) rr[i] = r0 + i < R ? r0 + i : R - 1;
+            v8f yv[TILE_ROWS][2] = {{{0}}};
             for (int n0 = 0; n0 < N; n0 += 16) {
-                v8f acc[4][2];
-                for (int i = 0; i < 4; i++) {
+                v8f acc[TILE_ROWS][2];
+                for (int i = 0; i < TILE_ROWS; i++) {
                     const STYPE *row = S + rr[i] * rs + n0;
+                    /* the tile's J-long FMA run is shorter than a miss: fetch the same columns of the next
+                     * tile's rows now (past the last row this touches the next head: a prefetch never faults) */
+                    __builtin_prefetch(row + TILE_ROWS * rs, 1, 3);
                     acc[i][0] = scale * LDS8(row); acc[i][1] = scale * LDS8(row + 8);
                 }
                 for (int j = 0; j < J; j++) {
                     const v8f y0 = v8_load(Y + (size_t)j * N + n0), y1 = v8_load(Y + (size_t)j * N + n0 + 8);
                     const float *xj = X + (size_t)j * R;
-                    for (int i = 0; i < 4; i++) {
+                    for (int i = 0; i < TILE_ROWS; i++) {
                         const float xv = xj[rr[i]];
                         acc[i][0] += xv * y0; acc[i][1] += xv * y1;
                     }
                 }
                 if (store)
-                    for (int i = 0; i < 4; i++)
+                    for (int i = 0; i < TILE_ROWS; i++)
                         if (r0 + i < R) {
                             STYPE *row = S + rr[i] * rs + n0;
                             STS8(row, acc[i][0]); STS8(row + 8, acc[i][1]);
                         }
                 if (Cv) {
                     const v8f c0 = v8_load(Cv + n0), c1 = v8_load(Cv + n0 + 8);
-                    for (int i = 0; i < 4; i++) { yv[i][0] += acc[i][0] * c0; yv[i][1] += acc[i][1] * c1; }
+                    for (int i = 0; i < TILE_ROWS; i++) { yv[i][0] += acc[i][0] * c0; yv[i][1] += acc[i][1] * c1; }
                 }
             }
             if (yout)
-                for (int i = 0; i < 4 && r0 + i < R; i++) {
+                for (int i = 0; i < TILE_ROWS && r0 + i < R; i++) {
                     float t[8];
                     v8_store(t, yv[i][0] + yv[i][1]);
                     yout[r0 + i] = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
@@ -291,12 +305,14 @@ void SUF(m2_replay)(STYPE *state, ATYPE *xc, ATYPE *Bc, float *dtc, int32_t *wp,
                 for (int n = 0; n < N; n++) Ym[(size_t)nj * N + n] = Bv[n];
                 SUF(rebuild_rows)(S, N, P, N, abar, Xm, Ym, nj + 1, flush, Cv, yv);
             }
-            for (int p = 0; p < P; p++) {
-                const float xv = LDA(x + io + p);
-                float y = yv[p] + (D ? D[h] * xv : 0.0f);
-                if (z) { const float zv = LDA(z + io + p); y *= zv * sigmoid_f(zv); }
-                STA(out + io + p, y);
+            if (D)
+                for (int p = 0; p < P; p++) yv[p] += D[h] * LDA(x + io + p);
+            if (z) {
+                float zf[P];
+                for (int p = 0; p < P; p++) zf[p] = LDA(z + io + p);
+                silu_gate(yv, zf, P);
             }
+            for (int p = 0; p < P; p++) STA(out + io + p, yv[p]);
             if (!flush) {
                 memcpy(xs + (size_t)hp * P, x + io, (size_t)P * sizeof(ATYPE));
                 dts[hp] = d;
@@ -666,12 +682,15 @@ void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
                 }
             for (int t = 0; t < T; t++) {
                 const size_t io = (((size_t)b * T + t) * H + h) * P;
-                for (int p = 0; p < P; p++) {
-                    const float xv = LDA(x + io + p);
-                    float y = yv[t * P + p] + (D ? D[h] * xv : 0.0f);
-                    if (z) { const float zv = LDA(z + io + p); y *= zv * sigmoid_f(zv); }
-                    STA(out + io + p, y);
+                float *yt = yv + (size_t)t * P;
+                if (D)
+                    for (int p = 0; p < P; p++) yt[p] += D[h] * LDA(x + io + p);
+                if (z) {
+                    float zf[P];
+                    for (int p = 0; p < P; p++) zf[p] = LDA(z + io + p);
+                    silu_gate(yt, zf, P);
                 }
+                for (int p = 0; p < P; p++) STA(out + io + p, yt[p]);
             }
             if (fl && h0 > 0) {
                 float Xm[h0 * P], Ym[h0 * N];
