@@ -4,7 +4,7 @@ For every claim of scripts/published.py (the two headline rows first) the report
 source, our value from the run's own ratios (computed by aggregate.py from rows of one run), which rows that
 value comes from, and the gap. A claim with no matching rows says "not measured in this run": nothing is
 ever filled in. The byte-model row is analytic (replayssm.traffic), labelled so. A CPU run is labelled as
-torch-backend CPU numbers, not comparable to the GPU claims.
+CPU numbers (with the backend its rows name), not comparable to the GPU claims.
 
 A run with no rows, or none ok, opens the report with "NOTHING WAS MEASURED" (statuses, first failure),
 says so on stderr and exits 1; failed rows beside ok ones are counted at the top of the report.
@@ -296,7 +296,9 @@ def evaluate(claim: Claim, ratios: pd.DataFrame, cpu: bool) -> dict:
         labels = ["analytic: vLLM's allocator modelled on B300 for the claim's models, not a measurement"]
     elif claim.experiment in WHOLE_MODEL_EXPERIMENTS:   # whole-model rows, not the SSM-layer proxy
         labels = ["whole model, random weights"]
-    labels += ["CPU torch backend"] if cpu and not analytic else []
+    if cpu and not analytic:                          # the rows name their backend (cpu kernels or torch)
+        backends = sorted(near["backend"].dropna().astype(str).unique()) if "backend" in near else []
+        labels += [f"CPU {'/'.join(backends) or 'torch'} backend"]
     row["measured"] = value + (f" ({'; '.join(labels)})" if labels else "")
     row["gap"] = gap_text(lo, hi, claim) + (" — CPU: not comparable" if cpu and not analytic else "")
     row["rows"] = rows_text(near, claim)
@@ -376,7 +378,8 @@ def render(runs: list[Run]) -> str:
     if loud:
         lines += [f"> **{loud}**", ""]
     if cpu:
-        lines += ["> **CPU run.** The measured values below are CPU `torch`-backend numbers on "
+        lines += ["> **CPU run.** The measured values below are CPU numbers (each names its backend: `cpu` the "
+                  "fused C/OpenMP kernels, `torch` the eager PyTorch form) on "
                   f"{', '.join(sorted({e['hardware'] for e in envs}))}: they are NOT comparable to the published "
                   "GPU claims (H100 / B300 kernels). They say whether the method's ordering holds here, nothing "
                   "about GPU performance.", ""]
@@ -414,8 +417,8 @@ def render(runs: list[Run]) -> str:
         bench = bench_cpu_table(run)
         if bench is not None:
             lines += [f"## CPU micro-benchmarks of run `{run.run_id}` (make bench-cpu)", "",
-                      "Production geometry at batch 32, L=16, torch backend on this CPU; not part of the claim "
-                      "rows above (no GPU kernel was timed).", "", bench]
+                      "Production geometry at batch 32, L=16, on this CPU (the backend column says which); "
+                      "not part of the claim rows above (no GPU kernel was timed).", "", bench]
     return "\n".join(lines)
 
 

@@ -61,7 +61,7 @@ def env_line(run: Run) -> str:
         parts.append(f"commit {str(env['commit'])[:12]}{dirty}")
     parts.append(f"run `{run.run_id}`")
     if env["kind"] == "cpu":
-        parts.append("CPU torch-backend numbers: not comparable to GPU claims")
+        parts.append("CPU numbers (each row names its backend): not comparable to GPU claims")
     return " · ".join(parts)
 
 
@@ -317,8 +317,9 @@ def render(run: Run) -> str:
     env = describe_env(run.env, run.path)
     head = [f"# ReplaySSM Bench tables: run `{run.run_id}`", "", env_line(run), ""]
     if env["kind"] == "cpu":
-        head += ["> CPU run: `torch`-backend timings on a CPU. They show the method's behaviour on this machine, "
-                 "not GPU kernel performance; compare them with nothing but each other.", ""]
+        head += ["> CPU run: timings on a CPU (`backend` column: `cpu` fused C/OpenMP kernels, `torch` eager). "
+                 "They show the method's behaviour on this machine, not GPU kernel performance; compare them with "
+                 "nothing but each other.", ""]
     parts = [
         _section("Row status (non-ok rows are excluded from every ratio)", run, counts_table(summary.counts)),
         _section("AR decode: medians, achieved bandwidth, % of peak", run, medians_table(run, spec=False),
@@ -348,7 +349,7 @@ def render(run: Run) -> str:
     parts += accuracy_tables(run)
     bench = bench_cpu_table(run)
     if bench is not None:
-        parts.append(_section("CPU micro-benchmarks (make bench-cpu: production geometry, torch backend)", run, bench,
+        parts.append(_section("CPU micro-benchmarks (make bench-cpu: production geometry, backend per row)", run, bench,
                               "pytest-benchmark medians from bench_cpu.json of this run; each method in its fastest "
                               "form (eager or torch.compile, named in `form`)."))
     return "\n".join(head) + "\n" + "\n".join(parts)
