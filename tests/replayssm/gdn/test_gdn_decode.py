@@ -132,6 +132,13 @@ def test_tp_split_geometry(backend, model, gen, device):
     run_scenario(backend, gm, 4, F32, F32, 6, gen, device, use_qk_l2norm=True, batch=2, extra_slots=1)
 
 
+@pytest.mark.parametrize("K", [80, 20])
+def test_cpu_row_tiles(K, gen, device):
+    """The C flush rebuilds a key row as 64-wide blocks, then 16-wide ones; other widths take the plain loop:
+    K 80 = one block of each, 20 = the plain loop."""
+    run_scenario("cpu", GDNGeometry(H=1, HV=2, K=K, V=16), 4, F32, F32, 9, gen, device, batch=2, extra_slots=1)
+
+
 def test_triton_tp_split_geometry(gen, device):
     gm = get_geometry("qwen35_122b_a10b", 8)
     run_scenario("triton", gm, 4, F32, F32, 2, gen, device, use_qk_l2norm=True, batch=1, extra_slots=1)

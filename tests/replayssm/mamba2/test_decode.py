@@ -264,6 +264,16 @@ def test_cpu_routes_vs_ground_truth(gen, device, route, act, state):
     run_schedule(run, gen, steps=11, batch=3)
 
 
+@pytest.mark.parametrize("route", ["output_only", "state_and_output"])
+@pytest.mark.parametrize("dstate", [80, 20])
+def test_cpu_row_tiles(gen, device, route, dstate):
+    """The C row rebuild tiles a row as 64-wide blocks, then 16-wide ones; other widths take the plain loop:
+    dstate 80 = one block of each, 20 = the plain loop (the other cpu tests use 16)."""
+    geometry = Mamba2Geometry(nheads=2, headdim=16, dstate=dstate, ngroups=1)
+    run = start(gen, geometry, 3, 4, "cpu", route, F32, F32, device)
+    run_schedule(run, gen, steps=9, batch=3)
+
+
 # ------------------------------------------------------------------------------------- triton (interpreter)
 
 @pytest.mark.parametrize("route", ["output_only", "state_and_output"])
