@@ -22,6 +22,7 @@ import torch
 from experiments.harness.methods import REGISTRY
 from experiments.harness.points import Point, load_model_config, model_spec
 from experiments.harness.workload import Workload
+from replayssm import traffic
 
 BATCH = 32
 BUFFER_LEN = 16
@@ -43,6 +44,7 @@ class Case:
     steps: int             # steps per cycle
     bytes_per_step: float  # byte model x batch
     partner: str | None    # the method this one's speedup is measured against
+    row_steps: list        # Traffic of every (row, step) of one cycle: the roofline's input (replayssm/cpu/roofline.py)
 
     @property
     def label(self) -> str:
@@ -111,7 +113,38 @@ def build(family: str, method_name: str, route: str | None, backend: str) -> Cas
                 method.commit(fns, cache, p, accepted[s], None, A)
 
     return Case(family, method_name, route, used, cycle, steps, _traffic(method, p, wl, accepted),
-                method.partner)
+                method.partner, row_steps(family, method_name, route, wl.geometry, accepted))
+
+
+def row_steps(family: str, method: str, route: str | None, geom, accepted: torch.Tensor | None) -> list:
+    """The byte model of every (row, step) a cycle runs, in the order the kernels meet them. AR rows move in
+    lockstep (every row flushes at step L - 1); spec rows follow the ring protocol from a reset under the
+    accepted pattern: verify at (write_pos, is_flush), then write_pos = a after a flush step, else += a, and
+    is_flush = write_pos + 2T > B + T (replayssm/traffic.py spec_cycle)."""
+    tr = {"mamba2": (traffic.mamba2_baseline_ar, traffic.mamba2_replay_ar, traffic.mamba2_baseline_spec,
+                     traffic.mamba2_commit_replay_spec, traffic.mamba2_replay_spec_step),
+          "gdn": (traffic.gdn_baseline_ar, traffic.gdn_replay_ar, traffic.gdn_baseline_spec,
+                  traffic.gdn_commit_replay_spec, traffic.gdn_replay_spec_step)}[family]
+    base_ar, replay_ar, base_spec, cr_spec, replay_spec = tr
+    b = {"state_bytes": 4, "act_bytes": 4}                     # fp32 state and activations
+    if method == "baseline_ar":
+        return [base_ar(geom, **b)] * BATCH
+    if method == "replay_ar":
+        extra = {"route": route} if family == "mamba2" else {}
+        return [replay_ar(geom, BUFFER_LEN, h, **extra, **b) for h in range(BUFFER_LEN) for _ in range(BATCH)]
+    if method == "baseline_spec":
+        return [base_spec(geom, WINDOW, **b)] * (BATCH * SPEC_STEPS)
+    if method == "commit_replay_spec":
+        return [cr_spec(geom, WINDOW, int(a), **b) for a in accepted.flatten()]
+    out = []
+    for row in range(BATCH):
+        wp, flush = 0, 2 * WINDOW > HISTORY + WINDOW
+        for step in range(SPEC_STEPS):
+            out.append(replay_spec(geom, WINDOW, wp, flush, **b))
+            a = int(accepted[step, row])
+            wp = a if flush else wp + a
+            flush = wp + 2 * WINDOW > HISTORY + WINDOW
+    return out
 
 
 def cases(backend: str) -> list[tuple[str, str, str | None]]:

@@ -13,9 +13,10 @@ import os
 import pytest
 import torch
 
-from benchmarks.conftest import RESULTS, plateau
+from benchmarks.conftest import RESULTS, plateau, roof
 from benchmarks.cpu_cases import BATCH, BUFFER_LEN, MODELS, build, cases
 from experiments.harness.methods import REGISTRY
+from replayssm.cpu.roofline import step_seconds
 
 BACKEND = os.environ.get("REPLAYSSM_BENCH_BACKEND", "cpu")
 THREADS = [int(t) for t in os.environ.get("REPLAYSSM_BENCH_THREADS", "1,2").split(",")]
@@ -25,6 +26,7 @@ ROUNDS = 5
 @pytest.fixture(params=THREADS, ids=lambda t: f"threads{t}")
 def threads(request):
     plateau(request.param)                       # probed before this thread count's first timing
+    roof(request.param)
     before = torch.get_num_threads()
     torch.set_num_threads(request.param)
     yield request.param
@@ -43,7 +45,10 @@ def test_method(benchmark, threads, family, method, route):
                                 steps=case.steps, bytes_per_step=case.bytes_per_step, model=MODELS[family],
                                 batch=BATCH, buffer_len=BUFFER_LEN, per=f"cycle of {case.steps} steps")
     benchmark.pedantic(case.cycle, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    rates = roof(threads)
+    roof_ms = (sum(step_seconds(t, rates) for t in case.row_steps) / case.steps * 1e3) if rates else None
+    benchmark.extra_info.update(roof_ms=roof_ms, roof_rates=rates)
     RESULTS[(threads, family, case.label)] = {
-        "ms": benchmark.stats.stats.median / case.steps * 1e3, "bytes": case.bytes_per_step,
+        "ms": benchmark.stats.stats.median / case.steps * 1e3, "bytes": case.bytes_per_step, "roof_ms": roof_ms,
         "backend": case.backend, "partner": case.partner, "method": method,
     }

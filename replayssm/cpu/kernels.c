@@ -103,6 +103,61 @@ typedef _Float16 f16_t;
 int replayssm_cpu_has_fp16(void) { return HAVE_F16; }
 int replayssm_cpu_abi(void) { return 1; }
 
+/* Roofline probes (replayssm/cpu/roofline.py): what this machine's cores do at most, measured with the same
+ * compiler, flags and OpenMP threads as the kernels. Each returns the seconds of one pass (omp_get_wtime).
+ *   read:   a sum over buf[n], the read-only stream of a ReplaySSM readout;
+ *   update: buf <- a buf + b in place, the read-modify-write stream of a baseline step or a flush;
+ *   fma:    `iters` rounds of 12 independent 8-lane FMA chains per thread, no memory (the compute roof of a
+ *           rank-J rebuild). Twelve chains cover the FMA latency on every x86-64 and aarch64 core we know. */
+#include <omp.h>
+double replayssm_cpu_probe_read(const float *buf, int64_t n, int nt, float *sink)
+{
+    const double t0 = omp_get_wtime();
+    float total = 0.0f;
+#pragma omp parallel num_threads(nt) reduction(+:total)
+    {
+        v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n - n % 32; i += 32) {
+            a0 += v8_load(buf + i); a1 += v8_load(buf + i + 8); a2 += v8_load(buf + i + 16); a3 += v8_load(buf + i + 24);
+        }
+        total += hsum8((a0 + a1) + (a2 + a3));
+    }
+    *sink = total;
+    return omp_get_wtime() - t0;
+}
+
+double replayssm_cpu_probe_update(float *buf, int64_t n, int nt)
+{
+    const double t0 = omp_get_wtime();
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t i = 0; i < n - n % 16; i += 16) {
+        v8_store(buf + i, 0.5f * v8_load(buf + i) + 0.25f);
+        v8_store(buf + i + 8, 0.5f * v8_load(buf + i + 8) + 0.25f);
+    }
+    return omp_get_wtime() - t0;
+}
+
+double replayssm_cpu_probe_fma(int64_t iters, int nt, float *sink)
+{
+    const double t0 = omp_get_wtime();
+    float total = 0.0f;
+#pragma omp parallel num_threads(nt) reduction(+:total)
+    {
+        v8f a[12];
+        volatile float mv = 0.999f;               /* a runtime multiplier: the chains cannot be folded */
+        const v8f m = v8_set1(mv), c = v8_set1(1e-3f);
+        for (int i = 0; i < 12; i++) a[i] = v8_set1((float)(i + omp_get_thread_num()));
+        for (int64_t k = 0; k < iters; k++)
+            for (int i = 0; i < 12; i++) a[i] = a[i] * m + c;
+        v8f s = {0};
+        for (int i = 0; i < 12; i++) s += a[i];
+        total += hsum8(s);
+    }
+    *sink = total;
+    return omp_get_wtime() - t0;
+}
+
 /* Loads and stores per storage dtype; build.py appends one `#include "kernels_body.h"` per (state, act)
  * pair with STYPE/LDS/STS (state) and ATYPE/LDA/STA (activations) defined, SUF(name) giving the suffix. */
 #define LD_F32(p) (*(p))

@@ -157,9 +157,18 @@ def gdn_replay(cache, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) 
 MAX_WINDOW = 16     # MAXT in kernels_body.h
 
 
+def check_cpu_window(window: int) -> None:
+    """The spec kernels keep per-token scalars in MAXT-long stack arrays: a longer window is refused before any
+    work (a ring of up to MAX_LEN rows could otherwise hold a window that overflows them)."""
+    if window > MAX_WINDOW:
+        raise ValueError(f"backend='cpu': spec window T={window} exceeds {MAX_WINDOW} (the kernels keep per-token "
+                         f"scalars on the stack)")
+
+
 def mamba2_spec_native(states, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots) -> None:
     """states: baselines.mamba2_ssu.SpecStates (state [S, T, H, P, N], last [S]); window inputs [b, T, ...]."""
     _require_contiguous(state=states.state, last=states.last)
+    check_cpu_window(states.window)
     g, T = states.geometry, states.window
     o, done = _out(out)
     _call(_fn("m2_spec_native", states.state.dtype, x.dtype),
@@ -174,6 +183,7 @@ def mamba2_spec_replay(ring, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots
     _require_contiguous(state=ring.state, x=ring.x, B=ring.B, dt=ring.dt, bc=ring.bc, write_pos=ring.write_pos,
                         origin=ring.origin, is_flush=ring.is_flush)
     check_cpu_sizes(ring_len=ring.ring_len, window=ring.window)
+    check_cpu_window(ring.window)
     if ring.bc.shape[-1] < ring.window:
         raise ValueError(f"ring.bc holds {ring.bc.shape[-1]} window columns, the window is {ring.window}")
     g, T = ring.geometry, ring.window
@@ -189,6 +199,7 @@ def mamba2_spec_replay(ring, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots
 def gdn_spec_native(states, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) -> None:
     """states: baselines.gdn_recurrent_spec.SpecStates (state [S, T, HV, V, K], last [S])."""
     _require_contiguous(state=states.state, last=states.last)
+    check_cpu_window(states.window)
     gm, T = states.geometry, states.window
     o, done = _out(out)
     _call(_fn("gdn_spec_native", states.state.dtype, q.dtype),
@@ -201,6 +212,7 @@ def gdn_spec_native(states, q, k, v, g, beta, scale: float, l2norm: bool, out, s
 def mamba2_cr_verify(cache, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots) -> None:
     """cache: baselines.mamba2_commit_replay.CommitReplayCache: the checkpoint is read, the window stashed."""
     _require_contiguous(state=cache.state, x=cache.x, B=cache.B, dt=cache.dt)
+    check_cpu_window(cache.window)
     g, T = cache.geometry, cache.window
     o, done = _out(out)
     _call(_fn("m2_spec_native", cache.state.dtype, x.dtype),
@@ -212,6 +224,7 @@ def mamba2_cr_verify(cache, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots)
 
 def mamba2_cr_commit(cache, num_accepted, A, slots) -> None:
     _require_contiguous(state=cache.state, x=cache.x, B=cache.B, dt=cache.dt)
+    check_cpu_window(cache.window)
     g, T = cache.geometry, cache.window
     _call(_fn("m2_cr_commit", cache.state.dtype, cache.x.dtype),
           cache.state, cache.x, cache.B, cache.dt, _c(num_accepted, torch.int32), _c(A, torch.float32),

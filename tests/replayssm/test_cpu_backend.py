@@ -48,3 +48,19 @@ def test_missing_fp16_kernels_are_a_clear_error(monkeypatch):
 def test_oversized_ring_is_refused():
     with pytest.raises(ValueError, match="ring_len=128 exceeds 64"):
         ops.check_cpu_sizes(ring_len=128)
+
+
+def test_window_past_the_stack_arrays_is_refused():
+    """A ring of 64 rows can hold a window of 17-32; the C spec kernels keep per-token scalars in 16-long
+    arrays, so the window is refused before the verify touches the ring."""
+    from replayssm.mamba2.cache import SpecRing
+    from replayssm.mamba2.spec import spec_verify
+
+    T = 20
+    ring = SpecRing.allocate(GEOM, 2, 32, T)
+    inp = {k: v.unsqueeze(1).expand(v.shape[0], T, *v.shape[1:]).contiguous() if k != "A" else v
+           for k, v in _inputs().items()}
+    before = ring.write_pos.clone()
+    with pytest.raises(ValueError, match="spec window T=20 exceeds 16"):
+        spec_verify(ring, **inp, backend="cpu")
+    assert torch.equal(ring.write_pos, before)
