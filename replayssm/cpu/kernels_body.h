@@ -873,3 +873,5 @@ void SUF(gdn_spec_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const i
         }
     }
 }
+
+#include "tree_body.h"   /* tree speculation kernels (same dtype instantiation) */
