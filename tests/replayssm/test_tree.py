@@ -163,6 +163,24 @@ def test_cpu_half_precision(family, act_dtype, state_dtype, gen):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
+def test_cpu_other_branches_never_read(family, gen):
+    """The C kernels sum over a node's own path only, never multiplying another branch's terms by a zero mask:
+    NaN inputs at node 1 of a star leave every other node's output finite and equal to the path recurrence."""
+    fam = FAMILIES[family](gen)
+    N = 4
+    rings = {b: fam.ring(2, history_len=8, window=N) for b in ("ref", "cpu")}
+    rings["cpu"].state.copy_(rings["ref"].state)
+    parents = torch.tensor(star(N), dtype=torch.int32)
+    w = fam.window(2, N)
+    for name in ("x", "B") if family == "mamba2" else ("k", "v"):
+        w[name][:, 1] = float("nan")
+    y = {b: fam.verify(r, w, parents, b) for b, r in rings.items()}
+    assert torch.isnan(y["ref"][:, 1]).all()
+    others = [0, 2, 3]
+    assert rel_err(y["cpu"][:, others], y["ref"][:, others]) <= TOL
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_long_random_run_wraps_and_flushes(family, gen):
     """A long run of random trees per row on a small ring: the ring wraps, rows flush at different steps."""
     fam = FAMILIES[family](gen, **({"nheads": 2, "headdim": 4, "dstate": 8, "ngroups": 1} if family == "mamba2"
