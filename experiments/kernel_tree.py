@@ -2,11 +2,17 @@
 
     python -m experiments.kernel_tree                    # sweep=tree_cpu: the CPU sweep (a minute or two)
     python -m experiments.kernel_tree sweep=tree_cpu 'sweep.batch=[8,32]' 'sweep.acceptance=[0.6,0.8]'
+    python -m experiments.kernel_tree sweep.backend=torch  # the ring methods on the vectorised PyTorch form
 
 Methods: replay_tree (replayssm.{mamba2,gdn}.tree_verify / tree_commit on the ring), replay_chain (the
 chain API spec_verify / spec_commit, on the chain shapes only: the control), native_tree (one state snapshot
 per node, baselines/native_tree_spec.py), commit_replay_tree (a frozen state, the accepted branch replayed at
 commit) and stree (STree's activation replay: the ring flushing every step), baselines/commit_replay_tree.py.
+sweep.backend (torch or cpu) is what the ring methods (replay_tree, replay_chain, stree) run on: cpu = the
+fused C/OpenMP kernels (replayssm/cpu), as the CPU sweeps of the other experiments. The two baselines have no
+CPU kernels and always run on torch; every row says the backend it ran, and a ratio never pairs two backends
+(as scripts/aggregate.py keys its pairings on backend): under backend=cpu the ring's ratio to the native tree
+is left empty. sweep=tree_cpu therefore keeps torch, the like-for-like comparison with the baselines.
 
 Acceptance is per node: at each depth the children of the last accepted node are tried in order, each
 accepted with probability p, and the branch follows the first accepted child (a step always commits node 0,
@@ -37,6 +43,8 @@ from replayssm.geometry import Mamba2Geometry
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("replay_tree", "replay_chain", "native_tree", "commit_replay_tree", "stree")
+BACKENDS = ("cpu", "torch")
+RING_METHODS = ("replay_tree", "replay_chain", "stree")   # on sweep.backend; the baselines run on torch
 TRAFFIC = {"replay_tree": "replay_tree", "replay_chain": "replay_tree", "native_tree": "native_tree",
            "commit_replay_tree": "commit_replay_tree", "stree": "stree"}   # replayssm.traffic.tree_traffic
 
@@ -100,8 +108,15 @@ def _windows(spec, batch: int, N: int, steps: int, gen: torch.Generator) -> list
             for _ in range(steps)]
 
 
-def _cycle(spec, method: str, par: list[int], batch: int, history_len: int, windows, schedule, gen):
-    """A zero-argument cycle running every step of the schedule (verify + commit) on fresh caches."""
+def method_backend(method: str, backend: str) -> str:
+    """The backend a method runs on: sweep.backend for the ring methods, torch for the baselines."""
+    return backend if method in RING_METHODS else "torch"
+
+
+def _cycle(spec, method: str, par: list[int], batch: int, history_len: int, windows, schedule, gen,
+           backend: str = "torch"):
+    """A zero-argument cycle running every step of the schedule (verify + commit) on fresh caches; the ring
+    methods on `backend`."""
     from baselines import commit_replay_tree as crt
     from baselines import native_tree_spec as nts
 
@@ -151,20 +166,20 @@ def _cycle(spec, method: str, par: list[int], batch: int, history_len: int, wind
     if method == "stree":
         def cycle():
             for w, (path, acc) in zip(windows, schedule):
-                fam.tree_verify(ring, **args(w), parents=parents, backend="torch")
-                crt.stree_commit(fam, ring, path, acc, backend="torch")
+                fam.tree_verify(ring, **args(w), parents=parents, backend=backend)
+                crt.stree_commit(fam, ring, path, acc, backend=backend)
         return cycle
     if method == "replay_chain":
         def cycle():
             for w, (_, acc) in zip(windows, schedule):
-                fam.spec_verify(ring, **args(w), backend="torch")
-                fam.spec_commit(ring, acc, backend="torch")
+                fam.spec_verify(ring, **args(w), backend=backend)
+                fam.spec_commit(ring, acc, backend=backend)
         return cycle
 
     def cycle():
         for w, (path, acc) in zip(windows, schedule):
-            fam.tree_verify(ring, **args(w), parents=parents, backend="torch")
-            fam.tree_commit(ring, path, acc, backend="torch")
+            fam.tree_verify(ring, **args(w), parents=parents, backend=backend)
+            fam.tree_commit(ring, path, acc, backend=backend)
     return cycle
 
 
@@ -178,6 +193,9 @@ def run_tree(cfg) -> Path:
     for p in sw["acceptance"]:
         if not 0.0 <= float(p) <= 1.0:
             raise ValueError(f"sweep.acceptance: per-node acceptance {p} is not in [0, 1]")
+    backend = sw.get("backend", "torch")
+    if backend not in BACKENDS:
+        raise ValueError(f"sweep.backend={backend!r}: the tree sweep runs on CPU, backend one of {BACKENDS}")
     shapes = {name: tree_shape(name) for name in sw["shapes"]}         # ValueError before any work
     specs = []
     for key in sw["models"]:
@@ -211,11 +229,13 @@ def run_tree(cfg) -> Path:
                             if method == "replay_chain" and not is_chain:
                                 continue
                             row = dict(model=spec.key, family=spec.family, shape=name, N=N, depth=depth, batch=batch,
-                                       history_len=hl, p_node=p, method=method, accepted_per_step=acc_mean,
+                                       history_len=hl, p_node=p, method=method,
+                                       backend=method_backend(method, backend), accepted_per_step=acc_mean,
                                        status="ok", error=None)
                             try:
                                 cycle = _cycle(spec, method, par, batch, hl, windows, schedule,
-                                               torch.Generator().manual_seed(int(data.get("seed", 0)) + 1))
+                                               torch.Generator().manual_seed(int(data.get("seed", 0)) + 1),
+                                               row["backend"])
                                 t = timing.time_cpu(cycle, len(schedule), warmup=int(tm["cpu_warmup"]),
                                                     repeats=int(tm["cpu_repeats"]),
                                                     min_sample_us=float(tm["cpu_min_sample_us"]), clock=clock)
@@ -239,20 +259,23 @@ def run_tree(cfg) -> Path:
 
 
 def add_ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """tokens/s over the chain control (replay_tree on the chain shape of the same model, batch, history, p)
-    and over native_tree on the same point; the byte-model ratio native / method."""
+    """tokens/s over the chain control (replay_tree on the chain shape of the same model, batch, history, p,
+    hence the same backend) and over native_tree on the same point when both ran on the same backend (else
+    empty: a cpu kernel over a torch baseline is no speedup); the byte-model ratio native / method."""
     if "tokens_per_s" not in df:
         return df
     point = ["model", "batch", "history_len", "p_node"]
     chain = df[(df.method == "replay_tree") & (df.depth == df.N) & (df.status == "ok")]
     chain = chain.sort_values("N").groupby(point, as_index=False).first()[point + ["tokens_per_s"]]
     df = df.merge(chain.rename(columns={"tokens_per_s": "chain_tokens_per_s"}), on=point, how="left")
-    nat = df[(df.method == "native_tree") & (df.status == "ok")][point + ["shape", "tokens_per_s",
+    nat = df[(df.method == "native_tree") & (df.status == "ok")][point + ["shape", "backend", "tokens_per_s",
                                                                           "model_bytes_per_step"]]
-    nat = nat.rename(columns={"tokens_per_s": "native_tokens_per_s", "model_bytes_per_step": "native_model_bytes"})
+    nat = nat.rename(columns={"tokens_per_s": "native_tokens_per_s", "model_bytes_per_step": "native_model_bytes",
+                              "backend": "native_backend"})
     df = df.merge(nat, on=point + ["shape"], how="left")
     df["speedup_vs_chain"] = df.tokens_per_s / df.chain_tokens_per_s
-    df["speedup_vs_native"] = df.tokens_per_s / df.native_tokens_per_s
+    same = df.backend == df.native_backend
+    df["speedup_vs_native"] = (df.tokens_per_s / df.native_tokens_per_s).where(same)
     df["byte_ratio_native_over_method"] = df.native_model_bytes / df.model_bytes_per_step
     return df
 

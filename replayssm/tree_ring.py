@@ -17,7 +17,8 @@ tree_commit(path, num_accepted) keeps the accepted branch path[0] = 0, path[1], 
 No state is written at commit: a few input entries move, then cursors.
 
 Backends: "triton" (one small kernel for the moves per ring field, one for the cursors; graph capturable),
-"torch" (vectorised) and "ref" (Python ints, row by row: the oracle). A ring here is any object with
+"torch" (vectorised), "cpu" (the torch form: the fused C kernels are the verify's, replayssm/cpu/tree_body.h)
+and "ref" (Python ints, row by row: the oracle). A ring here is any object with
 write_pos, origin, is_flush, window, max_len, ring_len, null_slot, num_slots, device, plus the family's
 ring fields [num_slots, heads, ring_len(, width)] named by the caller.
 """
@@ -71,17 +72,6 @@ def check_parents(parents, batch: int, N: int, device: torch.device, live: torch
     return parents.to(torch.int32)
 
 
-TREE_BACKENDS = ("ref", "torch", "triton")
-
-
-def check_tree_backend(backend: str) -> None:
-    """Tree verify/commit exist for ref, torch and triton. The fused CPU kernels (backend="cpu") have no tree
-    form yet: refuse it here, before any work, rather than fall through to another backend silently."""
-    if backend not in TREE_BACKENDS:
-        raise ValueError(f"backend={backend!r}: tree speculation runs on {', '.join(TREE_BACKENDS)} "
-                         f"(no fused CPU tree kernel yet; on a CPU use backend='torch')")
-
-
 def check_tree_commit(ring, path, num_accepted, slots, backend: str, parents=None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Validate a tree commit. path int [batch, depth] (1 <= depth <= N), num_accepted int [batch] in
@@ -91,7 +81,6 @@ def check_tree_commit(ring, path, num_accepted, slots, backend: str, parents=Non
         if not isinstance(t, torch.Tensor) or t.dim() != dim or t.dtype not in (torch.int32, torch.int64):
             got = (f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__)
             raise ValueError(f"{name} must be a {dim}-D integer tensor, got {got}")
-    check_tree_backend(backend)
     check_backend(backend, path, num_accepted, ring.write_pos)
     check_same_device(path=path, num_accepted=num_accepted, write_pos=ring.write_pos)
     batch, depth = path.shape
@@ -207,8 +196,10 @@ def commit(ring, fields: tuple[str, ...], path: torch.Tensor, num_accepted: torc
     Arguments validated by check_tree_commit; fields name the ring tensors [num_slots, heads, R(, width)]."""
     if slots.shape[0] == 0:
         return
-    {"triton": _commit_triton, "torch": _commit_torch, "ref": _commit_ref}[backend](ring, fields, path,
-                                                                                    num_accepted, slots)
+    # backend="cpu": a commit moves a few ring entries and writes three cursors per row, no state; the
+    # vectorised torch form runs on the CPU tensors as it is (as ring_cursors.commit does for the chain)
+    {"triton": _commit_triton, "torch": _commit_torch, "ref": _commit_ref, "cpu": _commit_torch}[backend](
+        ring, fields, path, num_accepted, slots)
 
 
 def _flush_next(ring, h, depth: int):

@@ -36,6 +36,14 @@ def load(run_dir: Path) -> tuple[pd.DataFrame, dict]:
     return pd.read_csv(rows), env
 
 
+def _backends(df: pd.DataFrame) -> str:
+    """What the rows ran on, per method (runs before the backend column were all torch)."""
+    if "backend" not in df:
+        return "backend torch"
+    per = df.groupby("backend").method.unique()
+    return "backends " + "; ".join(f"{b}: {', '.join(m)}" for b, m in per.items())
+
+
 def table(df: pd.DataFrame, env: dict) -> str:
     ok = df[df.status == "ok"]
     ring = ok[ok.method == "replay_tree"].copy()
@@ -45,7 +53,7 @@ def table(df: pd.DataFrame, env: dict) -> str:
     where = (f"{env.get('device', '?')} ({env.get('cpu_name', '?')}, {env.get('threads', '?')} thread(s)), "
              f"torch {env.get('torch', '?')}, triton {env.get('triton', '?')}, commit {str(env.get('git_sha'))[:8]}"
              f"{' (dirty)' if env.get('git_dirty') else ''}")
-    lines = [f"Tree speculation, one SSM layer, backend torch, measured on {where}.", "",
+    lines = [f"Tree speculation, one SSM layer, {_backends(ok)}, measured on {where}.", "",
              "| model | shape | N | depth | accepted/step | step us | tok/s ring | vs chain | vs native | "
              "bytes native/ring | tok/s native | tok/s commit-replay | tok/s STree |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -858,3 +858,5 @@ void SUF(gdn_spec_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const i
         }
     }
 }
+
+#include "tree_body.h"   /* tree speculation kernels (same dtype instantiation) */

@@ -11,6 +11,7 @@ in place when contiguous, else through a contiguous temporary.
                   route)
     gdn_step(state [S, HV, V, K], q, k [b, H, K], v [b, HV, V], g, beta [b, HV], scale, l2norm, out, slots)
     gdn_replay(cache (replayssm.gdn.ReplayCache), q, k, v, g, beta, scale, l2norm, out, slots)
+    mamba2_tree_replay / gdn_tree_replay(ring, <the chain spec inputs with T = N tree nodes>, parents int32 [b, N])
 """
 
 from __future__ import annotations
@@ -245,4 +246,61 @@ def gdn_spec_replay(ring, q, k, v, g, beta, scale: float, l2norm: bool, out, slo
           ring.state, ring.u, ring.k, ring.g, ring.write_pos, ring.origin, ring.is_flush,
           _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32), float(scale), int(bool(l2norm)), o,
           _c(slots, torch.int32), q.shape[0], T, gm.H, gm.HV, gm.K, gm.V, ring.ring_len, _threads())
+    done()
+
+
+# ------------------------------------------------------------------------------------------------- tree
+
+MAX_TREE_NODES = 32  # MAXN in tree_body.h: one uint32 ancestor bit set per node
+
+
+def check_tree_sizes(ring) -> None:
+    """The C tree kernels' stack limits, before any work: N nodes (bit sets) and the ring length."""
+    if ring.window > MAX_TREE_NODES:
+        raise ValueError(f"backend='cpu': tree N={ring.window} > {MAX_TREE_NODES} nodes (the C tree kernel keeps "
+                         "one uint32 ancestor bit set per node)")
+    check_cpu_sizes(ring_len=ring.ring_len)
+
+
+def _check_tree_fits(ring, slots: torch.Tensor) -> None:
+    """write_pos + N <= L on every live row (the early-flush rule): the kernel keeps h + N entries on its stack
+    and writes the N nodes after the history, so a broken cursor is refused here, as the ref oracle does."""
+    live = slots[slots != ring.null_slot].long()
+    if live.numel() and int(ring.write_pos[live].max()) + ring.window > ring.max_len:
+        raise ValueError(f"backend='cpu': a row has write_pos + N > L = {ring.max_len} (the ring would overflow; "
+                         "tree_commit's early-flush rule keeps write_pos + N <= L)")
+
+
+def mamba2_tree_replay(ring, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots, parents) -> None:
+    """ring: replayssm.mamba2.cache.SpecRing with window = N; node inputs [b, N, ...]; parents int32 [b, N].
+    The N nodes' inputs go into the ring (and the folded checkpoint on is_flush rows); cursors are left to
+    tree_commit."""
+    _require_contiguous(state=ring.state, x=ring.x, B=ring.B, dt=ring.dt, bc=ring.bc, write_pos=ring.write_pos,
+                        origin=ring.origin, is_flush=ring.is_flush)
+    check_tree_sizes(ring)
+    if ring.bc.shape[-1] != ring.window:
+        raise ValueError(f"ring.bc holds {ring.bc.shape[-1]} window columns, the tree has N={ring.window} nodes")
+    _check_tree_fits(ring, slots)
+    g, N = ring.geometry, ring.window
+    o, done = _out(out)
+    _call(_fn("m2_tree_replay", ring.state.dtype, ring.x.dtype),
+          ring.state, ring.x, ring.B, ring.dt, ring.bc, ring.write_pos, ring.origin, ring.is_flush,
+          _c(parents, torch.int32), _c(x), _c(dt, torch.float32), _c(A, torch.float32), _c(B), _c(C),
+          _c(D, torch.float32), _c(z), _c(dt_bias, torch.float32), int(bool(softplus)), o, _c(slots, torch.int32),
+          x.shape[0], N, g.nheads, g.headdim, g.dstate, g.ngroups, ring.ring_len, _threads())
+    done()
+
+
+def gdn_tree_replay(ring, q, k, v, g, beta, scale: float, l2norm: bool, out, slots, parents) -> None:
+    """ring: replayssm.gdn.ring.SpecRing with window = N; node inputs [b, N, ...]; parents int32 [b, N]."""
+    _require_contiguous(state=ring.state, u=ring.u, k=ring.k, g=ring.g, write_pos=ring.write_pos,
+                        origin=ring.origin, is_flush=ring.is_flush)
+    check_tree_sizes(ring)
+    _check_tree_fits(ring, slots)
+    gm, N = ring.geometry, ring.window
+    o, done = _out(out)
+    _call(_fn("gdn_tree_replay", ring.state.dtype, ring.u.dtype),
+          ring.state, ring.u, ring.k, ring.g, ring.write_pos, ring.origin, ring.is_flush, _c(parents, torch.int32),
+          _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32), float(scale), int(bool(l2norm)), o,
+          _c(slots, torch.int32), q.shape[0], N, gm.H, gm.HV, gm.K, gm.V, ring.ring_len, _threads())
     done()

@@ -10,7 +10,8 @@ The commit moves the accepted nodes' (u, k, g) into chain order and advances the
 (replayssm/tree_ring.py: protocol and the tree early-flush rule write_pos + depth + N > L). A chain tree is
 exactly spec_verify / spec_commit.
 
-Backends: "triton" (tree_kernels.py; the commit: replayssm/tree_ring.py), "torch" (tree_torch.py), "ref"
+Backends: "triton" (tree_kernels.py; the commit: replayssm/tree_ring.py), "torch" (tree_torch.py), "cpu" (the
+fused C/OpenMP kernel gdn_tree_replay, replayssm/cpu/tree_body.h, N <= 32; its commit is the torch one), "ref"
 (tree_ref.py, float64 path recurrence).
 """
 
@@ -38,10 +39,12 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     fold their history into the checkpoint first. Returns o [batch, N, HV, V] in the activation dtype.
     """
     _check_ring(ring)
-    tree_ring.check_tree_backend(backend)
     batch, scale = check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend)
     _check_cache_device(ring, q)
     check_backend(backend, ring.state)
+    if backend == "cpu":
+        from replayssm.cpu.ops import check_tree_sizes
+        check_tree_sizes(ring)
     slots = check_slots(slots, batch, ring.num_slots, ring.device, ring.null_slot)
     parents = tree_ring.check_parents(parents, batch, ring.window, ring.device, slots != ring.null_slot)
     if out is None:
@@ -54,6 +57,10 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         return tree_ref.tree_verify_ref(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), parents, slots, out)
     if backend == "torch":
         return tree_torch.tree_verify_torch(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), parents, slots, out)
+    if backend == "cpu":
+        from replayssm.cpu import ops
+        ops.gdn_tree_replay(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), out, slots, parents)
+        return out
     from replayssm.gdn.tree_kernels import tree_verify_triton
 
     return tree_verify_triton(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), parents, slots, out)

@@ -11,7 +11,8 @@ protocol and the early-flush rule restated for trees (write_pos + depth + N > L)
 A chain (parents = [-1, 0, 1, ...], path = [0, 1, ...]) is exactly spec_verify / spec_commit.
 
 Backends: "triton" (tree_kernels.py; the commit: replayssm/tree_ring.py), "torch" (tree_torch.py,
-vectorised, CPU timing), "ref" (tree_ref.py, float64 path recurrence: the oracle). Every entry point
+vectorised), "cpu" (the fused C/OpenMP kernel m2_tree_replay, replayssm/cpu/tree_body.h, N <= 32; its commit
+is the torch one), "ref" (tree_ref.py, float64 path recurrence: the oracle). Every entry point
 validates its inputs before touching the ring.
 """
 
@@ -44,9 +45,11 @@ def _check_ring(ring) -> SpecRing:
 def check_tree_window(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, out, backend: str) -> tuple[int, torch.device]:
     """Shapes, dtypes and devices of one tree window (as spec_verify's, N = ring.window nodes).
     Returns (batch, device)."""
-    tree_ring.check_tree_backend(backend)
     check_backend(backend, x, dt, A, B, C, D, z, dt_bias, out, ring.state)
     _check_kernel_geometry(ring, backend)
+    if backend == "cpu":
+        from replayssm.cpu.ops import check_tree_sizes
+        check_tree_sizes(ring)
     geo, N = ring.geometry, ring.window
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         raise ValueError(f"x must be [batch, N, nheads, headdim], got {getattr(x, 'shape', type(x).__name__)}")
@@ -103,6 +106,10 @@ def tree_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
         torch_slots = None if slots_in is None else slots
         return tree_torch.tree_verify_torch(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, parents,
                                             torch_slots, out)
+    if backend == "cpu":
+        from replayssm.cpu import ops
+        ops.mamba2_tree_replay(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, slots, parents)
+        return out
     from replayssm.mamba2.tree_kernels import launch_tree_verify
 
     return launch_tree_verify(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, parents, slots, out)

@@ -37,22 +37,29 @@ def test_acceptance_follows_first_accepted_child():
             assert path[:, :expect].tolist()[0][: 2] == [0, 1][:expect]       # p = 1: the first child, then on
 
 
-def test_run_tree_rows_and_plots(tmp_path):
-    run_dir = run_tree(_cfg(tmp_path))
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_run_tree_rows_and_plots(tmp_path, backend):
+    run_dir = run_tree(_cfg(tmp_path, backend=backend))
     df = pd.read_csv(run_dir / "tree_rows.csv")
     assert (df.status == "ok").all(), df[df.status != "ok"].error.tolist()
+    # the ring methods run on sweep.backend, the baselines (no CPU kernels) on torch
+    ring = df.method.isin(["replay_tree", "replay_chain", "stree"])
+    assert (df[ring].backend == backend).all() and (df[~ring].backend == "torch").all()
     # replay_chain runs on the chain shape only: 2 models x (3 shapes x 4 methods + 1)
     assert len(df) == 2 * (3 * 4 + 1)
     ring_chain = df[(df.method == "replay_tree") & (df["shape"] == "chain4")]
     assert (ring_chain.speedup_vs_chain == 1.0).all()
     nat = df[df.method == "native_tree"]
     assert (nat.speedup_vs_native == 1.0).all() and (nat.byte_ratio_native_over_method == 1.0).all()
+    ring_vs_native = df[df.method == "replay_tree"].speedup_vs_native
+    assert ring_vs_native.isna().all() if backend == "cpu" else ring_vs_native.notna().all()   # never cross-backend
     assert (df[df.method == "replay_tree"].byte_ratio_native_over_method > 1.0).all()
     assert (df.accepted_per_step >= 1).all()
     from scripts.tree_plots import main
 
     assert main([str(run_dir)]) == 0
-    assert (run_dir / "tree_table.md").read_text().count("| tiny_") == 6
+    text = (run_dir / "tree_table.md").read_text()
+    assert text.count("| tiny_") == 6 and f"{backend}: " in text
     assert (run_dir / "tree_tokens_per_s.png").stat().st_size > 0
 
 
@@ -61,6 +68,7 @@ def test_run_tree_rows_and_plots(tmp_path):
     ({"methods": ["replay_tree", "magic"]}, "unknown method"),
     ({"acceptance": [1.5]}, "not in"),
     ({"shapes": ["full2ary15"]}, "history_len=8 < N=15"),
+    ({"backend": "triton"}, "backend one of"),
 ])
 def test_bad_sweep_refused_before_any_run(tmp_path, sweep, msg):
     with pytest.raises(ValueError, match=msg):

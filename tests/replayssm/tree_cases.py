@@ -74,8 +74,9 @@ class Mamba2Family:
         self.gen = gen
         self.p = random_params(self.geo, generator=gen)
 
-    def ring(self, num_slots: int, history_len: int, window: int, act_dtype=torch.float32):
-        r = mamba2.SpecRing.allocate(self.geo, num_slots, history_len, window, act_dtype=act_dtype)
+    def ring(self, num_slots: int, history_len: int, window: int, act_dtype=torch.float32, state_dtype=torch.float32):
+        r = mamba2.SpecRing.allocate(self.geo, num_slots, history_len, window, state_dtype=state_dtype,
+                                     act_dtype=act_dtype)
         r.state.copy_(random_state(self.geo, num_slots, generator=self.gen))
         return r
 
@@ -117,8 +118,9 @@ class GDNFamily:
         self.geo = GDNGeometry(H=H, HV=HV, K=K, V=V)
         self.gen = gen
 
-    def ring(self, num_slots: int, history_len: int, window: int, act_dtype=torch.float32):
-        r = gdn.SpecRing.allocate(self.geo, num_slots, history_len, window, act_dtype=act_dtype)
+    def ring(self, num_slots: int, history_len: int, window: int, act_dtype=torch.float32, state_dtype=torch.float32):
+        r = gdn.SpecRing.allocate(self.geo, num_slots, history_len, window, state_dtype=state_dtype,
+                                  act_dtype=act_dtype)
         r.state.copy_(gdn_state(self.geo, num_slots, generator=self.gen))
         return r
 

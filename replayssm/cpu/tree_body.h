@@ -1,0 +1,297 @@
+/* Tree speculation kernels (backend="cpu"), included at the end of kernels_body.h, so once per (state, act)
+ * dtype pair like every other kernel (STYPE / LDS / ATYPE / LDA / SUF from there).
+ *
+ * Both are the chain spec kernels above (m2_spec_replay, gdn_spec_replay) with the window's causal mask
+ * replaced by the ancestor mask of a draft tree and the window's prefix sums by tree prefix sums
+ * cum[s] = cum[parent[s]] + dt[s] (parent -1: the committed history). Node s sits at logical position h + s,
+ * ring row (origin + h + s) & (R - 1), exactly where a chain's window token s goes; the protocol is in
+ * replayssm/tree_ring.py, the float64 oracles in replayssm/{mamba2,gdn}/tree_ref.py. For a chain tree every
+ * mask and prefix sum is the chain kernel's, term for term in the same order.
+ *
+ * parents int32 [batch, N] (validated in Python: parents[0] = -1, 0 <= parents[s] < s on live rows). The
+ * ancestor-or-self set of node s is a uint32 bit set built in topological order (N <= MAXN = 32, checked in
+ * Python before any launch; the ring length <= MAXL = 64 with B >= N implies it anyway). */
+
+#ifndef MAXN
+#define MAXN 32   /* largest tree (MAX_TREE_NODES in replayssm/cpu/ops.py): one uint32 bit set per node */
+#endif
+
+/* Ancestor-or-self bit sets of row b's nodes; an invalid parent (only possible on a row Python did not
+ * validate) is taken as the root, so a bad value never indexes out of bounds. */
+static inline void SUF(tree_anc)(const int32_t *parents, int b, int T, uint32_t *anc, int *par)
+{
+    for (int t = 0; t < T; t++) {
+        int p = parents[(size_t)b * T + t];
+        if (p < 0 || p >= t) p = -1;
+        par[t] = p;
+        anc[t] = (p < 0 ? 0u : anc[p]) | (1u << t);
+    }
+}
+
+/* out[t] = row . C_t for t < T with T up to 2 MAXN: dotT_row keeps MAXT accumulators, so a larger set goes
+ * in chunks of MAXT (the row, at most MAXV floats, stays in L1 between chunks). */
+static inline void SUF(dotT_rows_tree)(const STYPE *row, const float *Cm, int T, int N, float *out)
+{
+    for (int t0 = 0; t0 < T; t0 += MAXT)
+        SUF(dotT_row)(row, Cm + (size_t)t0 * N, T - t0 < MAXT ? T - t0 : MAXT, N, out + t0);
+}
+
+/* Mamba-2 ReplaySSM tree verify. As m2_spec_replay, per (row, head) with h = write_pos and node t at p_t = h + t:
+ *   cum_j (j < h) the inclusive prefix of the history's dt; cum_{h+t} = cum_{h+parent(t)} + dt_t (tree prefix);
+ *   node t sees every history entry and the window entries of its ancestors-or-self (bit c of anc[t]);
+ *   non-flush: E_t = e(cum_p), coef = dt_j e(cum_p - cum_j) (B_j . C_t) over the visible j;
+ *   flush:     E_t = e(cum_p - tot) e(tot), history weighted e(cum_p - tot) dt_j e(tot - cum_j), the window as
+ *              above; the folded checkpoint is stored when h > 0 (its rows re-read after the readouts).
+ * The N nodes' x, B (group's first head) and processed dt then go into the ring. The bc scratch
+ * [S, G, R, window] holds B_j . C_t at logical index j, as in the chain kernel. */
+void SUF(m2_tree_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *bcs, const int32_t *wp,
+                         const int32_t *origin, const int32_t *is_flush, const int32_t *parents, const ATYPE *x,
+                         const float *dt, const float *A, const ATYPE *Bm, const ATYPE *Cm, const float *D,
+                         const ATYPE *z, const float *dt_bias, int softplus, ATYPE *out, const int32_t *slots,
+                         int batch, int T, int H, int P, int N, int G, int R, int nt)
+{
+    const int hpg = H / G;
+    /* B_j . C_t once per (row, group), every logical position j < h + T: the heads of the group share it */
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int g = 0; g < G; g++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int h0 = wp[s], org = origin[s], J = h0 + T;
+            float Cl[T * N];
+            for (int t = 0; t < T; t++) {
+                const ATYPE *Ct = Cm + (((size_t)b * T + t) * G + g) * N;
+                for (int n = 0; n < N; n++) Cl[t * N + n] = LDA(Ct + n);
+            }
+            for (int j = 0; j < J; j++) {
+                const ATYPE *Bp = j < h0 ? Br + (((size_t)s * G + g) * R + ((org + j) & (R - 1))) * N
+                                         : Bm + (((size_t)b * T + (j - h0)) * G + g) * N;
+                float Bv[N];
+                for (int n = 0; n < N; n++) Bv[n] = LDA(Bp + n);
+                for (int t = 0; t < T; t++) {
+                    float acc = 0.0f;
+#pragma omp simd reduction(+:acc)
+                    for (int n = 0; n < N; n++) acc += Bv[n] * Cl[t * N + n];
+                    bcs[(((size_t)s * G + g) * R + j) * T + t] = acc;
+                }
+            }
+        }
+    }
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int h = 0; h < H; h++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int g = h / hpg, h0 = wp[s], org = origin[s], fl = is_flush[s] != 0, J = h0 + T;
+            const float Ah = A[h];
+            uint32_t anc[MAXN];
+            int par[MAXN];
+            SUF(tree_anc)(parents, b, T, anc, par);
+            float dts[MAXL], cum[MAXL], Cl[T * N], E[MAXN], coef[MAXL * MAXN], yv[T * P];
+            const ATYPE *Bj[MAXL], *xj[MAXL];
+            float run = 0.0f;
+            for (int j = 0; j < h0; j++) {
+                const int row = (org + j) & (R - 1);
+                dts[j] = dtr[((size_t)s * H + h) * R + row];
+                Bj[j] = Br + (((size_t)s * G + g) * R + row) * N;
+                xj[j] = xr + (((size_t)s * H + h) * R + row) * P;
+                run += dts[j];
+                cum[j] = run;
+            }
+            const float tot = run, etot = expf(fminf(Ah * tot, 0.0f));
+            for (int t = 0; t < T; t++) {              /* tree prefix: parents come first (topological order) */
+                const int j = h0 + t;
+                float d = dt[((size_t)b * T + t) * H + h] + (dt_bias ? dt_bias[h] : 0.0f);
+                dts[j] = softplus ? softplus_f(d) : d;
+                Bj[j] = Bm + (((size_t)b * T + t) * G + g) * N;
+                xj[j] = x + (((size_t)b * T + t) * H + h) * P;
+                cum[j] = (par[t] < 0 ? tot : cum[h0 + par[t]]) + dts[j];
+            }
+            for (int t = 0; t < T; t++) {
+                const ATYPE *Ct = Cm + (((size_t)b * T + t) * G + g) * N;
+                for (int n = 0; n < N; n++) Cl[t * N + n] = LDA(Ct + n);
+            }
+            for (int j = 0; j < J; j++) {
+                const float *bc = bcs + (((size_t)s * G + g) * R + j) * T;
+                for (int t = 0; t < T; t++) {
+                    const float cp = cum[h0 + t];
+                    float c = 0.0f;
+                    if (j < h0) {
+                        if (fl)
+                            c = expf(fminf(Ah * (cp - tot), 0.0f)) * dts[j] * expf(fminf(Ah * (tot - cum[j]), 0.0f));
+                        else
+                            c = dts[j] * expf(fminf(Ah * (cp - cum[j]), 0.0f));
+                    } else if ((anc[t] >> (j - h0)) & 1u) {
+                        c = dts[j] * expf(fminf(Ah * (cp - cum[j]), 0.0f));
+                    } else {
+                        /* another branch: never multiplied in (a NaN there must not leak into this node) */
+                        coef[j * MAXN + t] = 0.0f;
+                        continue;
+                    }
+                    coef[j * MAXN + t] = c * bc[t];
+                }
+            }
+            for (int t = 0; t < T; t++) {
+                const float cp = cum[h0 + t];
+                E[t] = fl ? expf(fminf(Ah * (cp - tot), 0.0f)) * etot : expf(fminf(Ah * cp, 0.0f));
+            }
+            STYPE *S = state + ((size_t)s * H + h) * (size_t)P * N;
+            for (int p = 0; p < P; p++) {
+                float rd[MAXN];
+                SUF(dotT_rows_tree)(S + (size_t)p * N, Cl, T, N, rd);
+                for (int t = 0; t < T; t++) yv[t * P + p] = E[t] * rd[t];
+            }
+            for (int j = 0; j < J; j++)
+                for (int t = 0; t < T; t++) {
+                    if (j >= h0 && !((anc[t] >> (j - h0)) & 1u)) continue;
+                    const float c = coef[j * MAXN + t];
+                    if (c == 0.0f) continue;
+                    float *yt = yv + (size_t)t * P;
+#pragma omp simd
+                    for (int p = 0; p < P; p++) yt[p] += c * LDA(xj[j] + p);
+                }
+            for (int t = 0; t < T; t++) {
+                const size_t io = (((size_t)b * T + t) * H + h) * P;
+                float *yt = yv + (size_t)t * P;
+                if (D)
+                    for (int p = 0; p < P; p++) yt[p] += D[h] * LDA(x + io + p);
+                if (z) {
+                    float zf[P];
+                    for (int p = 0; p < P; p++) zf[p] = LDA(z + io + p);
+                    silu_gate(yt, zf, P);
+                }
+                for (int p = 0; p < P; p++) STA(out + io + p, yt[p]);
+            }
+            if (fl && h0 > 0) {
+                float Xm[h0 * P], Ym[h0 * N];
+                for (int j = 0; j < h0; j++) {
+                    const float w = dts[j] * expf(fminf(Ah * (tot - cum[j]), 0.0f));
+                    for (int p = 0; p < P; p++) Xm[(size_t)j * P + p] = w * LDA(xj[j] + p);
+                    for (int n = 0; n < N; n++) Ym[(size_t)j * N + n] = LDA(Bj[j] + n);
+                }
+                SUF(rebuild_rows)(S, N, P, N, etot, Xm, Ym, h0, 1, NULL, NULL);
+            }
+            for (int t = 0; t < T; t++) {
+                const int row = (org + h0 + t) & (R - 1);
+                memcpy(xr + (((size_t)s * H + h) * R + row) * P, x + (((size_t)b * T + t) * H + h) * P,
+                       (size_t)P * sizeof(ATYPE));
+                dtr[((size_t)s * H + h) * R + row] = dts[h0 + t];
+                if (h % hpg == 0)
+                    memcpy(Br + (((size_t)s * G + g) * R + row) * N, Bm + (((size_t)b * T + t) * G + g) * N,
+                           (size_t)N * sizeof(ATYPE));
+            }
+        }
+    }
+}
+
+/* GDN ReplaySSM tree verify. As gdn_spec_replay (the history part, S_h k_s and S_h q_s from one pass over each
+ * checkpoint row, and the flush fold are unchanged), with the window's delta-rule system restricted to
+ * ancestors: G_s = G_parent(s) + g_s (tree prefix of the log decays),
+ *   A[s, c] = beta_s exp(min(G_s - G_c, 0)) (k_s . k_c) for c a strict ancestor of s,
+ *   U_s,i = beta_s (v_s,i - e^{G_s} (S_h k_s)_i) - sum over strict ancestors c of A[s, c] U_c,i
+ *   (forward substitution in topological order: an ancestor's U is final before its descendants read it),
+ *   o_s,i = e^{G_s} (S_h q_s)_i + sum over ancestors-or-self c of exp(min(G_s - G_c, 0)) (k_c . q_s) U_c,i.
+ * The sums skip other branches outright (a NaN there must not leak). (U_s, k_s, g_s) go to the node's ring row. */
+void SUF(gdn_tree_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const int32_t *wp, const int32_t *origin,
+                          const int32_t *is_flush, const int32_t *parents, const ATYPE *q, const ATYPE *k,
+                          const ATYPE *v, const float *g, const float *beta, float scale, int l2norm, ATYPE *out,
+                          const int32_t *slots, int batch, int T, int H, int HV, int K, int V, int R, int nt)
+{
+    const int gq = HV / H;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int hv = 0; hv < HV; hv++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int hk = hv / gq, h0 = wp[s], org = origin[s], fl = is_flush[s] != 0;
+            uint32_t anc[MAXN];
+            int par[MAXN];
+            SUF(tree_anc)(parents, b, T, anc, par);
+            float X2[2 * T * K], Kl[(h0 > 0 ? h0 : 1) * K], Gp[MAXL], w[MAXL], Gw[MAXN], bw[MAXN];
+            float Am[MAXN * MAXN], E[MAXN * MAXN], dots[MAXL * 2 * MAXN], bkq[2 * T * V];
+            /* window keys and queries: X2[t] = k_t, X2[T + t] = q_t (normalised, q scaled) */
+            for (int t = 0; t < T; t++)
+                SUF(gdn_qk)(q, k, (((size_t)b * T + t) * H + hk) * K, K, l2norm, scale, X2 + (T + t) * K, X2 + t * K);
+            for (int t = 0; t < T; t++) {
+                Gw[t] = (par[t] < 0 ? 0.0f : Gw[par[t]]) + g[((size_t)b * T + t) * HV + hv];
+                bw[t] = beta[((size_t)b * T + t) * HV + hv];
+            }
+            for (int t = 0; t < T; t++)
+                for (int t2 = 0; t2 < T; t2++) {
+                    Am[t * MAXN + t2] = 0.0f;
+                    E[t * MAXN + t2] = 0.0f;
+                    if (!((anc[t] >> t2) & 1u)) continue;          /* t2 not on t's path */
+                    float kk = 0.0f, kq = 0.0f;
+                    for (int n = 0; n < K; n++) { kk += X2[t * K + n] * X2[t2 * K + n]; kq += X2[t2 * K + n] * X2[(T + t) * K + n]; }
+                    const float e = expf(fminf(Gw[t] - Gw[t2], 0.0f));
+                    if (t2 < t) Am[t * MAXN + t2] = bw[t] * e * kk;     /* strict ancestor */
+                    E[t * MAXN + t2] = e * kq;
+                }
+            /* history: decays, keys, and their dots with the 2T window vectors (the chain kernel's) */
+            const float *gs = gr + ((size_t)s * HV + hv) * R;
+            float run = 0.0f;
+            for (int j = 0; j < h0; j++) { run += gs[(org + j) & (R - 1)]; Gp[j] = run; }
+            const float d0 = expf(run);
+            for (int j = 0; j < h0; j++) {
+                w[j] = expf(run - Gp[j]);
+                const ATYPE *kj = kr + (((size_t)s * H + hk) * R + ((org + j) & (R - 1))) * K;
+                for (int n = 0; n < K; n++) Kl[(size_t)j * K + n] = LDA(kj + n);
+                for (int xx = 0; xx < 2 * T; xx++) {
+                    float acc = 0.0f;
+                    for (int n = 0; n < K; n++) acc += Kl[(size_t)j * K + n] * X2[xx * K + n];
+                    dots[j * 2 * MAXN + xx] = w[j] * acc;
+                }
+            }
+            for (int i = 0; i < 2 * T * V; i++) bkq[i] = 0.0f;
+            for (int j = 0; j < h0; j++) {
+                const ATYPE *uj = ur + (((size_t)s * HV + hv) * R + ((org + j) & (R - 1))) * V;
+                for (int xx = 0; xx < 2 * T; xx++) {
+                    const float c = dots[j * 2 * MAXN + xx];
+                    float *dst = bkq + (size_t)xx * V;
+#pragma omp simd
+                    for (int i = 0; i < V; i++) dst[i] += c * LDA(uj + i);
+                }
+            }
+            STYPE *S = state + ((size_t)s * HV + hv) * (size_t)V * K;
+            float Ul[T * V];                /* U_t,i, stored into the ring at the end */
+            for (int i = 0; i < V; i++) {
+                float d[2 * MAXN], Ui[MAXN];
+                SUF(dotT_rows_tree)(S + (size_t)i * K, X2, 2 * T, K, d);
+                for (int t = 0; t < T; t++) {
+                    const float eg = expf(Gw[t]);
+                    const float hk_ = d0 * d[t] + bkq[(size_t)t * V + i];
+                    float r = bw[t] * (LDA(v + (((size_t)b * T + t) * HV + hv) * V + i) - eg * hk_);
+                    for (int t2 = 0; t2 < t; t2++)
+                        if ((anc[t] >> t2) & 1u) r -= Am[t * MAXN + t2] * Ui[t2];
+                    Ui[t] = r;
+                    Ul[t * V + i] = r;
+                }
+                for (int t = 0; t < T; t++) {
+                    const float hq = d0 * d[T + t] + bkq[(size_t)(T + t) * V + i];
+                    float o = expf(Gw[t]) * hq;
+                    for (int t2 = 0; t2 <= t; t2++)
+                        if ((anc[t] >> t2) & 1u) o += E[t * MAXN + t2] * Ui[t2];
+                    STA(out + (((size_t)b * T + t) * HV + hv) * V + i, o);
+                }
+            }
+            if (fl && h0 > 0) {
+                float Xm[h0 * V];
+                for (int j = 0; j < h0; j++) {
+                    const ATYPE *uj = ur + (((size_t)s * HV + hv) * R + ((org + j) & (R - 1))) * V;
+                    for (int i = 0; i < V; i++) Xm[(size_t)j * V + i] = w[j] * LDA(uj + i);
+                }
+                SUF(rebuild_rows)(S, K, V, K, d0, Xm, Kl, h0, 1, NULL, NULL);
+            }
+            for (int t = 0; t < T; t++) {
+                const int row = (org + h0 + t) & (R - 1);
+                ATYPE *ud = ur + (((size_t)s * HV + hv) * R + row) * V;
+                for (int i = 0; i < V; i++) STA(ud + i, Ul[t * V + i]);
+                gr[((size_t)s * HV + hv) * R + row] = g[((size_t)b * T + t) * HV + hv];
+                if (hv % gq == 0) {
+                    ATYPE *kd = kr + (((size_t)s * H + hk) * R + row) * K;
+                    for (int n = 0; n < K; n++) STA(kd + n, X2[t * K + n]);
+                }
+            }
+        }
+    }
+}
