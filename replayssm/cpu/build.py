@@ -1,9 +1,10 @@
 """Build and load the fused CPU kernels (kernels.c + kernels_body.h) once per machine, cached on disk.
 
 The toolchain is the system C compiler with OpenMP, called directly and loaded with ctypes (the reasons,
-measured on the 2-core CPU box, are in replayssm/cpu/__init__.py). One shared library holds every kernel for
-every (state dtype, activation dtype) pair; kernel shapes are runtime arguments, so nothing is rebuilt per
-batch, geometry or dtype. The library is cached under
+measured on the 2-core CPU box, are in README.md: a build of every kernel takes seconds where a torch C++
+extension takes minutes, and it needs nothing beyond a compiler offline). One shared library holds every
+kernel for every (state dtype, activation dtype) pair; kernel shapes are runtime arguments, so nothing is
+rebuilt per batch, geometry or dtype. The library is cached under
 
     $REPLAYSSM_CPU_CACHE  (default: $XDG_CACHE_HOME/replayssm/cpu-kernels, else ~/.cache/replayssm/cpu-kernels)
 

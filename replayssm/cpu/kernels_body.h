@@ -1,6 +1,6 @@
 /* Kernel bodies, included once per (state dtype, activation dtype) pair by the source build.py generates.
  * STYPE / LDS / STS: state storage; ATYPE / LDA / STA: activation storage; SUF(name) names the variant.
- * Shapes are in the docstrings of the Python wrappers (replayssm/cpu/mamba2.py, replayssm/cpu/gdn.py). */
+ * Shapes are in the docstrings of the ctypes wrappers (replayssm/cpu/ops.py) and the public APIs they serve. */
 
 /* Row primitives. A reduction over a [N] row with one accumulator is bound by the FMA latency chain (~20 GB/s
  * on one core, below DRAM bandwidth on a big box), so rows whose length is a multiple of 16 use two 8-lane
