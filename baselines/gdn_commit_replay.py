@@ -273,6 +273,16 @@ def _commit_ref(cache, num_accepted, slots):
         cache.state[slot] = S[0].to(cache.state_dtype)
 
 
+def _verify_cpu(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out):
+    from replayssm.cpu import ops
+    ops.gdn_cr_verify(cache, q, k, v, g, beta, scale, use_qk_l2norm, out, slots)
+
+
+def _commit_cpu(cache, num_accepted, slots):
+    from replayssm.cpu import ops
+    ops.gdn_cr_commit(cache, num_accepted, slots)
+
+
 def _check_cache(cache) -> None:
     if not isinstance(cache, CommitReplayCache):
         raise ValueError(f"expected a baselines.gdn_commit_replay.CommitReplayCache, got {type(cache).__name__}")
@@ -298,8 +308,7 @@ def spec_verify(cache: CommitReplayCache, q: torch.Tensor, k: torch.Tensor, v: t
     if out is None:
         out = torch.empty(batch, cache.window, gm.HV, gm.V, dtype=cache.act_dtype, device=cache.device)
     if batch:
-        # backend="cpu": no fused CPU kernel for the GDN commit-replay yet; it runs the torch form
-        impl = {"triton": _verify_triton, "torch": _verify_torch, "ref": _verify_ref, "cpu": _verify_torch}[backend]
+        impl = {"triton": _verify_triton, "torch": _verify_torch, "ref": _verify_ref, "cpu": _verify_cpu}[backend]
         impl(cache, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out)
     return out
 
@@ -321,4 +330,4 @@ def spec_commit(cache: CommitReplayCache, num_accepted: torch.Tensor, slots: tor
     if backend == "triton" and cache.geometry.K > MAX_K:
         raise ValueError(f"K={cache.geometry.K} > {MAX_K}: the kernel cannot tile a key dim this large")
     {"triton": _commit_triton, "torch": _commit_torch, "ref": _commit_ref,
-     "cpu": _commit_torch}[backend](cache, num_accepted, slots)
+     "cpu": _commit_cpu}[backend](cache, num_accepted, slots)

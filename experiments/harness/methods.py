@@ -217,8 +217,7 @@ class ReplayAR(Method):
 
 class SpecMethod(Method):
     kind = "spec"
-    # Fused CPU kernels: every spec method of Mamba-2; GDN's native and ReplaySSM verify (its commit-replay has
-    # none yet and runs the torch form under backend=cpu: CommitReplaySpec narrows this).
+    # Fused CPU kernels: every spec method of both families.
     cpu_families = ("mamba2", "gdn")
     commit_takes_A = False
     cache_modules: dict[str, tuple[str, str]] = {}    # family -> (module, class)
@@ -276,7 +275,6 @@ class BaselineSpec(SpecMethod):
 
 class CommitReplaySpec(SpecMethod):
     name, partner = "commit_replay_spec", "baseline_spec"
-    cpu_families = ("mamba2",)
     modules = {"mamba2": "baselines.mamba2_commit_replay", "gdn": "baselines.gdn_commit_replay"}
     cache_modules = {"mamba2": ("baselines.mamba2_commit_replay", "CommitReplayCache"),
                      "gdn": ("baselines.gdn_commit_replay", "CommitReplayCache")}

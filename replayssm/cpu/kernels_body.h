@@ -699,10 +699,16 @@ void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
     }
 }
 
-/* GDN native spec verify (vLLM): per (row, value head), each state row [K] is loaded once from snapshot
- * last[slot]; per token t: r = exp(g_t) r; u = beta_t (v_t - r . k_t); r += u k_t; stored into snapshot t;
- * o_t = r . q_t. state [S, T, HV, V, K]; q, k [b, T, H, K]; v, out [b, T, HV, V]; g, beta [b, T, HV] fp32. */
-void SUF(gdn_spec_native)(STYPE *state, const int32_t *last, const ATYPE *q, const ATYPE *k, const ATYPE *v,
+/* GDN serial spec verify, two methods:
+ *   native (vLLM, `last` given): state [S, T, HV, V, K]; each state row [K] is loaded once from snapshot
+ *     last[slot]; per token t: r = exp(g_t) r; u = beta_t (v_t - r . k_t); r += u k_t; stored into snapshot t;
+ *     o_t = r . q_t;
+ *   commit-replay verify (`last` NULL): state [S, HV, V, K] is the frozen checkpoint, read once, never written;
+ *     the window is stashed: k [S, H, T, K] (normalised, by the key head's first value head), raw v
+ *     [S, HV, T, V], g and beta [S, HV, T] fp32.
+ * q, k [b, T, H, K]; v, out [b, T, HV, V]; g, beta [b, T, HV] fp32. */
+void SUF(gdn_spec_native)(STYPE *state, const int32_t *last, ATYPE *stash_k, ATYPE *stash_v, float *stash_g,
+                          float *stash_beta, const ATYPE *q, const ATYPE *k, const ATYPE *v,
                           const float *g, const float *beta, float scale, int l2norm, ATYPE *out,
                           const int32_t *slots, int batch, int T, int H, int HV, int K, int V, int nt)
 {
@@ -720,7 +726,9 @@ void SUF(gdn_spec_native)(STYPE *state, const int32_t *last, const ATYPE *q, con
                 bl[t] = beta[((size_t)b * T + t) * HV + hv];
             }
             const size_t snap = (size_t)HV * V * K;
-            const STYPE *src = state + ((size_t)s * T + last[s]) * snap + (size_t)hv * V * K;
+            const int native = last != NULL;
+            const STYPE *src = native ? state + ((size_t)s * T + last[s]) * snap + (size_t)hv * V * K
+                                      : state + ((size_t)s * HV + hv) * (size_t)V * K;
             STYPE *dst0 = state + (size_t)s * T * snap + (size_t)hv * V * K;
             for (int i = 0; i < V; i++) {
                 for (int n = 0; n < K; n++) r[n] = LDS(src + (size_t)i * K + n);
@@ -737,14 +745,73 @@ void SUF(gdn_spec_native)(STYPE *state, const int32_t *last, const ATYPE *q, con
                         v8f o0 = {0};
                         for (int n = 0; n < K; n += 8) {
                             const v8f rv = v8_load(r + n) + u * v8_load(kt + n);
-                            v8_store(r + n, rv); STS8(row + n, rv); o0 += rv * v8_load(qt + n);
+                            v8_store(r + n, rv); o0 += rv * v8_load(qt + n);
+                            if (native) STS8(row + n, rv);
                         }
                         o = hsum8(o0);
                     } else {
-                        for (int n = 0; n < K; n++) { r[n] += u * kt[n]; STS(row + n, r[n]); o += r[n] * qt[n]; }
+                        for (int n = 0; n < K; n++) {
+                            r[n] += u * kt[n];
+                            if (native) STS(row + n, r[n]);
+                            o += r[n] * qt[n];
+                        }
                     }
                     STA(out + io, o);
                 }
+            }
+            if (!native)
+                for (int t = 0; t < T; t++) {
+                    const size_t st = ((size_t)s * HV + hv) * T + t;
+                    memcpy(stash_v + st * V, v + (((size_t)b * T + t) * HV + hv) * V, (size_t)V * sizeof(ATYPE));
+                    stash_g[st] = g[((size_t)b * T + t) * HV + hv];
+                    stash_beta[st] = bl[t];
+                    if (hv % gq == 0) {
+                        ATYPE *kd = stash_k + (((size_t)s * H + hk) * T + t) * K;
+                        for (int n = 0; n < K; n++) STA(kd + n, kl[t * K + n]);
+                    }
+                }
+        }
+    }
+}
+
+/* GDN commit-replay commit: the first a = accepted[b] stashed tokens replayed serially into the checkpoint,
+ * per state row r: r = exp(g_t) r; u = beta_t (v_t - r . k_t); r += u k_t (the stashed k is already
+ * normalised). One read and one write of each row. state [S, HV, V, K]; stash as gdn_spec_native writes it. */
+void SUF(gdn_cr_commit)(STYPE *state, const ATYPE *stash_k, const ATYPE *stash_v, const float *stash_g,
+                        const float *stash_beta, const int32_t *accepted, const int32_t *slots, int batch, int T,
+                        int H, int HV, int K, int V, int nt)
+{
+    const int gq = HV / H;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int hv = 0; hv < HV; hv++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int hk = hv / gq, a = accepted[b];
+            float kl[T * K], al[MAXT], bl[MAXT], vl[T * V];
+            for (int t = 0; t < a; t++) {
+                const size_t st = ((size_t)s * HV + hv) * T + t;
+                const ATYPE *kt = stash_k + (((size_t)s * H + hk) * T + t) * K;
+                for (int n = 0; n < K; n++) kl[t * K + n] = LDA(kt + n);
+                for (int i = 0; i < V; i++) vl[t * V + i] = LDA(stash_v + st * V + i);
+                al[t] = expf(stash_g[st]);
+                bl[t] = stash_beta[st];
+            }
+            STYPE *S = state + ((size_t)s * HV + hv) * (size_t)V * K;
+            for (int i = 0; i < V; i++) {
+                STYPE *row = S + (size_t)i * K;
+                float r[K];
+                for (int n = 0; n < K; n++) r[n] = LDS(row + n);
+                for (int t = 0; t < a; t++) {
+                    const float *kt = kl + t * K;
+                    float sk = 0.0f;
+#pragma omp simd reduction(+:sk)
+                    for (int n = 0; n < K; n++) { r[n] *= al[t]; sk += r[n] * kt[n]; }
+                    const float u = bl[t] * (vl[t * V + i] - sk);
+#pragma omp simd
+                    for (int n = 0; n < K; n++) r[n] += u * kt[n];
+                }
+                for (int n = 0; n < K; n++) STS(row + n, r[n]);
             }
         }
     }

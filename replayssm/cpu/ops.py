@@ -204,10 +204,32 @@ def gdn_spec_native(states, q, k, v, g, beta, scale: float, l2norm: bool, out, s
     gm, T = states.geometry, states.window
     o, done = _out(out)
     _call(_fn("gdn_spec_native", states.state.dtype, q.dtype),
-          states.state, states.last, _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32),
-          float(scale), int(bool(l2norm)), o, _c(slots, torch.int32), q.shape[0], T, gm.H, gm.HV, gm.K, gm.V,
-          _threads())
+          states.state, states.last, None, None, None, None, _c(q), _c(k), _c(v), _c(g, torch.float32),
+          _c(beta, torch.float32), float(scale), int(bool(l2norm)), o, _c(slots, torch.int32), q.shape[0], T, gm.H,
+          gm.HV, gm.K, gm.V, _threads())
     done()
+
+
+def gdn_cr_verify(cache, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) -> None:
+    """cache: baselines.gdn_commit_replay.CommitReplayCache: the checkpoint is read, the window stashed."""
+    _require_contiguous(state=cache.state, k=cache.k, v=cache.v, g=cache.g, beta=cache.beta)
+    check_cpu_window(cache.window)
+    gm, T = cache.geometry, cache.window
+    o, done = _out(out)
+    _call(_fn("gdn_spec_native", cache.state.dtype, q.dtype),
+          cache.state, None, cache.k, cache.v, cache.g, cache.beta, _c(q), _c(k), _c(v), _c(g, torch.float32),
+          _c(beta, torch.float32), float(scale), int(bool(l2norm)), o, _c(slots, torch.int32), q.shape[0], T, gm.H,
+          gm.HV, gm.K, gm.V, _threads())
+    done()
+
+
+def gdn_cr_commit(cache, num_accepted, slots) -> None:
+    _require_contiguous(state=cache.state, k=cache.k, v=cache.v, g=cache.g, beta=cache.beta)
+    check_cpu_window(cache.window)
+    gm, T = cache.geometry, cache.window
+    _call(_fn("gdn_cr_commit", cache.state.dtype, cache.k.dtype),
+          cache.state, cache.k, cache.v, cache.g, cache.beta, _c(num_accepted, torch.int32), _c(slots, torch.int32),
+          num_accepted.shape[0], T, gm.H, gm.HV, gm.K, gm.V, _threads())
 
 
 def mamba2_cr_verify(cache, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots) -> None:
