@@ -100,6 +100,18 @@ typedef _Float16 f16_t;
 #define HAVE_F16 0
 #endif
 
+/* The program an OpenMP thread runs after (row b, head h) of a collapse(2) static loop over [batch, H]: head
+ * h + 1 of the same row, else head 0 of the next row with a live slot (a thread's chunk is contiguous, so this
+ * is its next program except at the chunk's end, where it is a neighbour's: a prefetch either way). Returns 0
+ * past the batch; else 1 with its slot and head. The kernels prefetch that program's state (prefetch_l2). */
+static inline int next_program(const int32_t *slots, int batch, int b, int h, int H, int *slot, int *head)
+{
+    if (h + 1 < H) { *slot = slots[b]; *head = h + 1; return 1; }
+    for (int b2 = b + 1; b2 < batch; b2++)
+        if (slots[b2] >= 0) { *slot = slots[b2]; *head = 0; return 1; }
+    return 0;
+}
+
 int replayssm_cpu_has_fp16(void) { return HAVE_F16; }
 int replayssm_cpu_abi(void) { return 1; }
 

@@ -136,8 +136,12 @@ void SUF(m2_tree_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
                 E[t] = fl ? expf(fminf(Ah * (cp - tot), 0.0f)) * etot : expf(fminf(Ah * cp, 0.0f));
             }
             STYPE *S = state + ((size_t)s * H + h) * (size_t)P * N;
+            int s2, h2;
+            const STYPE *pf = next_program(slots, batch, b, h, H, &s2, &h2)
+                                  ? state + ((size_t)s2 * H + h2) * (size_t)P * N : NULL;
             for (int p = 0; p < P; p++) {
                 float rd[MAXN];
+                if (pf) SUF(prefetch_l2)(pf + (size_t)p * N, N);
                 SUF(dotT_rows_tree)(S + (size_t)p * N, Cl, T, N, rd);
                 for (int t = 0; t < T; t++) yv[t * P + p] = E[t] * rd[t];
             }
@@ -169,7 +173,7 @@ void SUF(m2_tree_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
                     for (int p = 0; p < P; p++) Xm[(size_t)j * P + p] = w * LDA(xj[j] + p);
                     for (int n = 0; n < N; n++) Ym[(size_t)j * N + n] = LDA(Bj[j] + n);
                 }
-                SUF(rebuild_rows)(S, N, P, N, etot, Xm, Ym, h0, 1, NULL, NULL);
+                SUF(rebuild_rows)(S, N, P, N, etot, Xm, Ym, h0, 1, NULL, NULL, NULL);
             }
             for (int t = 0; t < T; t++) {
                 const int row = (org + h0 + t) & (R - 1);
@@ -253,14 +257,20 @@ void SUF(gdn_tree_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const i
                 }
             }
             STYPE *S = state + ((size_t)s * HV + hv) * (size_t)V * K;
-            float Ul[T * V];                /* U_t,i, stored into the ring at the end */
+            int s2, h2;
+            const STYPE *pf = next_program(slots, batch, b, hv, HV, &s2, &h2)
+                                  ? state + ((size_t)s2 * HV + h2) * (size_t)V * K : NULL;
+            /* decays hoisted out of the row loop; outputs gathered per node and stored as contiguous rows after
+             * it (as the chain verify does: a scalar store per (row, node) lands on N pages 32 KiB apart) */
+            float Ul[T * V], Ol[T * V], eg[MAXN];
+            for (int t = 0; t < T; t++) eg[t] = expf(Gw[t]);
             for (int i = 0; i < V; i++) {
                 float d[2 * MAXN], Ui[MAXN];
+                if (pf) SUF(prefetch_l2)(pf + (size_t)i * K, K);
                 SUF(dotT_rows_tree)(S + (size_t)i * K, X2, 2 * T, K, d);
                 for (int t = 0; t < T; t++) {
-                    const float eg = expf(Gw[t]);
                     const float hk_ = d0 * d[t] + bkq[(size_t)t * V + i];
-                    float r = bw[t] * (LDA(v + (((size_t)b * T + t) * HV + hv) * V + i) - eg * hk_);
+                    float r = bw[t] * (LDA(v + (((size_t)b * T + t) * HV + hv) * V + i) - eg[t] * hk_);
                     for (int t2 = 0; t2 < t; t2++)
                         if ((anc[t] >> t2) & 1u) r -= Am[t * MAXN + t2] * Ui[t2];
                     Ui[t] = r;
@@ -268,11 +278,15 @@ void SUF(gdn_tree_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const i
                 }
                 for (int t = 0; t < T; t++) {
                     const float hq = d0 * d[T + t] + bkq[(size_t)(T + t) * V + i];
-                    float o = expf(Gw[t]) * hq;
+                    float o = eg[t] * hq;
                     for (int t2 = 0; t2 <= t; t2++)
                         if ((anc[t] >> t2) & 1u) o += E[t * MAXN + t2] * Ui[t2];
-                    STA(out + (((size_t)b * T + t) * HV + hv) * V + i, o);
+                    Ol[t * V + i] = o;
                 }
+            }
+            for (int t = 0; t < T; t++) {
+                ATYPE *ot = out + (((size_t)b * T + t) * HV + hv) * V;
+                for (int i = 0; i < V; i++) STA(ot + i, Ol[t * V + i]);
             }
             if (fl && h0 > 0) {
                 float Xm[h0 * V];
@@ -280,7 +294,7 @@ void SUF(gdn_tree_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const i
                     const ATYPE *uj = ur + (((size_t)s * HV + hv) * R + ((org + j) & (R - 1))) * V;
                     for (int i = 0; i < V; i++) Xm[(size_t)j * V + i] = w[j] * LDA(uj + i);
                 }
-                SUF(rebuild_rows)(S, K, V, K, d0, Xm, Kl, h0, 1, NULL, NULL);
+                SUF(rebuild_rows)(S, K, V, K, d0, Xm, Kl, h0, 1, NULL, NULL, NULL);
             }
             for (int t = 0; t < T; t++) {
                 const int row = (org + h0 + t) & (R - 1);

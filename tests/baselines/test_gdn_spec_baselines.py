@@ -96,6 +96,16 @@ def test_long_run_matches_serial_ground_truth(method, backend, T, use_qk_l2norm,
         assert torch.equal(cache.state[slot], untouched.state[slot]), f"slot {slot} touched"
 
 
+@pytest.mark.parametrize("K", [20, 48])
+@pytest.mark.parametrize("method", ["native", "commit_replay"])
+def test_cpu_row_widths(method, K, gen):
+    """The C serial row keeps a K % 16 == 0 row in vector registers; other widths take the scalar loop."""
+    gm = GDNGeometry(H=1, HV=2, K=K, V=16)
+    cache = make_cache(method, gm, 3, 3, gen)
+    run_steps(method, [cache], ["cpu"], torch.tensor([2, NULL_SLOT, 0], dtype=torch.int32), gen, 12,
+              use_qk_l2norm=True)
+
+
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.float16, torch.float32), (torch.float32, torch.float16),
                                                    (torch.float16, torch.float16), (torch.float32, torch.bfloat16)])
 @pytest.mark.parametrize("backend", ["torch", "ref", "cpu"])
