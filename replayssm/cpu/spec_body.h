@@ -1,0 +1,586 @@
+/* Speculative-decoding kernels of both families: the native per-draft snapshots, the commit-replay verify and
+ * commit, and the ReplaySSM ring verify with its flush. Included by kernels_body.h, so instantiated per
+ * (state dtype, activation dtype) pair like the rest and free to use its row primitives (dot_row, rebuild_rows,
+ * prefetch_l2, gdn_qk) and kernels.c's next_program. */
+
+/* ------------------------------------------------------------------------------------------------ spec */
+
+#define MAXT 16   /* largest speculative window (MAX_WINDOW in the Python modules) */
+
+/* out[t] = row . C_t for t < T in one read of the row (C [T, N] fp32) */
+static inline void SUF(dotT_row)(const STYPE *row, const float *Cm, int T, int N, float *out)
+{
+    if (N % 16 == 0) {
+        /* Four vectors at a time with named accumulators: an array acc[T] indexed by a runtime T lives on the
+         * stack, and every FMA then waits on a store and a reload of its accumulator (that loop was 46 % of
+         * the Mamba-2 spec verify). A block of fewer than four points its spare lanes at the block's first
+         * vector and drops their sums; the row is re-read from L1 per block. */
+        for (int t0 = 0; t0 < T; t0 += 4) {
+            const int nb = T - t0 < 4 ? T - t0 : 4;
+            const float *c0 = Cm + (size_t)t0 * N;
+            const float *c1 = nb > 1 ? c0 + N : c0, *c2 = nb > 2 ? c0 + 2 * N : c0, *c3 = nb > 3 ? c0 + 3 * N : c0;
+            v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+            for (int n = 0; n < N; n += 16) {
+                const v8f r = LDS8(row + n), q = LDS8(row + n + 8);
+                a0 += r * v8_load(c0 + n); b0 += q * v8_load(c0 + n + 8);
+                a1 += r * v8_load(c1 + n); b1 += q * v8_load(c1 + n + 8);
+                a2 += r * v8_load(c2 + n); b2 += q * v8_load(c2 + n + 8);
+                a3 += r * v8_load(c3 + n); b3 += q * v8_load(c3 + n + 8);
+            }
+            const float sums[4] = {hsum8(a0 + b0), hsum8(a1 + b1), hsum8(a2 + b2), hsum8(a3 + b3)};
+            for (int i = 0; i < nb; i++) out[t0 + i] = sums[i];
+        }
+        return;
+    }
+    for (int t = 0; t < T; t++) {
+        float a = 0.0f;
+        for (int n = 0; n < N; n++) a += LDS(row + n) * Cm[(size_t)t * N + n];
+        out[t] = a;
+    }
+}
+
+/* Mamba-2 serial spec verify, two methods:
+ *   native (vLLM, `last` given): state [S, T, H, P, N]; each state row is loaded once from snapshot last[slot],
+ *     the T window tokens run serially on it, and the row after token t is stored into snapshot t;
+ *   commit-replay verify (`last` NULL): state [S, H, P, N] is the frozen checkpoint, read once, never written;
+ *     the window's x [S, H, T, P], B [S, G, T, N] (group's first head) and processed dt [S, H, T] are stashed.
+ * x, z, out [b, T, H, P]; dt [b, T, H] raw fp32; B, C [b, T, G, N]. */
+void SUF(m2_spec_native)(STYPE *state, const int32_t *last, ATYPE *stash_x, ATYPE *stash_B, float *stash_dt,
+                         const ATYPE *x, const float *dt, const float *A,
+                         const ATYPE *Bm, const ATYPE *Cm, const float *D, const ATYPE *z, const float *dt_bias,
+                         int softplus, ATYPE *out, const int32_t *slots, int batch, int T, int H, int P, int N, int G,
+                         int nt)
+{
+    const int hpg = H / G;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int h = 0; h < H; h++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int g = h / hpg;
+            float Bl[T * N], Cl[T * N], dts[MAXT], as[MAXT], r[N];
+            for (int t = 0; t < T; t++) {
+                const size_t o = (((size_t)b * T + t) * G + g) * N;
+                for (int n = 0; n < N; n++) { Bl[t * N + n] = LDA(Bm + o + n); Cl[t * N + n] = LDA(Cm + o + n); }
+                float d = dt[((size_t)b * T + t) * H + h] + (dt_bias ? dt_bias[h] : 0.0f);
+                if (softplus) d = softplus_f(d);
+                dts[t] = d; as[t] = expf(A[h] * d);
+            }
+            const size_t snap = (size_t)H * P * N;     /* elements between snapshots of one slot */
+            const int native = last != NULL;
+            const STYPE *src = native ? state + ((size_t)s * T + last[s]) * snap + (size_t)h * P * N
+                                      : state + ((size_t)s * H + h) * (size_t)P * N;
+            STYPE *dst0 = state + (size_t)s * T * snap + (size_t)h * P * N;
+            int s2, h2;
+            const STYPE *pf = !next_program(slots, batch, b, h, H, &s2, &h2) ? NULL
+                              : native ? state + ((size_t)s2 * T + last[s2]) * snap + (size_t)h2 * P * N
+                                       : state + ((size_t)s2 * H + h2) * (size_t)P * N;
+            for (int p = 0; p < P; p++) {
+                if (pf) SUF(prefetch_l2)(pf + (size_t)p * N, N);
+                for (int n = 0; n < N; n++) r[n] = LDS(src + (size_t)p * N + n);
+                for (int t = 0; t < T; t++) {
+                    const size_t io = (((size_t)b * T + t) * H + h) * P + p;
+                    const float xv = LDA(x + io), xd = dts[t] * xv;
+                    STYPE *row = dst0 + (size_t)t * snap + (size_t)p * N;
+                    const float *Bt = Bl + (size_t)t * N, *Ct = Cl + (size_t)t * N;
+                    float acc = 0.0f;
+                    if (N % 16 == 0) {
+                        v8f a0 = {0}, a1 = {0};
+                        for (int n = 0; n < N; n += 16) {
+                            const v8f v0 = as[t] * v8_load(r + n) + xd * v8_load(Bt + n);
+                            const v8f v1 = as[t] * v8_load(r + n + 8) + xd * v8_load(Bt + n + 8);
+                            v8_store(r + n, v0); v8_store(r + n + 8, v1);
+                            if (native) { STS8(row + n, v0); STS8(row + n + 8, v1); }
+                            a0 += v0 * v8_load(Ct + n); a1 += v1 * v8_load(Ct + n + 8);
+                        }
+                        acc = hsum8(a0 + a1);
+                    } else {
+                        for (int n = 0; n < N; n++) {
+                            r[n] = as[t] * r[n] + xd * Bt[n];
+                            if (native) STS(row + n, r[n]);
+                            acc += r[n] * Ct[n];
+                        }
+                    }
+                    float y = acc + (D ? D[h] * xv : 0.0f);
+                    if (z) { const float zv = LDA(z + io); y *= zv * sigmoid_f(zv); }
+                    STA(out + io, y);
+                }
+            }
+            if (!native)
+                for (int t = 0; t < T; t++) {
+                    memcpy(stash_x + (((size_t)s * H + h) * T + t) * P, x + (((size_t)b * T + t) * H + h) * P,
+                           (size_t)P * sizeof(ATYPE));
+                    stash_dt[((size_t)s * H + h) * T + t] = dts[t];
+                    if (h % hpg == 0)
+                        memcpy(stash_B + (((size_t)s * G + g) * T + t) * N, Bm + (((size_t)b * T + t) * G + g) * N,
+                               (size_t)N * sizeof(ATYPE));
+                }
+        }
+    }
+}
+
+/* Mamba-2 commit-replay commit: the first a = accepted[b] stashed tokens folded into the checkpoint in closed
+ * form, S <- exp(A sum_{t<a} dt_t) S + sum_{t<a} dt_t exp(A sum_{t<k<a} dt_k) x_t B_t^T: one read and one write
+ * of each state row (the blocked rebuild). */
+void SUF(m2_cr_commit)(STYPE *state, const ATYPE *stash_x, const ATYPE *stash_B, const float *stash_dt,
+                       const int32_t *accepted, const float *A, const int32_t *slots, int batch, int T, int H, int P,
+                       int N, int G, int nt)
+{
+    const int hpg = H / G;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int h = 0; h < H; h++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int g = h / hpg, a = accepted[b];
+            const float *dts = stash_dt + ((size_t)s * H + h) * T;
+            float after[MAXT], Xm[T * P], Ym[T * N];
+            float run = 0.0f;
+            for (int t = a - 1; t >= 0; t--) { after[t] = run; run += dts[t]; }
+            for (int t = 0; t < a; t++) {
+                const float w = dts[t] * expf(A[h] * after[t]);
+                const ATYPE *xt = stash_x + (((size_t)s * H + h) * T + t) * P;
+                const ATYPE *Bt = stash_B + (((size_t)s * G + g) * T + t) * N;
+                for (int p = 0; p < P; p++) Xm[(size_t)t * P + p] = w * LDA(xt + p);
+                for (int n = 0; n < N; n++) Ym[(size_t)t * N + n] = LDA(Bt + n);
+            }
+            int s2, h2;
+            const STYPE *pf = next_program(slots, batch, b, h, H, &s2, &h2)
+                                  ? state + ((size_t)s2 * H + h2) * (size_t)P * N : NULL;
+            SUF(rebuild_rows)(state + ((size_t)s * H + h) * (size_t)P * N, N, P, N, expf(A[h] * run), Xm, Ym, a, 1,
+                              NULL, NULL, pf);
+        }
+    }
+}
+
+/* Mamba-2 ReplaySSM spec verify (replayssm/mamba2/spec_ref.py has the protocol). Per (row, head), h = write_pos,
+ * logical position j at ring row (origin + j) & (R-1); window token t at p_t = h + t (its x, B, dt taken from the
+ * inputs: the ring rows are written after every read), cum_j the inclusive prefix of processed dt:
+ *   y_t = E_t (S0 C_t) + sum_j coef[j, t] x_j, one read of the checkpoint for all T readouts, where
+ *   non-flush: E_t = e(cum_p), coef = dt_j e(cum_p - cum_j) (B_j . C_t) for j <= p_t;
+ *   flush:     E_t = e(cum_p - tot) e(tot), the history (j < h) weighted e(cum_p - tot) dt_j e(tot - cum_j), the
+ *              window as above; tot = cum_{h-1}; e(a) = exp(min(A a, 0)). The folded checkpoint
+ *              S1 = e(tot) S0 + sum_{j<h} dt_j e(tot - cum_j) x_j B_j^T is stored when h > 0 (rows re-read from cache).
+ * The window's x, B (group's first head) and processed dt are then written into the ring. */
+void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *bcs, const int32_t *wp,
+                         const int32_t *origin,
+                         const int32_t *is_flush, const ATYPE *x, const float *dt, const float *A, const ATYPE *Bm,
+                         const ATYPE *Cm, const float *D, const ATYPE *z, const float *dt_bias, int softplus,
+                         ATYPE *out, const int32_t *slots, int batch, int T, int H, int P, int N, int G, int R, int nt)
+{
+    const int hpg = H / G;
+    /* B_j . C_t for every logical position j < h + T and window token t, once per (row, group), into the ring's
+     * bc scratch [S, G, R, T] at index j (all heads of the group share it) */
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int g = 0; g < G; g++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int h0 = wp[s], org = origin[s], J = h0 + T;
+            float Cl[T * N];
+            for (int t = 0; t < T; t++) {
+                const ATYPE *Ct = Cm + (((size_t)b * T + t) * G + g) * N;
+                for (int n = 0; n < N; n++) Cl[t * N + n] = LDA(Ct + n);
+            }
+            for (int j = 0; j < J; j++) {
+                const ATYPE *Bp = j < h0 ? Br + (((size_t)s * G + g) * R + ((org + j) & (R - 1))) * N
+                                         : Bm + (((size_t)b * T + (j - h0)) * G + g) * N;
+                float Bv[N];
+                for (int n = 0; n < N; n++) Bv[n] = LDA(Bp + n);
+                for (int t = 0; t < T; t++) {
+                    float acc = 0.0f;
+#pragma omp simd reduction(+:acc)
+                    for (int n = 0; n < N; n++) acc += Bv[n] * Cl[t * N + n];
+                    bcs[(((size_t)s * G + g) * R + j) * T + t] = acc;
+                }
+            }
+        }
+    }
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int h = 0; h < H; h++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int g = h / hpg, h0 = wp[s], org = origin[s], fl = is_flush[s] != 0, J = h0 + T;
+            const float Ah = A[h];
+            float dts[MAXL], cum[MAXL], Cl[T * N], E[MAXT], coef[MAXL * MAXT], yv[T * P];
+            const ATYPE *Bj[MAXL], *xj[MAXL];
+            float run = 0.0f;
+            for (int j = 0; j < J; j++) {
+                if (j < h0) {
+                    const int row = (org + j) & (R - 1);
+                    dts[j] = dtr[((size_t)s * H + h) * R + row];
+                    Bj[j] = Br + (((size_t)s * G + g) * R + row) * N;
+                    xj[j] = xr + (((size_t)s * H + h) * R + row) * P;
+                } else {
+                    const int t = j - h0;
+                    float d = dt[((size_t)b * T + t) * H + h] + (dt_bias ? dt_bias[h] : 0.0f);
+                    dts[j] = softplus ? softplus_f(d) : d;
+                    Bj[j] = Bm + (((size_t)b * T + t) * G + g) * N;
+                    xj[j] = x + (((size_t)b * T + t) * H + h) * P;
+                }
+                run += dts[j];
+                cum[j] = run;
+            }
+            for (int t = 0; t < T; t++) {
+                const ATYPE *Ct = Cm + (((size_t)b * T + t) * G + g) * N;
+                for (int n = 0; n < N; n++) Cl[t * N + n] = LDA(Ct + n);
+            }
+            const float tot = h0 > 0 ? cum[h0 - 1] : 0.0f, etot = expf(fminf(Ah * tot, 0.0f));
+            for (int j = 0; j < J; j++) {
+                const float *bc = bcs + (((size_t)s * G + g) * R + j) * T;
+                for (int t = 0; t < T; t++) {
+                    const int p = h0 + t;
+                    float c = 0.0f;
+                    if (j <= p) {
+                        if (fl && j < h0)
+                            c = expf(fminf(Ah * (cum[p] - tot), 0.0f)) * dts[j] * expf(fminf(Ah * (tot - cum[j]), 0.0f));
+                        else
+                            c = dts[j] * expf(fminf(Ah * (cum[p] - cum[j]), 0.0f));
+                    }
+                    coef[j * MAXT + t] = c * bc[t];
+                }
+            }
+            for (int t = 0; t < T; t++) {
+                const float cp = cum[h0 + t];
+                E[t] = fl ? expf(fminf(Ah * (cp - tot), 0.0f)) * etot : expf(fminf(Ah * cp, 0.0f));
+            }
+            STYPE *S = state + ((size_t)s * H + h) * (size_t)P * N;
+            int s2, h2;
+            const STYPE *pf = next_program(slots, batch, b, h, H, &s2, &h2)
+                                  ? state + ((size_t)s2 * H + h2) * (size_t)P * N : NULL;
+            for (int p = 0; p < P; p++) {
+                float rd[MAXT];
+                if (pf) SUF(prefetch_l2)(pf + (size_t)p * N, N);
+                SUF(dotT_row)(S + (size_t)p * N, Cl, T, N, rd);
+                for (int t = 0; t < T; t++) yv[t * P + p] = E[t] * rd[t];
+            }
+            for (int j = 0; j < J; j++)
+                for (int t = 0; t < T; t++) {
+                    const float c = coef[j * MAXT + t];
+                    if (c == 0.0f) continue;
+                    float *yt = yv + (size_t)t * P;
+#pragma omp simd
+                    for (int p = 0; p < P; p++) yt[p] += c * LDA(xj[j] + p);
+                }
+            for (int t = 0; t < T; t++) {
+                const size_t io = (((size_t)b * T + t) * H + h) * P;
+                float *yt = yv + (size_t)t * P;
+                if (D)
+                    for (int p = 0; p < P; p++) yt[p] += D[h] * LDA(x + io + p);
+                if (z) {
+                    float zf[P];
+                    for (int p = 0; p < P; p++) zf[p] = LDA(z + io + p);
+                    silu_gate(yt, zf, P);
+                }
+                for (int p = 0; p < P; p++) STA(out + io + p, yt[p]);
+            }
+            if (fl && h0 > 0) {
+                float Xm[h0 * P], Ym[h0 * N];
+                for (int j = 0; j < h0; j++) {
+                    const float w = dts[j] * expf(fminf(Ah * (tot - cum[j]), 0.0f));
+                    for (int p = 0; p < P; p++) Xm[(size_t)j * P + p] = w * LDA(xj[j] + p);
+                    for (int n = 0; n < N; n++) Ym[(size_t)j * N + n] = LDA(Bj[j] + n);
+                }
+                SUF(rebuild_rows)(S, N, P, N, etot, Xm, Ym, h0, 1, NULL, NULL, NULL);
+            }
+            for (int t = 0; t < T; t++) {
+                const int row = (org + h0 + t) & (R - 1);
+                memcpy(xr + (((size_t)s * H + h) * R + row) * P, x + (((size_t)b * T + t) * H + h) * P,
+                       (size_t)P * sizeof(ATYPE));
+                dtr[((size_t)s * H + h) * R + row] = dts[h0 + t];
+                if (h % hpg == 0)
+                    memcpy(Br + (((size_t)s * G + g) * R + row) * N, Bm + (((size_t)b * T + t) * G + g) * N,
+                           (size_t)N * sizeof(ATYPE));
+            }
+        }
+    }
+}
+
+/* One GDN state row [K] through the serial delta rule over n tokens: r = a_t r; u = b_t (v_t - r . k_t);
+ * r += u k_t; o[t] = r . q_t (when q). The row comes from src; after token t it is stored to dst + t dstride
+ * (the native snapshots) when dst, and after the last token to fin (a commit) when fin. Each token is one pass
+ * over the row in registers that also forms the next token's r . k: the update, the readout and the next
+ * dot product share the loads, and two accumulators per dot keep the FMA chains short (the first form, a
+ * scalar-accumulator pass for r . k and another for the update, was latency-bound: the GDN native verify ran
+ * at 40 % of its floor). v [n] this row's values; k, q [n, K] fp32. */
+static inline void SUF(gdn_serial_row)(const STYPE *src, STYPE *dst, size_t dstride, STYPE *fin, int K, int n,
+                                       const float *al, const float *bl, const float *vl, const float *kl,
+                                       const float *ql, float *o)
+{
+    if (n <= 0) return;                     /* nothing to replay: the row stays as it is */
+    if (K % 16 == 0 && K <= MAXV) {
+        const int nv = K / 8;
+        v8f r[MAXV / 8];
+        v8f s0 = {0}, s1 = {0};
+        for (int k = 0; k < nv; k += 2) {
+            r[k] = al[0] * LDS8(src + 8 * k); r[k + 1] = al[0] * LDS8(src + 8 * k + 8);
+            s0 += r[k] * v8_load(kl + 8 * k); s1 += r[k + 1] * v8_load(kl + 8 * k + 8);
+        }
+        float sk = hsum8(s0 + s1);
+        for (int t = 0; t < n; t++) {
+            const float u = bl[t] * (vl[t] - sk);
+            const int more = t + 1 < n;
+            const float an = more ? al[t + 1] : 1.0f;
+            const float *kt = kl + (size_t)t * K, *kn = more ? kl + (size_t)(t + 1) * K : kt;
+            const float *qt = ql ? ql + (size_t)t * K : kt;
+            v8f o0 = {0}, o1 = {0}, n0 = {0}, n1 = {0};
+            for (int k = 0; k < nv; k += 2) {
+                const v8f a = r[k] + u * v8_load(kt + 8 * k), c = r[k + 1] + u * v8_load(kt + 8 * k + 8);
+                if (dst) { STS8(dst + t * dstride + 8 * k, a); STS8(dst + t * dstride + 8 * k + 8, c); }
+                o0 += a * v8_load(qt + 8 * k); o1 += c * v8_load(qt + 8 * k + 8);
+                r[k] = an * a; r[k + 1] = an * c;
+                n0 += r[k] * v8_load(kn + 8 * k); n1 += r[k + 1] * v8_load(kn + 8 * k + 8);
+            }
+            if (ql) o[t] = hsum8(o0 + o1);
+            sk = hsum8(n0 + n1);
+        }
+        if (fin)
+            for (int k = 0; k < nv; k++) STS8(fin + 8 * k, r[k]);
+        return;
+    }
+    float r[K];
+    for (int m = 0; m < K; m++) r[m] = LDS(src + m);
+    for (int t = 0; t < n; t++) {
+        const float *kt = kl + (size_t)t * K;
+        float sk = 0.0f;
+        for (int m = 0; m < K; m++) { r[m] *= al[t]; sk += r[m] * kt[m]; }
+        const float u = bl[t] * (vl[t] - sk);
+        float acc = 0.0f;
+        for (int m = 0; m < K; m++) {
+            r[m] += u * kt[m];
+            if (dst) STS(dst + t * dstride + m, r[m]);
+            if (ql) acc += r[m] * ql[(size_t)t * K + m];
+        }
+        if (ql) o[t] = acc;
+    }
+    if (fin)
+        for (int m = 0; m < K; m++) STS(fin + m, r[m]);
+}
+
+/* GDN serial spec verify, two methods:
+ *   native (vLLM, `last` given): state [S, T, HV, V, K]; each state row [K] is loaded once from snapshot
+ *     last[slot]; per token t: r = exp(g_t) r; u = beta_t (v_t - r . k_t); r += u k_t; stored into snapshot t;
+ *     o_t = r . q_t;
+ *   commit-replay verify (`last` NULL): state [S, HV, V, K] is the frozen checkpoint, read once, never written;
+ *     the window is stashed: k [S, H, T, K] (normalised, by the key head's first value head), raw v
+ *     [S, HV, T, V], g and beta [S, HV, T] fp32.
+ * q, k [b, T, H, K]; v, out [b, T, HV, V]; g, beta [b, T, HV] fp32. */
+void SUF(gdn_spec_native)(STYPE *state, const int32_t *last, ATYPE *stash_k, ATYPE *stash_v, float *stash_g,
+                          float *stash_beta, const ATYPE *q, const ATYPE *k, const ATYPE *v,
+                          const float *g, const float *beta, float scale, int l2norm, ATYPE *out,
+                          const int32_t *slots, int batch, int T, int H, int HV, int K, int V, int nt)
+{
+    const int gq = HV / H;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int hv = 0; hv < HV; hv++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int hk = hv / gq;
+            float ql[T * K], kl[T * K], al[MAXT], bl[MAXT];
+            for (int t = 0; t < T; t++) {
+                SUF(gdn_qk)(q, k, (((size_t)b * T + t) * H + hk) * K, K, l2norm, scale, ql + t * K, kl + t * K);
+                al[t] = expf(g[((size_t)b * T + t) * HV + hv]);
+                bl[t] = beta[((size_t)b * T + t) * HV + hv];
+            }
+            const size_t snap = (size_t)HV * V * K;
+            const int native = last != NULL;
+            const STYPE *src = native ? state + ((size_t)s * T + last[s]) * snap + (size_t)hv * V * K
+                                      : state + ((size_t)s * HV + hv) * (size_t)V * K;
+            STYPE *dst0 = state + (size_t)s * T * snap + (size_t)hv * V * K;
+            int s2, h2;
+            const STYPE *pf = !next_program(slots, batch, b, hv, HV, &s2, &h2) ? NULL
+                              : native ? state + ((size_t)s2 * T + last[s2]) * snap + (size_t)h2 * V * K
+                                       : state + ((size_t)s2 * HV + h2) * (size_t)V * K;
+            /* the window's values and outputs per row are gathered from / into contiguous [T, V] blocks: a scalar
+             * access per (row, token) lands on T pages 32 KiB apart */
+            float Vl[T * V], Ol[T * V];
+            for (int t = 0; t < T; t++) {
+                const ATYPE *vt = v + (((size_t)b * T + t) * HV + hv) * V;
+                for (int i = 0; i < V; i++) Vl[t * V + i] = LDA(vt + i);
+            }
+            for (int i = 0; i < V; i++) {
+                if (pf) SUF(prefetch_l2)(pf + (size_t)i * K, K);
+                float vl[MAXT], o[MAXT];
+                for (int t = 0; t < T; t++) vl[t] = Vl[t * V + i];
+                SUF(gdn_serial_row)(src + (size_t)i * K, native ? dst0 + (size_t)i * K : NULL, snap, NULL, K, T, al,
+                                    bl, vl, kl, ql, o);
+                for (int t = 0; t < T; t++) Ol[t * V + i] = o[t];
+            }
+            for (int t = 0; t < T; t++) {
+                ATYPE *ot = out + (((size_t)b * T + t) * HV + hv) * V;
+                for (int i = 0; i < V; i++) STA(ot + i, Ol[t * V + i]);
+            }
+            if (!native)
+                for (int t = 0; t < T; t++) {
+                    const size_t st = ((size_t)s * HV + hv) * T + t;
+                    memcpy(stash_v + st * V, v + (((size_t)b * T + t) * HV + hv) * V, (size_t)V * sizeof(ATYPE));
+                    stash_g[st] = g[((size_t)b * T + t) * HV + hv];
+                    stash_beta[st] = bl[t];
+                    if (hv % gq == 0) {
+                        ATYPE *kd = stash_k + (((size_t)s * H + hk) * T + t) * K;
+                        for (int n = 0; n < K; n++) STA(kd + n, kl[t * K + n]);
+                    }
+                }
+        }
+    }
+}
+
+/* GDN commit-replay commit: the first a = accepted[b] stashed tokens replayed serially into the checkpoint,
+ * per state row r: r = exp(g_t) r; u = beta_t (v_t - r . k_t); r += u k_t (the stashed k is already
+ * normalised). One read and one write of each row. state [S, HV, V, K]; stash as gdn_spec_native writes it. */
+void SUF(gdn_cr_commit)(STYPE *state, const ATYPE *stash_k, const ATYPE *stash_v, const float *stash_g,
+                        const float *stash_beta, const int32_t *accepted, const int32_t *slots, int batch, int T,
+                        int H, int HV, int K, int V, int nt)
+{
+    const int gq = HV / H;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int hv = 0; hv < HV; hv++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int hk = hv / gq, a = accepted[b];
+            float kl[T * K], al[MAXT], bl[MAXT], vl[T * V];
+            for (int t = 0; t < a; t++) {
+                const size_t st = ((size_t)s * HV + hv) * T + t;
+                const ATYPE *kt = stash_k + (((size_t)s * H + hk) * T + t) * K;
+                for (int n = 0; n < K; n++) kl[t * K + n] = LDA(kt + n);
+                for (int i = 0; i < V; i++) vl[t * V + i] = LDA(stash_v + st * V + i);
+                al[t] = expf(stash_g[st]);
+                bl[t] = stash_beta[st];
+            }
+            STYPE *S = state + ((size_t)s * HV + hv) * (size_t)V * K;
+            int s2, h2;
+            const STYPE *pf = next_program(slots, batch, b, hv, HV, &s2, &h2)
+                                  ? state + ((size_t)s2 * HV + h2) * (size_t)V * K : NULL;
+            for (int i = 0; i < V; i++) {
+                STYPE *row = S + (size_t)i * K;
+                if (pf) SUF(prefetch_l2)(pf + (size_t)i * K, K);
+                float vi[MAXT];
+                for (int t = 0; t < a; t++) vi[t] = vl[t * V + i];
+                SUF(gdn_serial_row)(row, NULL, 0, row, K, a, al, bl, vi, kl, NULL, NULL);
+            }
+        }
+    }
+}
+
+/* GDN ReplaySSM spec verify (replayssm/gdn/spec_ref.py has the protocol). Per (row, value head), h = write_pos,
+ * committed entries j < h at ring rows (origin + j) & (R-1): w_j = exp(G_tot - G_pre_j), d0 = exp(G_tot).
+ * S_h x = d0 (S0 x) + sum_j w_j (k_j . x) u_j for x in {k_s, q_s}: one pass over each checkpoint row computes
+ * all 2T dots. Per row i the window is the T x T forward substitution of the chunked delta rule:
+ *   R_s = beta_s (v_s,i - e^{G_s} (S_h k_s)_i), U_s,i = R_s - sum_{s'<s} A[s, s'] U_s',i,
+ *   A[s, s'] = beta_s exp(min(G_s - G_s', 0)) (k_s . k_s'),
+ *   o_s,i = e^{G_s} (S_h q_s)_i + sum_{s'<=s} exp(min(G_s - G_s', 0)) (k_s' . q_s) U_s',i.
+ * is_flush and h > 0: the checkpoint rows become S_h (the blocked rebuild, after the dots). Then (U_s, k_s, g_s)
+ * go into the window's ring rows (k by the key head's first value head). 2T <= MAXT. */
+void SUF(gdn_spec_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const int32_t *wp, const int32_t *origin,
+                          const int32_t *is_flush, const ATYPE *q, const ATYPE *k, const ATYPE *v, const float *g,
+                          const float *beta, float scale, int l2norm, ATYPE *out, const int32_t *slots, int batch,
+                          int T, int H, int HV, int K, int V, int R, int nt)
+{
+    const int gq = HV / H;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+    for (int b = 0; b < batch; b++) {
+        for (int hv = 0; hv < HV; hv++) {
+            const int s = slots[b];
+            if (s < 0) continue;
+            const int hk = hv / gq, h0 = wp[s], org = origin[s], fl = is_flush[s] != 0;
+            float X2[2 * T * K], Kl[(h0 > 0 ? h0 : 1) * K], Gp[MAXL], w[MAXL], Gw[MAXT], bw[MAXT];
+            float A[MAXT * MAXT], E[MAXT * MAXT], dots[MAXL * MAXT], bkq[2 * T * V];
+            /* window keys and queries: X2[s] = k_s, X2[T + s] = q_s (normalised, q scaled) */
+            for (int t = 0; t < T; t++)
+                SUF(gdn_qk)(q, k, (((size_t)b * T + t) * H + hk) * K, K, l2norm, scale, X2 + (T + t) * K, X2 + t * K);
+            float run = 0.0f;
+            for (int t = 0; t < T; t++) {
+                run += g[((size_t)b * T + t) * HV + hv];
+                Gw[t] = run;
+                bw[t] = beta[((size_t)b * T + t) * HV + hv];
+            }
+            for (int t = 0; t < T; t++)
+                for (int t2 = 0; t2 < T; t2++) {
+                    float kk = 0.0f, kq = 0.0f;
+                    for (int n = 0; n < K; n++) { kk += X2[t * K + n] * X2[t2 * K + n]; kq += X2[t2 * K + n] * X2[(T + t) * K + n]; }
+                    const float e = expf(fminf(Gw[t] - Gw[t2], 0.0f));
+                    A[t * MAXT + t2] = t2 < t ? bw[t] * e * kk : 0.0f;       /* A[s, s'] */
+                    E[t * MAXT + t2] = t2 <= t ? e * kq : 0.0f;               /* o weight of U_s' in o_s */
+                }
+            /* history: decays, keys, and their dots with the 2T window vectors */
+            const float *gs = gr + ((size_t)s * HV + hv) * R;
+            run = 0.0f;
+            for (int j = 0; j < h0; j++) { run += gs[(org + j) & (R - 1)]; Gp[j] = run; }
+            const float d0 = expf(run);
+            for (int j = 0; j < h0; j++) {
+                w[j] = expf(run - Gp[j]);
+                const ATYPE *kj = kr + (((size_t)s * H + hk) * R + ((org + j) & (R - 1))) * K;
+                for (int n = 0; n < K; n++) Kl[(size_t)j * K + n] = LDA(kj + n);
+                for (int x = 0; x < 2 * T; x++) {
+                    float acc = 0.0f;
+                    for (int n = 0; n < K; n++) acc += Kl[(size_t)j * K + n] * X2[x * K + n];
+                    dots[j * MAXT + x] = w[j] * acc;
+                }
+            }
+            /* bkq[x][i] = sum_j w_j (k_j . x) u_j,i: the history part of (S_h x)_i, vectorised over i */
+            for (int i = 0; i < 2 * T * V; i++) bkq[i] = 0.0f;
+            for (int j = 0; j < h0; j++) {
+                const ATYPE *uj = ur + (((size_t)s * HV + hv) * R + ((org + j) & (R - 1))) * V;
+                for (int x = 0; x < 2 * T; x++) {
+                    const float c = dots[j * MAXT + x];
+                    float *dst = bkq + (size_t)x * V;
+#pragma omp simd
+                    for (int i = 0; i < V; i++) dst[i] += c * LDA(uj + i);
+                }
+            }
+            STYPE *S = state + ((size_t)s * HV + hv) * (size_t)V * K;
+            int s2, h2;
+            const STYPE *pf = next_program(slots, batch, b, hv, HV, &s2, &h2)
+                                  ? state + ((size_t)s2 * HV + h2) * (size_t)V * K : NULL;
+            /* per row i: U_t,i and o_t,i. The decays e^{G_t} are the same for every row; the outputs are gathered
+             * per token and stored as contiguous rows after the loop (a scalar store per (row, token) lands on
+             * T pages 32 KiB apart and cost an eighth of the verify). */
+            float Ul[T * V], Ol[T * V], eg[MAXT];
+            for (int t = 0; t < T; t++) eg[t] = expf(Gw[t]);
+            for (int i = 0; i < V; i++) {
+                float d[MAXT];
+                if (pf) SUF(prefetch_l2)(pf + (size_t)i * K, K);
+                SUF(dotT_row)(S + (size_t)i * K, X2, 2 * T, K, d);
+                float Ui[MAXT];
+                for (int t = 0; t < T; t++) {
+                    const float hk_ = d0 * d[t] + bkq[(size_t)t * V + i];
+                    float r = bw[t] * (LDA(v + (((size_t)b * T + t) * HV + hv) * V + i) - eg[t] * hk_);
+                    for (int t2 = 0; t2 < t; t2++) r -= A[t * MAXT + t2] * Ui[t2];
+                    Ui[t] = r;
+                    Ul[t * V + i] = r;
+                }
+                for (int t = 0; t < T; t++) {
+                    const float hq = d0 * d[T + t] + bkq[(size_t)(T + t) * V + i];
+                    float o = eg[t] * hq;
+                    for (int t2 = 0; t2 <= t; t2++) o += E[t * MAXT + t2] * Ui[t2];
+                    Ol[t * V + i] = o;
+                }
+            }
+            for (int t = 0; t < T; t++) {
+                ATYPE *ot = out + (((size_t)b * T + t) * HV + hv) * V;
+                for (int i = 0; i < V; i++) STA(ot + i, Ol[t * V + i]);
+            }
+            if (fl && h0 > 0) {
+                float Xm[h0 * V];
+                for (int j = 0; j < h0; j++) {
+                    const ATYPE *uj = ur + (((size_t)s * HV + hv) * R + ((org + j) & (R - 1))) * V;
+                    for (int i = 0; i < V; i++) Xm[(size_t)j * V + i] = w[j] * LDA(uj + i);
+                }
+                SUF(rebuild_rows)(S, K, V, K, d0, Xm, Kl, h0, 1, NULL, NULL, NULL);
+            }
+            for (int t = 0; t < T; t++) {
+                const int row = (org + h0 + t) & (R - 1);
+                ATYPE *ud = ur + (((size_t)s * HV + hv) * R + row) * V;
+                for (int i = 0; i < V; i++) STA(ud + i, Ul[t * V + i]);
+                gr[((size_t)s * HV + hv) * R + row] = g[((size_t)b * T + t) * HV + hv];
+                if (hv % gq == 0) {
+                    ATYPE *kd = kr + (((size_t)s * H + hk) * R + row) * K;
+                    for (int n = 0; n < K; n++) STA(kd + n, X2[t * K + n]);
+                }
+            }
+        }
+    }
+}
