@@ -108,6 +108,20 @@ static inline float SUF(gdn_row)(STYPE *row, int K, float alpha, float bt, float
     return o;
 }
 
+/* The end of a Mamba-2 readout of one (row, head, token): y += D x, y *= silu(z), stored to out. y, x, z, out
+ * [P]; D NULL or [H]; z NULL for no gate. */
+static inline void SUF(m2_finish)(float *y, const ATYPE *x, const ATYPE *z, const float *D, int h, ATYPE *out, int P)
+{
+    if (D)
+        for (int p = 0; p < P; p++) y[p] += D[h] * LDA(x + p);
+    if (z) {
+        float zf[P];
+        for (int p = 0; p < P; p++) zf[p] = LDA(z + p);
+        silu_gate(y, zf, P);
+    }
+    for (int p = 0; p < P; p++) STA(out + p, y[p]);
+}
+
 /* ------------------------------------------------------------------------------------------ Mamba-2 AR */
 
 /* Baseline selective state update: per (row, head) S <- exp(A dt) S + dt x B^T; y = S C + D x, * silu(z).
@@ -138,14 +152,9 @@ void SUF(m2_ssu)(STYPE *state, const ATYPE *x, const float *dt, const float *A, 
             for (int p = 0; p < P; p++) {
                 if (pf) SUF(prefetch_l2)(pf + p * ss2, N);
                 const float xv = LDA(x + io + p), xd = d * xv;
-                yv[p] = SUF(ssu_row)(S + p * ss2, N, a, xd, Bv, Cv) + (D ? D[h] * xv : 0.0f);
+                yv[p] = SUF(ssu_row)(S + p * ss2, N, a, xd, Bv, Cv);
             }
-            if (z) {
-                float zf[P];
-                for (int p = 0; p < P; p++) zf[p] = LDA(z + io + p);
-                silu_gate(yv, zf, P);
-            }
-            for (int p = 0; p < P; p++) STA(out + io + p, yv[p]);
+            SUF(m2_finish)(yv, x + io, z ? z + io : NULL, D, h, out + io, P);
         }
     }
 }
@@ -301,14 +310,7 @@ void SUF(m2_replay)(STYPE *state, ATYPE *xc, ATYPE *Bc, float *dtc, int32_t *wp,
                 for (int n = 0; n < N; n++) Ym[(size_t)nj * N + n] = Bv[n];
                 SUF(rebuild_rows)(S, N, P, N, abar, Xm, Ym, nj + 1, flush, Cv, yv, pf);
             }
-            if (D)
-                for (int p = 0; p < P; p++) yv[p] += D[h] * LDA(x + io + p);
-            if (z) {
-                float zf[P];
-                for (int p = 0; p < P; p++) zf[p] = LDA(z + io + p);
-                silu_gate(yv, zf, P);
-            }
-            for (int p = 0; p < P; p++) STA(out + io + p, yv[p]);
+            SUF(m2_finish)(yv, x + io, z ? z + io : NULL, D, h, out + io, P);
             if (!flush) {
                 memcpy(xs + (size_t)hp * P, x + io, (size_t)P * sizeof(ATYPE));
                 dts[hp] = d;

@@ -7,6 +7,14 @@
 
 #define MAXT 16   /* largest speculative window (MAX_WINDOW in the Python modules) */
 
+/* Where a serial verify reads head h of slot s: the native layout [S, T, H, hs] from snapshot last[s], the
+ * commit-replay checkpoint [S, H, hs] when last is NULL (hs = elements per head). */
+static inline const STYPE *SUF(spec_src)(const STYPE *state, const int32_t *last, int s, int h, int H, int T,
+                                         size_t hs)
+{
+    return last ? state + (((size_t)s * T + last[s]) * H + h) * hs : state + ((size_t)s * H + h) * hs;
+}
+
 /* out[t] = row . C_t for t < T in one read of the row (C [T, N] fp32) */
 static inline void SUF(dotT_row)(const STYPE *row, const float *Cm, int T, int N, float *out)
 {
@@ -68,13 +76,11 @@ void SUF(m2_spec_native)(STYPE *state, const int32_t *last, ATYPE *stash_x, ATYP
             }
             const size_t snap = (size_t)H * P * N;     /* elements between snapshots of one slot */
             const int native = last != NULL;
-            const STYPE *src = native ? state + ((size_t)s * T + last[s]) * snap + (size_t)h * P * N
-                                      : state + ((size_t)s * H + h) * (size_t)P * N;
+            const STYPE *src = SUF(spec_src)(state, last, s, h, H, T, (size_t)P * N);
             STYPE *dst0 = state + (size_t)s * T * snap + (size_t)h * P * N;
             int s2, h2;
-            const STYPE *pf = !next_program(slots, batch, b, h, H, &s2, &h2) ? NULL
-                              : native ? state + ((size_t)s2 * T + last[s2]) * snap + (size_t)h2 * P * N
-                                       : state + ((size_t)s2 * H + h2) * (size_t)P * N;
+            const STYPE *pf = next_program(slots, batch, b, h, H, &s2, &h2)
+                                  ? SUF(spec_src)(state, last, s2, h2, H, T, (size_t)P * N) : NULL;
             for (int p = 0; p < P; p++) {
                 if (pf) SUF(prefetch_l2)(pf + (size_t)p * N, N);
                 for (int n = 0; n < N; n++) r[n] = LDS(src + (size_t)p * N + n);
@@ -153,24 +159,12 @@ void SUF(m2_cr_commit)(STYPE *state, const ATYPE *stash_x, const ATYPE *stash_B,
     }
 }
 
-/* Mamba-2 ReplaySSM spec verify (replayssm/mamba2/spec_ref.py has the protocol). Per (row, head), h = write_pos,
- * logical position j at ring row (origin + j) & (R-1); window token t at p_t = h + t (its x, B, dt taken from the
- * inputs: the ring rows are written after every read), cum_j the inclusive prefix of processed dt:
- *   y_t = E_t (S0 C_t) + sum_j coef[j, t] x_j, one read of the checkpoint for all T readouts, where
- *   non-flush: E_t = e(cum_p), coef = dt_j e(cum_p - cum_j) (B_j . C_t) for j <= p_t;
- *   flush:     E_t = e(cum_p - tot) e(tot), the history (j < h) weighted e(cum_p - tot) dt_j e(tot - cum_j), the
- *              window as above; tot = cum_{h-1}; e(a) = exp(min(A a, 0)). The folded checkpoint
- *              S1 = e(tot) S0 + sum_{j<h} dt_j e(tot - cum_j) x_j B_j^T is stored when h > 0 (rows re-read from cache).
- * The window's x, B (group's first head) and processed dt are then written into the ring. */
-void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *bcs, const int32_t *wp,
-                         const int32_t *origin,
-                         const int32_t *is_flush, const ATYPE *x, const float *dt, const float *A, const ATYPE *Bm,
-                         const ATYPE *Cm, const float *D, const ATYPE *z, const float *dt_bias, int softplus,
-                         ATYPE *out, const int32_t *slots, int batch, int T, int H, int P, int N, int G, int R, int nt)
+/* B_j . C_t for every logical position j < h + T of the ring (history rows, then the T window / tree nodes)
+ * and window token t, once per (row, group), into the ring's bc scratch [S, G, R, T] at index j: every head of
+ * the group shares it. The chain and tree verifies both start with it. */
+static void SUF(m2_ring_bc)(const ATYPE *Br, float *bcs, const int32_t *wp, const int32_t *origin, const ATYPE *Bm,
+                            const ATYPE *Cm, const int32_t *slots, int batch, int T, int G, int N, int R, int nt)
 {
-    const int hpg = H / G;
-    /* B_j . C_t for every logical position j < h + T and window token t, once per (row, group), into the ring's
-     * bc scratch [S, G, R, T] at index j (all heads of the group share it) */
 #pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
     for (int b = 0; b < batch; b++) {
         for (int g = 0; g < G; g++) {
@@ -196,6 +190,25 @@ void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
             }
         }
     }
+}
+
+/* Mamba-2 ReplaySSM spec verify (replayssm/mamba2/spec_ref.py has the protocol). Per (row, head), h = write_pos,
+ * logical position j at ring row (origin + j) & (R-1); window token t at p_t = h + t (its x, B, dt taken from the
+ * inputs: the ring rows are written after every read), cum_j the inclusive prefix of processed dt:
+ *   y_t = E_t (S0 C_t) + sum_j coef[j, t] x_j, one read of the checkpoint for all T readouts, where
+ *   non-flush: E_t = e(cum_p), coef = dt_j e(cum_p - cum_j) (B_j . C_t) for j <= p_t;
+ *   flush:     E_t = e(cum_p - tot) e(tot), the history (j < h) weighted e(cum_p - tot) dt_j e(tot - cum_j), the
+ *              window as above; tot = cum_{h-1}; e(a) = exp(min(A a, 0)). The folded checkpoint
+ *              S1 = e(tot) S0 + sum_{j<h} dt_j e(tot - cum_j) x_j B_j^T is stored when h > 0 (rows re-read from cache).
+ * The window's x, B (group's first head) and processed dt are then written into the ring. */
+void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *bcs, const int32_t *wp,
+                         const int32_t *origin,
+                         const int32_t *is_flush, const ATYPE *x, const float *dt, const float *A, const ATYPE *Bm,
+                         const ATYPE *Cm, const float *D, const ATYPE *z, const float *dt_bias, int softplus,
+                         ATYPE *out, const int32_t *slots, int batch, int T, int H, int P, int N, int G, int R, int nt)
+{
+    const int hpg = H / G;
+    SUF(m2_ring_bc)(Br, bcs, wp, origin, Bm, Cm, slots, batch, T, G, N, R, nt);
 #pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
     for (int b = 0; b < batch; b++) {
         for (int h = 0; h < H; h++) {
@@ -265,15 +278,7 @@ void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
                 }
             for (int t = 0; t < T; t++) {
                 const size_t io = (((size_t)b * T + t) * H + h) * P;
-                float *yt = yv + (size_t)t * P;
-                if (D)
-                    for (int p = 0; p < P; p++) yt[p] += D[h] * LDA(x + io + p);
-                if (z) {
-                    float zf[P];
-                    for (int p = 0; p < P; p++) zf[p] = LDA(z + io + p);
-                    silu_gate(yt, zf, P);
-                }
-                for (int p = 0; p < P; p++) STA(out + io + p, yt[p]);
+                SUF(m2_finish)(yv + (size_t)t * P, x + io, z ? z + io : NULL, D, h, out + io, P);
             }
             if (fl && h0 > 0) {
                 float Xm[h0 * P], Ym[h0 * N];
@@ -386,13 +391,11 @@ void SUF(gdn_spec_native)(STYPE *state, const int32_t *last, ATYPE *stash_k, ATY
             }
             const size_t snap = (size_t)HV * V * K;
             const int native = last != NULL;
-            const STYPE *src = native ? state + ((size_t)s * T + last[s]) * snap + (size_t)hv * V * K
-                                      : state + ((size_t)s * HV + hv) * (size_t)V * K;
+            const STYPE *src = SUF(spec_src)(state, last, s, hv, HV, T, (size_t)V * K);
             STYPE *dst0 = state + (size_t)s * T * snap + (size_t)hv * V * K;
             int s2, h2;
-            const STYPE *pf = !next_program(slots, batch, b, hv, HV, &s2, &h2) ? NULL
-                              : native ? state + ((size_t)s2 * T + last[s2]) * snap + (size_t)h2 * V * K
-                                       : state + ((size_t)s2 * HV + h2) * (size_t)V * K;
+            const STYPE *pf = next_program(slots, batch, b, hv, HV, &s2, &h2)
+                                  ? SUF(spec_src)(state, last, s2, h2, HV, T, (size_t)V * K) : NULL;
             /* the window's values and outputs per row are gathered from / into contiguous [T, V] blocks: a scalar
              * access per (row, token) lands on T pages 32 KiB apart */
             float Vl[T * V], Ol[T * V];

@@ -51,32 +51,7 @@ void SUF(m2_tree_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
                          int batch, int T, int H, int P, int N, int G, int R, int nt)
 {
     const int hpg = H / G;
-    /* B_j . C_t once per (row, group), every logical position j < h + T: the heads of the group share it */
-#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
-    for (int b = 0; b < batch; b++) {
-        for (int g = 0; g < G; g++) {
-            const int s = slots[b];
-            if (s < 0) continue;
-            const int h0 = wp[s], org = origin[s], J = h0 + T;
-            float Cl[T * N];
-            for (int t = 0; t < T; t++) {
-                const ATYPE *Ct = Cm + (((size_t)b * T + t) * G + g) * N;
-                for (int n = 0; n < N; n++) Cl[t * N + n] = LDA(Ct + n);
-            }
-            for (int j = 0; j < J; j++) {
-                const ATYPE *Bp = j < h0 ? Br + (((size_t)s * G + g) * R + ((org + j) & (R - 1))) * N
-                                         : Bm + (((size_t)b * T + (j - h0)) * G + g) * N;
-                float Bv[N];
-                for (int n = 0; n < N; n++) Bv[n] = LDA(Bp + n);
-                for (int t = 0; t < T; t++) {
-                    float acc = 0.0f;
-#pragma omp simd reduction(+:acc)
-                    for (int n = 0; n < N; n++) acc += Bv[n] * Cl[t * N + n];
-                    bcs[(((size_t)s * G + g) * R + j) * T + t] = acc;
-                }
-            }
-        }
-    }
+    SUF(m2_ring_bc)(Br, bcs, wp, origin, Bm, Cm, slots, batch, T, G, N, R, nt);
 #pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
     for (int b = 0; b < batch; b++) {
         for (int h = 0; h < H; h++) {
@@ -156,15 +131,7 @@ void SUF(m2_tree_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
                 }
             for (int t = 0; t < T; t++) {
                 const size_t io = (((size_t)b * T + t) * H + h) * P;
-                float *yt = yv + (size_t)t * P;
-                if (D)
-                    for (int p = 0; p < P; p++) yt[p] += D[h] * LDA(x + io + p);
-                if (z) {
-                    float zf[P];
-                    for (int p = 0; p < P; p++) zf[p] = LDA(z + io + p);
-                    silu_gate(yt, zf, P);
-                }
-                for (int p = 0; p < P; p++) STA(out + io + p, yt[p]);
+                SUF(m2_finish)(yv + (size_t)t * P, x + io, z ? z + io : NULL, D, h, out + io, P);
             }
             if (fl && h0 > 0) {
                 float Xm[h0 * P], Ym[h0 * N];
