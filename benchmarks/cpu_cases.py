@@ -45,16 +45,19 @@ class Case:
     bytes_per_step: float  # byte model x batch
     partner: str | None    # the method this one's speedup is measured against
     row_steps: list        # Traffic of every (row, step) of one cycle: the roofline's input (replayssm/cpu/roofline.py)
+    cache: object = None   # what the cycle steps on, and the output it writes (tests compare them across threads)
+    out: torch.Tensor | None = None
 
     @property
     def label(self) -> str:
         return self.method + (f"[{self.route}]" if self.route else "")
 
 
-def _point(family: str, method: str, route: str | None, backend: str, kind: str) -> tuple[Point, object]:
-    spec = model_spec(load_model_config(MODELS[family]), None)
+def _point(family: str, method: str, route: str | None, backend: str, kind: str, model: str,
+           batch: int) -> tuple[Point, object]:
+    spec = model_spec(load_model_config(model), None)
     p = Point(experiment=f"bench_{kind}", family=family, model=spec.name, tp=1, method=method, route=route,
-              backend=backend, batch=BATCH, buffer_len=BUFFER_LEN if kind == "ar" else None,
+              backend=backend, batch=batch, buffer_len=BUFFER_LEN if kind == "ar" else None,
               spec_T=WINDOW if kind == "spec" else None, history_len=HISTORY if kind == "spec" else None,
               acceptance=None, state_dtype="float32", act_dtype="float32", context_len=None, timing_mode="eager",
               l2="cold", torch_compile="false", slot_layout="identity", device="cpu", seed=0)
@@ -68,25 +71,28 @@ def accepted_pattern(steps: int = SPEC_STEPS, batch: int = BATCH, T: int = WINDO
     return (1 + (s + b) % T).to(torch.int32)
 
 
-def _traffic(method, p, wl, accepted) -> float:
+def _traffic(method, p, wl, accepted, batch: int) -> float:
     ns = SimpleNamespace(family=wl.family, geometry=wl.geometry, state_dtype=wl.state_dtype, act_dtype=wl.act_dtype)
     t = method.traffic(p, ns, accepted)
-    return float(t.total) * BATCH
+    return float(t.total) * batch
 
 
-def build(family: str, method_name: str, route: str | None, backend: str) -> Case:
+def build(family: str, method_name: str, route: str | None, backend: str, model: str | None = None,
+          batch: int = BATCH) -> Case:
+    """The case at the benchmark's geometry (MODELS[family]) and batch, or at `model` / `batch` (tests run the
+    same cycles on the tiny models)."""
     method = REGISTRY[method_name]
     kind = method.kind
     used = method.backend_for(backend, family)
-    p, spec = _point(family, method_name, route, used, kind)
+    p, spec = _point(family, method_name, route, used, kind, model or MODELS[family], batch)
     gen = torch.Generator().manual_seed(0)
     wl = Workload(spec, p, "cpu", gen)
-    cache = method.allocate(p, wl, BATCH, "cpu")
-    method.set_state(cache, wl.random_state(BATCH))
+    cache = method.allocate(p, wl, batch, "cpu")
+    method.set_state(cache, wl.random_state(batch))
     fns = method.api(family)
     if kind == "ar":
-        kw = wl.call_kwargs(wl.inputs(BATCH))
-        out = wl.out(BATCH)
+        kw = wl.call_kwargs(wl.inputs(batch))
+        out = wl.out(batch)
         steps = BUFFER_LEN if method.uses_buffer else 1
         cursor = method.flush_cursor(cache)
 
@@ -98,9 +104,9 @@ def build(family: str, method_name: str, route: str | None, backend: str) -> Cas
 
         accepted = None
     else:
-        kw = wl.call_kwargs(wl.inputs(BATCH, window=WINDOW))
-        out = wl.out(BATCH, window=WINDOW)
-        accepted = accepted_pattern()
+        kw = wl.call_kwargs(wl.inputs(batch, window=WINDOW))
+        out = wl.out(batch, window=WINDOW)
+        accepted = accepted_pattern(batch=batch)
         A = wl.params.get("A")
         reset = getattr(method.module(family), "spec_reset", None)
         steps = SPEC_STEPS
@@ -112,11 +118,12 @@ def build(family: str, method_name: str, route: str | None, backend: str) -> Cas
                 method.verify(fns, cache, p, kw, None, out)
                 method.commit(fns, cache, p, accepted[s], None, A)
 
-    return Case(family, method_name, route, used, cycle, steps, _traffic(method, p, wl, accepted),
-                method.partner, row_steps(family, method_name, route, wl.geometry, accepted))
+    return Case(family, method_name, route, used, cycle, steps, _traffic(method, p, wl, accepted, batch),
+                method.partner, row_steps(family, method_name, route, wl.geometry, accepted, batch), cache, out)
 
 
-def row_steps(family: str, method: str, route: str | None, geom, accepted: torch.Tensor | None) -> list:
+def row_steps(family: str, method: str, route: str | None, geom, accepted: torch.Tensor | None,
+              batch: int = BATCH) -> list:
     """The byte model of every (row, step) a cycle runs, in the order the kernels meet them. AR rows move in
     lockstep (every row flushes at step L - 1); spec rows follow the ring protocol from a reset under the
     accepted pattern: verify at (write_pos, is_flush), then write_pos = a after a flush step, else += a, and
@@ -128,16 +135,16 @@ def row_steps(family: str, method: str, route: str | None, geom, accepted: torch
     base_ar, replay_ar, base_spec, cr_spec, replay_spec = tr
     b = {"state_bytes": 4, "act_bytes": 4}                     # fp32 state and activations
     if method == "baseline_ar":
-        return [base_ar(geom, **b)] * BATCH
+        return [base_ar(geom, **b)] * batch
     if method == "replay_ar":
         extra = {"route": route} if family == "mamba2" else {}
-        return [replay_ar(geom, BUFFER_LEN, h, **extra, **b) for h in range(BUFFER_LEN) for _ in range(BATCH)]
+        return [replay_ar(geom, BUFFER_LEN, h, **extra, **b) for h in range(BUFFER_LEN) for _ in range(batch)]
     if method == "baseline_spec":
-        return [base_spec(geom, WINDOW, **b)] * (BATCH * SPEC_STEPS)
+        return [base_spec(geom, WINDOW, **b)] * (batch * SPEC_STEPS)
     if method == "commit_replay_spec":
         return [cr_spec(geom, WINDOW, int(a), **b) for a in accepted.flatten()]
     out = []
-    for row in range(BATCH):
+    for row in range(batch):
         wp, flush = 0, 2 * WINDOW > HISTORY + WINDOW
         for step in range(SPEC_STEPS):
             out.append(replay_spec(geom, WINDOW, wp, flush, **b))
