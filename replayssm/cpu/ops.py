@@ -1,4 +1,5 @@
-"""ctypes entry points of the fused CPU kernels (kernels_body.h): tensors in, nothing allocated per step.
+"""ctypes entry points of the fused CPU kernels (kernels_body.h, spec_body.h, tree_body.h): tensors in, nothing
+allocated per step.
 
 Each function takes the same tensors as the public API it serves (validated there) and calls one C kernel
 that loops over (row, head) with OpenMP on torch.get_num_threads() threads. Inputs are made contiguous
@@ -11,6 +12,9 @@ in place when contiguous, else through a contiguous temporary.
                   route)
     gdn_step(state [S, HV, V, K], q, k [b, H, K], v [b, HV, V], g, beta [b, HV], scale, l2norm, out, slots)
     gdn_replay(cache (replayssm.gdn.ReplayCache), q, k, v, g, beta, scale, l2norm, out, slots)
+    spec, window inputs [b, T, ...] (each function's docstring has its cache):
+    mamba2_spec_native / gdn_spec_native (per-draft snapshots), mamba2_cr_verify / mamba2_cr_commit and
+    gdn_cr_verify / gdn_cr_commit (commit-replay), mamba2_spec_replay / gdn_spec_replay (the ReplaySSM ring)
     mamba2_tree_replay / gdn_tree_replay(ring, <the chain spec inputs with T = N tree nodes>, parents int32 [b, N])
 """
 
