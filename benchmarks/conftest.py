@@ -5,7 +5,8 @@ probe at that thread count (experiments/harness/bandwidth.py, cached per machine
 method (rows of this session), the byte model's ratio for the same pair, and speedup / byte model; then the
 machine's roofline (replayssm/cpu/roofline.py: read, in-place update and FMA rates measured at that thread
 count): each method's floor in ms/step, the share of it reached (roof / measured), and the ratio the
-roofline predicts for the pair, the bound a CPU can show where the byte model is the GPU's.
+roofline predicts for the pair, the bound a CPU can show where the byte model is the GPU's; and the paired
+speedup (test_paired: the method's cycles alternating with its partner's, median of the per-round ratios).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                       + ("; roofline: read {read_GBps:.1f} GB/s, in-place update {update_GBps:.1f} GB/s, "
                          "{flop_GFLOPs:.0f} GFLOP/s".format(**rates) if rates else ""))
         tr.write_line(f"{'family':7} {'method':34} {'backend':7} {'ms/step':>9} {'GB/s':>7} {'%plat':>6} "
-                      f"{'speedup':>8} {'bytes':>7} {'sp/bytes':>8} {'roof ms':>8} {'%roof':>6} {'roof x':>7}")
+                      f"{'speedup':>8} {'bytes':>7} {'sp/bytes':>8} {'roof ms':>8} {'%roof':>6} {'roof x':>7} "
+                      f"{'paired':>7}")
         for (t, family, label), r in RESULTS.items():
             if t != threads:
                 continue
@@ -84,7 +86,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                 rx = (f"{part['roof_ms'] / r['roof_ms']:6.2f}x" if part is not None and part.get("roof_ms")
                       else f"{'-':>7}")
                 tail += f" {r['roof_ms']:8.2f} {100 * r['roof_ms'] / r['ms']:6.0f} {rx}"
+            if r.get("paired"):
+                tail += f" {r['paired']:6.2f}x"
             tr.write_line(f"{family:7} {label:34} {r['backend']:7} {r['ms']:9.2f} {gbps:7.1f} {pct} {tail}")
     tr.write_line("speedup = partner ms / method ms (replay_ar vs baseline_ar; spec methods vs baseline_spec); "
                   "bytes = the byte model's ratio for the same pair; roof ms = the roofline's floor per step, "
-                  "%roof = roof / measured, roof x = the roofline's ratio for the pair")
+                  "%roof = roof / measured, roof x = the roofline's ratio for the pair; paired = the median "
+                  "speedup over cycles alternating with the partner's (test_paired)")

@@ -4,11 +4,18 @@ partner and the byte model's ratio for it. Cases: benchmarks/cpu_cases.py. Backe
 (default cpu, the fused C/OpenMP kernels; torch times the vectorised PyTorch form); thread counts:
 $REPLAYSSM_BENCH_THREADS (default "1,2"). Timings are pytest-benchmark medians of whole cycles (AR: L steps
 from an empty buffer, flush included; spec: 10 verify + commit steps from a reset). Never a pass criterion.
+
+A shared box's bandwidth drifts by tens of percent within minutes, and a method and its partner timed a
+minute apart can land on either side of a drift. So each speedup is also measured paired (test_paired):
+the method's and its partner's cycles alternate, PAIRED_ROUNDS times, and the table reports the median of
+the per-round ratios beside the ratio of the two pytest-benchmark medians.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
+import time
 
 import pytest
 import torch
@@ -21,6 +28,7 @@ from replayssm.cpu.roofline import step_seconds
 BACKEND = os.environ.get("REPLAYSSM_BENCH_BACKEND", "cpu")
 THREADS = [int(t) for t in os.environ.get("REPLAYSSM_BENCH_THREADS", "1,2").split(",")]
 ROUNDS = 5
+PAIRED_ROUNDS = 7
 
 
 @pytest.fixture(params=THREADS, ids=lambda t: f"threads{t}")
@@ -52,3 +60,30 @@ def test_method(benchmark, threads, family, method, route):
         "ms": benchmark.stats.stats.median / case.steps * 1e3, "bytes": case.bytes_per_step, "roof_ms": roof_ms,
         "backend": case.backend, "partner": case.partner, "method": method,
     }
+
+
+def _seconds_per_step(case) -> float:
+    t0 = time.perf_counter()
+    case.cycle()
+    return (time.perf_counter() - t0) / case.steps
+
+
+@pytest.mark.parametrize("family,method,route", [c for c in cases(BACKEND) if REGISTRY[c[1]].partner],
+                         ids=lambda v: v if isinstance(v, str) else "-")
+def test_paired(threads, family, method, route):
+    """The speedup over the partner from alternating cycles (partner, method, partner, ...): each round's ratio
+    sees the machine as both sides did, within a second of each other."""
+    partner = REGISTRY[method].partner
+    used = {REGISTRY[m].backend_for(BACKEND, family) for m in (method, partner)}
+    if used != {BACKEND}:
+        pytest.skip(f"{family} {method} / {partner} run on {sorted(used)}, not both on backend={BACKEND}")
+    base, case = build(family, partner, None, BACKEND), build(family, method, route, BACKEND)
+    base.cycle()
+    case.cycle()                                  # warm: first touch of the caches, thread start-up
+    ratios = []
+    for _ in range(PAIRED_ROUNDS):
+        ratios.append(_seconds_per_step(base) / _seconds_per_step(case))
+    row = RESULTS.get((threads, family, case.label))
+    if row is not None:                           # test_method ran first (file order) and made the row
+        row["paired"] = statistics.median(ratios)
+        row["paired_ratios"] = ratios
