@@ -113,6 +113,12 @@ find_run_dir() {
 }
 find_run_dir                       # RUN_ID of an earlier (killed) run: every experiment resumes it
 [[ -n "$RUN_DIR" ]] && stage "resuming ${RUN_DIR}: points already in it are skipped"
+# A new CPU run measures its own cold-point probe (the bandwidth plateau that sizes the layer stacks) with its
+# first sweep; the later stages reuse that measurement from the per-machine cache. A probe cached by another
+# process (make bench-cpu refreshes it) may have sampled a busier machine and would size this run's stacks.
+if [[ "$GPU" != "True" && -z "$RUN_DIR" ]]; then
+    CPU_DECODE_ARGS+=("timing.cpu_cold_probe=fresh")
+fi
 
 for experiment in kernel_decode kernel_spec; do
     if ! have_module "experiments.${experiment}"; then
