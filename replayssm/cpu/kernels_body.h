@@ -348,7 +348,7 @@ void SUF(gdn_step)(STYPE *state, const ATYPE *q, const ATYPE *k, const ATYPE *v,
         for (int hv = 0; hv < HV; hv++) {
             const int s = slots[b];
             if (s < 0) continue;
-            float qv[K], kv[K], r[K];
+            float qv[K], kv[K];
             SUF(gdn_qk)(q, k, ((size_t)b * H + hv / gq) * K, K, l2norm, scale, qv, kv);
             const float alpha = expf(g[(size_t)b * HV + hv]), bt = beta[(size_t)b * HV + hv];
             STYPE *S = state + s * ss0 + hv * ss1;

@@ -192,6 +192,40 @@ static void SUF(m2_ring_bc)(const ATYPE *Br, float *bcs, const int32_t *wp, cons
     }
 }
 
+/* The two ends of a Mamba-2 ring verify that the chain (m2_spec_replay) and tree (m2_tree_replay) kernels
+ * share, per (row b, head h, slot s):
+ *   m2_fold_history: on a flush row, the committed history folded into the checkpoint,
+ *     S1 = e(tot) S0 + sum_{j<h0} dt_j e(tot - cum_j) x_j B_j^T, e(a) = exp(min(A a, 0)) (the blocked rebuild;
+ *     the rows were read by the verify just before, so they come from cache);
+ *   m2_ring_append: the window's x, processed dt (dtw [T]) and, by the group's first head, B into ring rows
+ *     (row0 + t) & (R - 1). */
+static inline void SUF(m2_fold_history)(STYPE *S, int h0, const float *dts, const float *cum, float tot, float etot,
+                                        float Ah, const ATYPE *const *xj, const ATYPE *const *Bj, int P, int N)
+{
+    float Xm[h0 * P], Ym[h0 * N];
+    for (int j = 0; j < h0; j++) {
+        const float w = dts[j] * expf(fminf(Ah * (tot - cum[j]), 0.0f));
+        for (int p = 0; p < P; p++) Xm[(size_t)j * P + p] = w * LDA(xj[j] + p);
+        for (int n = 0; n < N; n++) Ym[(size_t)j * N + n] = LDA(Bj[j] + n);
+    }
+    SUF(rebuild_rows)(S, N, P, N, etot, Xm, Ym, h0, 1, NULL, NULL, NULL);
+}
+
+static inline void SUF(m2_ring_append)(ATYPE *xr, float *dtr, ATYPE *Br, const ATYPE *x, const ATYPE *Bm,
+                                       const float *dtw, int s, int b, int h, int g, int writes_B, int row0, int T,
+                                       int H, int G, int P, int N, int R)
+{
+    for (int t = 0; t < T; t++) {
+        const int row = (row0 + t) & (R - 1);
+        memcpy(xr + (((size_t)s * H + h) * R + row) * P, x + (((size_t)b * T + t) * H + h) * P,
+               (size_t)P * sizeof(ATYPE));
+        dtr[((size_t)s * H + h) * R + row] = dtw[t];
+        if (writes_B)
+            memcpy(Br + (((size_t)s * G + g) * R + row) * N, Bm + (((size_t)b * T + t) * G + g) * N,
+                   (size_t)N * sizeof(ATYPE));
+    }
+}
+
 /* Mamba-2 ReplaySSM spec verify (replayssm/mamba2/spec_ref.py has the protocol). Per (row, head), h = write_pos,
  * logical position j at ring row (origin + j) & (R-1); window token t at p_t = h + t (its x, B, dt taken from the
  * inputs: the ring rows are written after every read), cum_j the inclusive prefix of processed dt:
@@ -280,24 +314,8 @@ void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
                 const size_t io = (((size_t)b * T + t) * H + h) * P;
                 SUF(m2_finish)(yv + (size_t)t * P, x + io, z ? z + io : NULL, D, h, out + io, P);
             }
-            if (fl && h0 > 0) {
-                float Xm[h0 * P], Ym[h0 * N];
-                for (int j = 0; j < h0; j++) {
-                    const float w = dts[j] * expf(fminf(Ah * (tot - cum[j]), 0.0f));
-                    for (int p = 0; p < P; p++) Xm[(size_t)j * P + p] = w * LDA(xj[j] + p);
-                    for (int n = 0; n < N; n++) Ym[(size_t)j * N + n] = LDA(Bj[j] + n);
-                }
-                SUF(rebuild_rows)(S, N, P, N, etot, Xm, Ym, h0, 1, NULL, NULL, NULL);
-            }
-            for (int t = 0; t < T; t++) {
-                const int row = (org + h0 + t) & (R - 1);
-                memcpy(xr + (((size_t)s * H + h) * R + row) * P, x + (((size_t)b * T + t) * H + h) * P,
-                       (size_t)P * sizeof(ATYPE));
-                dtr[((size_t)s * H + h) * R + row] = dts[h0 + t];
-                if (h % hpg == 0)
-                    memcpy(Br + (((size_t)s * G + g) * R + row) * N, Bm + (((size_t)b * T + t) * G + g) * N,
-                           (size_t)N * sizeof(ATYPE));
-            }
+            if (fl && h0 > 0) SUF(m2_fold_history)(S, h0, dts, cum, tot, etot, Ah, xj, Bj, P, N);
+            SUF(m2_ring_append)(xr, dtr, Br, x, Bm, dts + h0, s, b, h, g, h % hpg == 0, org + h0, T, H, G, P, N, R);
         }
     }
 }
@@ -363,6 +381,49 @@ static inline void SUF(gdn_serial_row)(const STYPE *src, STYPE *dst, size_t dstr
         for (int m = 0; m < K; m++) STS(fin + m, r[m]);
 }
 
+/* Pieces the GDN serial and ring verifies (chain and tree) share, per (row b, value head hv, slot s):
+ *   gdn_store_window: the window's outputs, gathered per token in Ol [T, V], stored as contiguous rows of out
+ *     [b, T, HV, V] (a scalar store per (row, token) lands on T pages 32 KiB apart);
+ *   gdn_fold_history: on a flush row, the checkpoint rows become S_h = d0 S0 + sum_{j<h0} w_j u_j k_j^T
+ *     (u from this head's ring ur_h [R, V] at rows (org + j) & (R - 1), keys Kl [h0, K]; the blocked rebuild,
+ *     rows from cache);
+ *   gdn_ring_append: the window's U (Ul [T, V]), g and, by the key head's first value head, k (X2 [T, K]) into
+ *     ring rows (row0 + t) & (R - 1). */
+static inline void SUF(gdn_store_window)(ATYPE *out, const float *Ol, int b, int hv, int T, int HV, int V)
+{
+    for (int t = 0; t < T; t++) {
+        ATYPE *ot = out + (((size_t)b * T + t) * HV + hv) * V;
+        for (int i = 0; i < V; i++) STA(ot + i, Ol[t * V + i]);
+    }
+}
+
+static inline void SUF(gdn_fold_history)(STYPE *S, const ATYPE *ur_h, const float *w, float d0, const float *Kl,
+                                         int h0, int org, int R, int V, int K)
+{
+    float Xm[h0 * V];
+    for (int j = 0; j < h0; j++) {
+        const ATYPE *uj = ur_h + (size_t)((org + j) & (R - 1)) * V;
+        for (int i = 0; i < V; i++) Xm[(size_t)j * V + i] = w[j] * LDA(uj + i);
+    }
+    SUF(rebuild_rows)(S, K, V, K, d0, Xm, Kl, h0, 1, NULL, NULL, NULL);
+}
+
+static inline void SUF(gdn_ring_append)(ATYPE *ur, float *gr, ATYPE *kr, const float *Ul, const float *g,
+                                        const float *X2, int s, int b, int hv, int hk, int writes_k, int row0, int T,
+                                        int H, int HV, int K, int V, int R)
+{
+    for (int t = 0; t < T; t++) {
+        const int row = (row0 + t) & (R - 1);
+        ATYPE *ud = ur + (((size_t)s * HV + hv) * R + row) * V;
+        for (int i = 0; i < V; i++) STA(ud + i, Ul[t * V + i]);
+        gr[((size_t)s * HV + hv) * R + row] = g[((size_t)b * T + t) * HV + hv];
+        if (writes_k) {
+            ATYPE *kd = kr + (((size_t)s * H + hk) * R + row) * K;
+            for (int n = 0; n < K; n++) STA(kd + n, X2[t * K + n]);
+        }
+    }
+}
+
 /* GDN serial spec verify, two methods:
  *   native (vLLM, `last` given): state [S, T, HV, V, K]; each state row [K] is loaded once from snapshot
  *     last[slot]; per token t: r = exp(g_t) r; u = beta_t (v_t - r . k_t); r += u k_t; stored into snapshot t;
@@ -411,10 +472,7 @@ void SUF(gdn_spec_native)(STYPE *state, const int32_t *last, ATYPE *stash_k, ATY
                                     bl, vl, kl, ql, o);
                 for (int t = 0; t < T; t++) Ol[t * V + i] = o[t];
             }
-            for (int t = 0; t < T; t++) {
-                ATYPE *ot = out + (((size_t)b * T + t) * HV + hv) * V;
-                for (int i = 0; i < V; i++) STA(ot + i, Ol[t * V + i]);
-            }
+            SUF(gdn_store_window)(out, Ol, b, hv, T, HV, V);
             if (!native)
                 for (int t = 0; t < T; t++) {
                     const size_t st = ((size_t)s * HV + hv) * T + t;
@@ -562,28 +620,9 @@ void SUF(gdn_spec_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const i
                     Ol[t * V + i] = o;
                 }
             }
-            for (int t = 0; t < T; t++) {
-                ATYPE *ot = out + (((size_t)b * T + t) * HV + hv) * V;
-                for (int i = 0; i < V; i++) STA(ot + i, Ol[t * V + i]);
-            }
-            if (fl && h0 > 0) {
-                float Xm[h0 * V];
-                for (int j = 0; j < h0; j++) {
-                    const ATYPE *uj = ur + (((size_t)s * HV + hv) * R + ((org + j) & (R - 1))) * V;
-                    for (int i = 0; i < V; i++) Xm[(size_t)j * V + i] = w[j] * LDA(uj + i);
-                }
-                SUF(rebuild_rows)(S, K, V, K, d0, Xm, Kl, h0, 1, NULL, NULL, NULL);
-            }
-            for (int t = 0; t < T; t++) {
-                const int row = (org + h0 + t) & (R - 1);
-                ATYPE *ud = ur + (((size_t)s * HV + hv) * R + row) * V;
-                for (int i = 0; i < V; i++) STA(ud + i, Ul[t * V + i]);
-                gr[((size_t)s * HV + hv) * R + row] = g[((size_t)b * T + t) * HV + hv];
-                if (hv % gq == 0) {
-                    ATYPE *kd = kr + (((size_t)s * H + hk) * R + row) * K;
-                    for (int n = 0; n < K; n++) STA(kd + n, X2[t * K + n]);
-                }
-            }
+            SUF(gdn_store_window)(out, Ol, b, hv, T, HV, V);
+            if (fl && h0 > 0) SUF(gdn_fold_history)(S, ur + ((size_t)s * HV + hv) * R * V, w, d0, Kl, h0, org, R, V, K);
+            SUF(gdn_ring_append)(ur, gr, kr, Ul, g, X2, s, b, hv, hk, hv % gq == 0, org + h0, T, H, HV, K, V, R);
         }
     }
 }

@@ -133,24 +133,8 @@ void SUF(m2_tree_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
                 const size_t io = (((size_t)b * T + t) * H + h) * P;
                 SUF(m2_finish)(yv + (size_t)t * P, x + io, z ? z + io : NULL, D, h, out + io, P);
             }
-            if (fl && h0 > 0) {
-                float Xm[h0 * P], Ym[h0 * N];
-                for (int j = 0; j < h0; j++) {
-                    const float w = dts[j] * expf(fminf(Ah * (tot - cum[j]), 0.0f));
-                    for (int p = 0; p < P; p++) Xm[(size_t)j * P + p] = w * LDA(xj[j] + p);
-                    for (int n = 0; n < N; n++) Ym[(size_t)j * N + n] = LDA(Bj[j] + n);
-                }
-                SUF(rebuild_rows)(S, N, P, N, etot, Xm, Ym, h0, 1, NULL, NULL, NULL);
-            }
-            for (int t = 0; t < T; t++) {
-                const int row = (org + h0 + t) & (R - 1);
-                memcpy(xr + (((size_t)s * H + h) * R + row) * P, x + (((size_t)b * T + t) * H + h) * P,
-                       (size_t)P * sizeof(ATYPE));
-                dtr[((size_t)s * H + h) * R + row] = dts[h0 + t];
-                if (h % hpg == 0)
-                    memcpy(Br + (((size_t)s * G + g) * R + row) * N, Bm + (((size_t)b * T + t) * G + g) * N,
-                           (size_t)N * sizeof(ATYPE));
-            }
+            if (fl && h0 > 0) SUF(m2_fold_history)(S, h0, dts, cum, tot, etot, Ah, xj, Bj, P, N);
+            SUF(m2_ring_append)(xr, dtr, Br, x, Bm, dts + h0, s, b, h, g, h % hpg == 0, org + h0, T, H, G, P, N, R);
         }
     }
 }
@@ -251,28 +235,9 @@ void SUF(gdn_tree_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const i
                     Ol[t * V + i] = o;
                 }
             }
-            for (int t = 0; t < T; t++) {
-                ATYPE *ot = out + (((size_t)b * T + t) * HV + hv) * V;
-                for (int i = 0; i < V; i++) STA(ot + i, Ol[t * V + i]);
-            }
-            if (fl && h0 > 0) {
-                float Xm[h0 * V];
-                for (int j = 0; j < h0; j++) {
-                    const ATYPE *uj = ur + (((size_t)s * HV + hv) * R + ((org + j) & (R - 1))) * V;
-                    for (int i = 0; i < V; i++) Xm[(size_t)j * V + i] = w[j] * LDA(uj + i);
-                }
-                SUF(rebuild_rows)(S, K, V, K, d0, Xm, Kl, h0, 1, NULL, NULL, NULL);
-            }
-            for (int t = 0; t < T; t++) {
-                const int row = (org + h0 + t) & (R - 1);
-                ATYPE *ud = ur + (((size_t)s * HV + hv) * R + row) * V;
-                for (int i = 0; i < V; i++) STA(ud + i, Ul[t * V + i]);
-                gr[((size_t)s * HV + hv) * R + row] = g[((size_t)b * T + t) * HV + hv];
-                if (hv % gq == 0) {
-                    ATYPE *kd = kr + (((size_t)s * H + hk) * R + row) * K;
-                    for (int n = 0; n < K; n++) STA(kd + n, X2[t * K + n]);
-                }
-            }
+            SUF(gdn_store_window)(out, Ol, b, hv, T, HV, V);
+            if (fl && h0 > 0) SUF(gdn_fold_history)(S, ur + ((size_t)s * HV + hv) * R * V, w, d0, Kl, h0, org, R, V, K);
+            SUF(gdn_ring_append)(ur, gr, kr, Ul, g, X2, s, b, hv, hk, hv % gq == 0, org + h0, T, H, HV, K, V, R);
         }
     }
 }
