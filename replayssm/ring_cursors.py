@@ -277,7 +277,7 @@ def _reset_flush(ring) -> int:
 # ------------------------------------------------------------------------------------------------- triton
 
 def _commit_kernel(num_accepted_ptr, slots_ptr, write_pos_ptr, origin_ptr, is_flush_ptr, batch, null_slot,
-                   window, max_len, ring_len, BLOCK_B: tl.constexpr):
+                   lookahead, window, max_len, ring_len, BLOCK_B: tl.constexpr):
     """Rows [pid * BLOCK_B, (pid + 1) * BLOCK_B) of the batch; every cursor is read and written once."""
     i = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     slot = tl.load(slots_ptr + i, mask=i < batch, other=null_slot)
@@ -291,8 +291,8 @@ def _commit_kernel(num_accepted_ptr, slots_ptr, write_pos_ptr, origin_ptr, is_fl
     tl.store(origin_ptr + s, tl.where(flushed, (origin + h) & (ring_len - 1), origin), mask=live)
     h = tl.where(flushed, a, h + a)
     tl.store(write_pos_ptr + s, h, mask=live)
-    # Early flush: flush one window ahead so the next window always fits in L = B + T.
-    tl.store(is_flush_ptr + s, (h + 2 * window > max_len).to(tl.int32), mask=live)
+    # Early flush (_flush_next): flush one step ahead so the next window always fits.
+    tl.store(is_flush_ptr + s, (h + lookahead + window > max_len).to(tl.int32), mask=live)
 
 
 def _reset_kernel(slots_ptr, write_pos_ptr, origin_ptr, is_flush_ptr, batch, null_slot, flush0,
@@ -333,13 +333,25 @@ def _cursor_block(batch: int) -> int:
     return min(1024, max(16, next_pow2(batch)))
 
 
-def commit_triton(ring, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
+def _lookahead(ring, lookahead: int | None) -> int:
+    """How many entries a row may accept before its next window: a chain's next commit accepts up to T (the
+    window); a tree's up to its depth (replayssm/tree_ring.py passes it)."""
+    return ring.window if lookahead is None else lookahead
+
+
+def _flush_next(ring, h, lookahead: int | None):
+    """The early-flush rule: flush now if accepting up to `lookahead` more entries and then verifying the next
+    window (ring.window entries) could overflow L = max_len."""
+    return h + _lookahead(ring, lookahead) + ring.window > ring.max_len
+
+
+def commit_triton(ring, num_accepted: torch.Tensor, slots: torch.Tensor, lookahead: int | None = None) -> None:
     triton, commit_kernel, _, _ = _kernels()
     batch = slots.shape[0]
     block = _cursor_block(batch)
     commit_kernel[(triton.cdiv(batch, block),)](
         num_accepted, slots, ring.write_pos, ring.origin, ring.is_flush, batch, ring.null_slot,
-        ring.window, ring.max_len, ring.ring_len, BLOCK_B=block, num_warps=1,
+        _lookahead(ring, lookahead), ring.window, ring.max_len, ring.ring_len, BLOCK_B=block, num_warps=1,
     )
 
 
@@ -355,7 +367,7 @@ def reset_triton(ring, slots: torch.Tensor) -> None:
 
 # ------------------------------------------------------------------------------------------ torch and ref
 
-def commit_torch(ring, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
+def commit_torch(ring, num_accepted: torch.Tensor, slots: torch.Tensor, lookahead: int | None = None) -> None:
     """Vectorised: one gather and one scatter per cursor over the live rows."""
     live = slots != ring.null_slot
     sl, a = slots[live].long(), num_accepted[live]
@@ -363,7 +375,7 @@ def commit_torch(ring, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
     ring.origin[sl] = torch.where(flushed, (origin + h) & (ring.ring_len - 1), origin)
     h = torch.where(flushed, a, h + a)
     ring.write_pos[sl] = h
-    ring.is_flush[sl] = (h + 2 * ring.window > ring.max_len).to(torch.int32)
+    ring.is_flush[sl] = _flush_next(ring, h, lookahead).to(torch.int32)
 
 
 def reset_torch(ring, slots: torch.Tensor) -> None:
@@ -373,9 +385,9 @@ def reset_torch(ring, slots: torch.Tensor) -> None:
     ring.is_flush[sl] = _reset_flush(ring)
 
 
-def commit_ref(ring, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
+def commit_ref(ring, num_accepted: torch.Tensor, slots: torch.Tensor, lookahead: int | None = None) -> None:
     """The protocol row by row, in Python ints."""
-    T, L, mask = ring.window, ring.max_len, ring.ring_len - 1
+    mask = ring.ring_len - 1
     for row, slot in enumerate(slots.tolist()):
         if slot == ring.null_slot:
             continue
@@ -386,7 +398,7 @@ def commit_ref(ring, num_accepted: torch.Tensor, slots: torch.Tensor) -> None:
         else:
             h = h + a
         ring.write_pos[slot] = h
-        ring.is_flush[slot] = int(h + 2 * T > L)
+        ring.is_flush[slot] = int(_flush_next(ring, h, lookahead))
 
 
 def reset_ref(ring, slots: torch.Tensor) -> None:

@@ -16,9 +16,11 @@ tree_commit(path, num_accepted) keeps the accepted branch path[0] = 0, path[1], 
     the depth used at this commit (a harness runs one tree shape per ring).
 No state is written at commit: a few input entries move, then cursors.
 
-Backends: "triton" (one small kernel for the moves per ring field, one for the cursors; graph capturable),
+Backends: "triton" (one small kernel for the moves per ring field, then the chain's cursor kernel with the
+tree's lookahead, replayssm/ring_cursors.py; graph capturable),
 "torch" (vectorised), "cpu" (the torch form: the fused C kernels are the verify's, replayssm/cpu/tree_body.h)
-and "ref" (Python ints, row by row: the oracle). A ring here is any object with
+and "ref" (Python ints, row by row: the oracle); each advances the cursors with ring_cursors' commit of the
+same backend (lookahead = depth). A ring here is any object with
 write_pos, origin, is_flush, window, max_len, ring_len, null_slot, num_slots, device, plus the family's
 ring fields [num_slots, heads, ring_len(, width)] named by the caller.
 """
@@ -30,6 +32,7 @@ import weakref
 
 import torch
 
+from replayssm import ring_cursors
 from replayssm.checks import check_backend, check_same_device, check_slots, next_pow2, skip_value_checks
 
 MOVE_TILE = 4096  # elements per program of the Triton move kernel (heads split over programs beyond it)
@@ -202,17 +205,13 @@ def commit(ring, fields: tuple[str, ...], path: torch.Tensor, num_accepted: torc
         ring, fields, path, num_accepted, slots)
 
 
-def _flush_next(ring, h, depth: int):
-    return h + depth + ring.window > ring.max_len
-
-
 def _commit_torch(ring, fields, path, num_accepted, slots) -> None:
     """Vectorised: every moved entry is gathered before any is written (so the order of the moves does not
     matter), then scattered; one gather and one scatter per field, none for a chain."""
     live = slots != ring.null_slot
     sl, a, p = slots[live].long(), num_accepted[live].long(), path[live].long()
     R = ring.ring_len
-    h, origin, flushed = ring.write_pos[sl].long(), ring.origin[sl].long(), ring.is_flush[sl] != 0
+    h, origin = ring.write_pos[sl].long(), ring.origin[sl].long()
     i = torch.arange(path.shape[1], device=path.device)
     move = (i[None, :] < a[:, None]) & (p != i[None, :])                     # [n, depth]; i = 0 never moves
     if bool(move.any()):
@@ -222,10 +221,7 @@ def _commit_torch(ring, fields, path, num_accepted, slots) -> None:
         for name in fields:
             f = getattr(ring, name)
             f[s_m, :, dst] = f[s_m, :, src]                                   # the right side is read first
-    ring.origin[sl] = torch.where(flushed, (origin + h) & (R - 1), origin).to(torch.int32)
-    h = torch.where(flushed, a, h + a)
-    ring.write_pos[sl] = h.to(torch.int32)
-    ring.is_flush[sl] = _flush_next(ring, h, path.shape[1]).to(torch.int32)
+    ring_cursors.commit_torch(ring, num_accepted, slots, lookahead=path.shape[1])
 
 
 def _commit_ref(ring, fields, path, num_accepted, slots) -> None:
@@ -239,13 +235,9 @@ def _commit_ref(ring, fields, path, num_accepted, slots) -> None:
             for name in fields:
                 f = getattr(ring, name)
                 f[slot, :, dst] = f[slot, :, src].clone()
-        if int(ring.is_flush[slot]):
-            ring.origin[slot] = (origin + h) & mask
-            h = a
-        else:
-            h = h + a
-        ring.write_pos[slot] = h
-        ring.is_flush[slot] = int(_flush_next(ring, h, path.shape[1]))
+    # then the cursors, as a chain commit does with the tree's lookahead (live slots are distinct: each row's
+    # moves read only its own cursors)
+    ring_cursors.commit_ref(ring, num_accepted, slots, lookahead=path.shape[1])
 
 
 # ------------------------------------------------------------------------------------------------- triton
@@ -276,23 +268,6 @@ def _move_kernel(f_ptr, path_ptr, num_accepted_ptr, slots_ptr, write_pos_ptr, or
             tl.debug_barrier()                              # move i is stored before move i + 1 loads
 
 
-def _cursor_kernel(num_accepted_ptr, slots_ptr, write_pos_ptr, origin_ptr, is_flush_ptr, batch, null_slot,
-                   depth, window, max_len, ring_len, BLOCK_B: tl.constexpr):
-    i = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-    slot = tl.load(slots_ptr + i, mask=i < batch, other=null_slot)
-    live = (i < batch) & (slot != null_slot)
-    s = tl.where(live, slot, 0).to(tl.int64)
-    a = tl.load(num_accepted_ptr + i, mask=live, other=0)
-    h = tl.load(write_pos_ptr + s, mask=live, other=0)
-    origin = tl.load(origin_ptr + s, mask=live, other=0)
-    flushed = tl.load(is_flush_ptr + s, mask=live, other=0) != 0
-    tl.store(origin_ptr + s, tl.where(flushed, (origin + h) & (ring_len - 1), origin), mask=live)
-    h = tl.where(flushed, a, h + a)
-    tl.store(write_pos_ptr + s, h, mask=live)
-    # the tree's early flush: the next tree (N entries) still fits after accepting up to depth nodes
-    tl.store(is_flush_ptr + s, (h + depth + window > max_len).to(tl.int32), mask=live)
-
-
 @functools.cache
 def _kernels():
     global tl
@@ -300,11 +275,11 @@ def _kernels():
     import triton.language
 
     tl = triton.language
-    return triton, triton.jit(_move_kernel), triton.jit(_cursor_kernel)
+    return triton, triton.jit(_move_kernel)
 
 
 def _commit_triton(ring, fields, path, num_accepted, slots) -> None:
-    triton, move_kernel, cursor_kernel = _kernels()
+    triton, move_kernel = _kernels()
     batch, depth = path.shape
     path = path.contiguous()
     if depth > 1:
@@ -319,8 +294,4 @@ def _commit_triton(ring, fields, path, num_accepted, slots) -> None:
                 f.stride(0), f.stride(1), f.stride(2), f.shape[1], width,
                 BLOCK_H=block_h, BLOCK_W=block_w, num_warps=4,
             )
-    block = min(1024, max(16, next_pow2(batch)))
-    cursor_kernel[(triton.cdiv(batch, block),)](
-        num_accepted, slots, ring.write_pos, ring.origin, ring.is_flush, batch, ring.null_slot, depth,
-        ring.window, ring.max_len, ring.ring_len, BLOCK_B=block, num_warps=1,
-    )
+    ring_cursors.commit_triton(ring, num_accepted, slots, lookahead=depth)   # the chain's cursor kernel
