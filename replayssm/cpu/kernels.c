@@ -56,6 +56,16 @@ static inline float hsum8(v8f v) {
     v8_store(t, v);
     return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
 }
+/* The eight lane sums of a0..a7 as one vector, {sum a0, ..., sum a7}: three rounds of pairwise adds (x86's
+ * hadd pattern in generic shuffles, 7 adds and 14 shuffles) instead of eight separate reductions. */
+#define V8_HADD(a, b) (__builtin_shufflevector(a, b, 0, 2, 8, 10, 4, 6, 12, 14) + \
+                       __builtin_shufflevector(a, b, 1, 3, 9, 11, 5, 7, 13, 15))
+static inline v8f hsum8x8(v8f a0, v8f a1, v8f a2, v8f a3, v8f a4, v8f a5, v8f a6, v8f a7)
+{
+    const v8f q0 = V8_HADD(V8_HADD(a0, a1), V8_HADD(a2, a3)), q1 = V8_HADD(V8_HADD(a4, a5), V8_HADD(a6, a7));
+    return __builtin_shufflevector(q0, q1, 0, 1, 2, 3, 8, 9, 10, 11) +
+           __builtin_shufflevector(q0, q1, 4, 5, 6, 7, 12, 13, 14, 15);
+}
 static inline float softplus_f(float x) { return x <= SOFTPLUS_THRESHOLD ? log1pf(expf(x)) : x; }
 static inline float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -110,6 +120,21 @@ static inline int next_program(const int32_t *slots, int batch, int b, int h, in
     for (int b2 = b + 1; b2 < batch; b2++)
         if (slots[b2] >= 0) { *slot = slots[b2]; *head = 0; return 1; }
     return 0;
+}
+
+/* Prefetch into L2 the bytes at p, or the n rows (origin + j) & (R - 1), j < n, of a ring block of R rows of
+ * row_bytes: the history a ReplaySSM step reads besides the state (its buffered x / u rows, its B / k rows) and
+ * the ring rows its window is appended to, a program ahead like the state. Left to the hardware prefetcher
+ * these few short rows missed to DRAM on every program: the history readout was a tenth of the Mamba-2 AR step
+ * and of its spec verify, and the append's write misses another twentieth. */
+static inline void prefetch_bytes_l2(const void *p, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 2);
+}
+static inline void prefetch_ring_l2(const void *block, int origin, int n, int R, size_t row_bytes)
+{
+    for (int j = 0; j < n; j++)
+        prefetch_bytes_l2((const char *)block + (size_t)((origin + j) & (R - 1)) * row_bytes, row_bytes);
 }
 
 int replayssm_cpu_has_fp16(void) { return HAVE_F16; }

@@ -283,6 +283,12 @@ void SUF(m2_replay)(STYPE *state, ATYPE *xc, ATYPE *Bc, float *dtc, int32_t *wp,
             int s2, h2;
             const STYPE *pf = next_program(slots, batch, b, h, H, &s2, &h2)
                                   ? state + ((size_t)s2 * H + h2) * (size_t)P * N : NULL;
+            if (pf) {
+                const int nj2 = wp[s2] < L - 1 ? wp[s2] : L - 1;
+                prefetch_bytes_l2(xc + ((size_t)s2 * H + h2) * (size_t)L * P, (size_t)nj2 * P * sizeof(ATYPE));
+                if (h2 % hpg == 0 && (route != 0 || wp[s2] >= L - 1))
+                    prefetch_bytes_l2(Bc + ((size_t)s2 * G + h2 / hpg) * (size_t)L * N, (size_t)nj2 * N * sizeof(ATYPE));
+            }
             const size_t io = ((size_t)b * H + h) * P;
             float yv[P];
             if (!flush && route == 0) {
@@ -391,6 +397,15 @@ void SUF(gdn_replay)(STYPE *state, ATYPE *uc, ATYPE *kc, float *gc, int32_t *wp,
             ATYPE *us = uc + ((size_t)s * HV + hv) * (size_t)L * V;
             ATYPE *ks = kc + ((size_t)s * H + hk) * (size_t)L * K;
             float *gs = gc + ((size_t)s * HV + hv) * L;
+            int s2, h2;
+            const STYPE *pf = next_program(slots, batch, b, hv, HV, &s2, &h2)
+                                  ? state + ((size_t)s2 * HV + h2) * (size_t)V * K : NULL;
+            if (pf) {   /* the next program's buffered u (and k, by its key head's first value head) */
+                const int nj2 = wp[s2] < L - 1 ? wp[s2] : L - 1;
+                prefetch_bytes_l2(uc + ((size_t)s2 * HV + h2) * (size_t)L * V, (size_t)nj2 * V * sizeof(ATYPE));
+                if (h2 % gq == 0)
+                    prefetch_bytes_l2(kc + ((size_t)s2 * H + h2 / gq) * (size_t)L * K, (size_t)nj2 * K * sizeof(ATYPE));
+            }
             float Gp[MAXL], w[MAXL];
             float run = 0.0f;
             for (int j = 0; j < nj; j++) { run += gs[j]; Gp[j] = run; }
@@ -409,9 +424,6 @@ void SUF(gdn_replay)(STYPE *state, ATYPE *uc, ATYPE *kc, float *gc, int32_t *wp,
                 for (int i = 0; i < V; i++) { const float t = LDA(uj + i); bk[i] += ck * t; bq[i] += cq * t; }
             }
             STYPE *S = state + ((size_t)s * HV + hv) * (size_t)V * K;
-            int s2, h2;
-            const STYPE *pf = next_program(slots, batch, b, hv, HV, &s2, &h2)
-                                  ? state + ((size_t)s2 * HV + h2) * (size_t)V * K : NULL;
             const size_t io = ((size_t)b * HV + hv) * V;
             float uv[V];
             for (int i = 0; i < V; i++) {

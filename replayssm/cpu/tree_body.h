@@ -28,14 +28,6 @@ static inline void SUF(tree_anc)(const int32_t *parents, int b, int T, uint32_t 
     }
 }
 
-/* out[t] = row . C_t for t < T with T up to 2 MAXN: dotT_row keeps MAXT accumulators, so a larger set goes
- * in chunks of MAXT (the row, at most MAXV floats, stays in L1 between chunks). */
-static inline void SUF(dotT_rows_tree)(const STYPE *row, const float *Cm, int T, int N, float *out)
-{
-    for (int t0 = 0; t0 < T; t0 += MAXT)
-        SUF(dotT_row)(row, Cm + (size_t)t0 * N, T - t0 < MAXT ? T - t0 : MAXT, N, out + t0);
-}
-
 /* Mamba-2 ReplaySSM tree verify. As m2_spec_replay, per (row, head) with h = write_pos and node t at p_t = h + t:
  *   cum_j (j < h) the inclusive prefix of the history's dt; cum_{h+t} = cum_{h+parent(t)} + dt_t (tree prefix);
  *   node t sees every history entry and the window entries of its ancestors-or-self (bit c of anc[t]);
@@ -114,11 +106,18 @@ void SUF(m2_tree_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
             int s2, h2;
             const STYPE *pf = next_program(slots, batch, b, h, H, &s2, &h2)
                                   ? state + ((size_t)s2 * H + h2) * (size_t)P * N : NULL;
-            for (int p = 0; p < P; p++) {
-                float rd[MAXN];
-                if (pf) SUF(prefetch_l2)(pf + (size_t)p * N, N);
-                SUF(dotT_rows_tree)(S + (size_t)p * N, Cl, T, N, rd);
-                for (int t = 0; t < T; t++) yv[t * P + p] = E[t] * rd[t];
+            if (pf) {
+                prefetch_ring_l2(xr + ((size_t)s2 * H + h2) * R * P, origin[s2], wp[s2] + T, R, P * sizeof(ATYPE));
+                if (h2 % hpg == 0)
+                    prefetch_ring_l2(Br + ((size_t)s2 * G + h2 / hpg) * R * N, origin[s2], wp[s2] + T, R,
+                                     N * sizeof(ATYPE));
+            }
+            SUF(dot_block)(S, N, P, Cl, T, N, yv, P, pf);
+            for (int t = 0; t < T; t++) {
+                float *yt = yv + (size_t)t * P;
+                const float e = E[t];
+#pragma omp simd
+                for (int p = 0; p < P; p++) yt[p] *= e;
             }
             for (int j = 0; j < J; j++)
                 for (int t = 0; t < T; t++) {
@@ -211,28 +210,43 @@ void SUF(gdn_tree_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const i
             int s2, h2;
             const STYPE *pf = next_program(slots, batch, b, hv, HV, &s2, &h2)
                                   ? state + ((size_t)s2 * HV + h2) * (size_t)V * K : NULL;
-            /* decays hoisted out of the row loop; outputs gathered per node and stored as contiguous rows after
-             * it (as the chain verify does: a scalar store per (row, node) lands on N pages 32 KiB apart) */
-            float Ul[T * V], Ol[T * V], eg[MAXN];
-            for (int t = 0; t < T; t++) eg[t] = expf(Gw[t]);
-            for (int i = 0; i < V; i++) {
-                float d[2 * MAXN], Ui[MAXN];
-                if (pf) SUF(prefetch_l2)(pf + (size_t)i * K, K);
-                SUF(dotT_rows_tree)(S + (size_t)i * K, X2, 2 * T, K, d);
-                for (int t = 0; t < T; t++) {
-                    const float hk_ = d0 * d[t] + bkq[(size_t)t * V + i];
-                    float r = bw[t] * (LDA(v + (((size_t)b * T + t) * HV + hv) * V + i) - eg[t] * hk_);
-                    for (int t2 = 0; t2 < t; t2++)
-                        if ((anc[t] >> t2) & 1u) r -= Am[t * MAXN + t2] * Ui[t2];
-                    Ui[t] = r;
-                    Ul[t * V + i] = r;
+            if (pf) {
+                prefetch_ring_l2(ur + ((size_t)s2 * HV + h2) * R * V, origin[s2], wp[s2] + T, R, V * sizeof(ATYPE));
+                if (h2 % gq == 0)
+                    prefetch_ring_l2(kr + ((size_t)s2 * H + h2 / gq) * R * K, origin[s2], wp[s2] + T, R,
+                                     K * sizeof(ATYPE));
+            }
+            /* as the chain verify: every row's 2T dots in one read of the head (dot_block), then the nodes'
+             * substitution over whole [V] rows, a node taking only its ancestors' U */
+            float D[2 * T * V], Ul[T * V], Ol[T * V];
+            SUF(dot_block)(S, K, V, X2, 2 * T, K, D, V, pf);
+            for (int t = 0; t < T; t++) {
+                const ATYPE *vt = v + (((size_t)b * T + t) * HV + hv) * V;
+                const float *dk = D + (size_t)t * V, *hb = bkq + (size_t)t * V;
+                const float eb = expf(Gw[t]), bt = bw[t];
+                float *u = Ul + (size_t)t * V;
+#pragma omp simd
+                for (int i = 0; i < V; i++) u[i] = bt * (LDA(vt + i) - eb * (d0 * dk[i] + hb[i]));
+                for (int t2 = 0; t2 < t; t2++) {
+                    if (!((anc[t] >> t2) & 1u)) continue;
+                    const float a = Am[t * MAXN + t2];
+                    const float *u2 = Ul + (size_t)t2 * V;
+#pragma omp simd
+                    for (int i = 0; i < V; i++) u[i] -= a * u2[i];
                 }
-                for (int t = 0; t < T; t++) {
-                    const float hq = d0 * d[T + t] + bkq[(size_t)(T + t) * V + i];
-                    float o = eg[t] * hq;
-                    for (int t2 = 0; t2 <= t; t2++)
-                        if ((anc[t] >> t2) & 1u) o += E[t * MAXN + t2] * Ui[t2];
-                    Ol[t * V + i] = o;
+            }
+            for (int t = 0; t < T; t++) {
+                const float *dq = D + (size_t)(T + t) * V, *hb = bkq + (size_t)(T + t) * V;
+                const float eb = expf(Gw[t]);
+                float *o = Ol + (size_t)t * V;
+#pragma omp simd
+                for (int i = 0; i < V; i++) o[i] = eb * (d0 * dq[i] + hb[i]);
+                for (int t2 = 0; t2 <= t; t2++) {
+                    if (!((anc[t] >> t2) & 1u)) continue;
+                    const float e = E[t * MAXN + t2];
+                    const float *u2 = Ul + (size_t)t2 * V;
+#pragma omp simd
+                    for (int i = 0; i < V; i++) o[i] += e * u2[i];
                 }
             }
             SUF(gdn_store_window)(out, Ol, b, hv, T, HV, V);

@@ -134,6 +134,22 @@ def test_triton_matches_ground_truth_and_torch_cache(T, B, gm, act_dtype, state_
         assert torch.equal(getattr(ring, name)[1], getattr(untouched, name)[1]), f"slot 1 {name} touched"
 
 
+@pytest.mark.parametrize("T,gm", [
+    (4, GDNGeometry(H=1, HV=2, K=24, V=5)),    # 2T = 8: 2-row x 8 tiles, then one tail row
+    (3, GDNGeometry(H=1, HV=2, K=40, V=7)),    # 2T = 6: two spare tile vectors
+    (2, GDNGeometry(H=1, HV=2, K=24, V=6)),    # 2T = 4: 4-row x 4 tiles, then 2 tail rows
+    (4, GDNGeometry(H=1, HV=1, K=20, V=4)),    # K % 8 != 0: the per-row path
+])
+def test_cpu_odd_row_tiles(T, gm, gen):
+    """backend="cpu" forms a head's 2T dots in register tiles of adjacent rows (dot_block): value-head sizes
+    that leave tail rows, windows that leave spare tile vectors, key widths the tile cannot take."""
+    ring = make_ring(gm, 3, 8, T, gen)
+    run = SpecRun([ring], ["cpu"], torch.tensor([2, NULL_SLOT, 0], dtype=torch.int32), gen, use_qk_l2norm=True)
+    for _ in range(16):
+        run.step()
+    assert run.folds > 0 and run.wraps > 0
+
+
 @pytest.mark.parametrize("backend", ["torch", "ref", "triton", "cpu"])
 def test_ill_conditioned_window(backend, gen):
     """beta 0.999 and nearly parallel keys (k_s = normalize(k0 + 1e-3 noise)): the unit lower triangular

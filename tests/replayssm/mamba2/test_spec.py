@@ -203,6 +203,18 @@ def test_long_protocol_run(backend, case, gen, device):
     assert count.resets == 2
 
 
+@pytest.mark.parametrize("case", [
+    Case(3, 8, geometry=Mamba2Geometry(2, 6, 24, 1)),     # dstate % 8 == 0: 4x4 tiles, then 2 rows of tail
+    Case(4, 8, geometry=Mamba2Geometry(2, 5, 20, 1)),     # dstate % 8 != 0: the per-row path
+    Case(2, 4, geometry=Mamba2Geometry(2, 9, 40, 1)),     # one spare tile vector, one tail row
+], ids=str)
+def test_cpu_odd_row_tiles(case, gen, device):
+    """backend="cpu" verifies a head's rows in register tiles of 4 rows x 4 window tokens (dot_block): head
+    sizes that leave tail rows, windows that leave spare tile vectors, state widths the tile cannot take."""
+    count = run_protocol("cpu", case, gen, device, steps=16, batch=3, num_slots=4, materialize_every=4)
+    assert count.flushes > 0 and count.window_wraps > 0
+
+
 @pytest.mark.parametrize("case", TRITON_CASES, ids=str)
 def test_triton_protocol_run(case, gen, device):
     count = run_protocol("triton", case, gen, device, steps=14, batch=3, num_slots=4, materialize_every=3)
