@@ -16,11 +16,15 @@ static inline const STYPE *SUF(spec_src)(const STYPE *state, const int32_t *last
 }
 
 /* The register tiles of dot_block (N % 8 == 0): two rows against eight vectors, or four rows against four. Each
- * 8-lane step loads the rows' chunk once and every vector's chunk once for 16 FMAs. The first form (one row
- * against four vectors) loaded 10 chunks for 8 FMAs, load-bound, and re-read the row per four vectors: the GDN
- * verify ran 40 % faster on the tiles. The 16 accumulators fit x86-64's 32 vector registers with AVX-512VL
- * (an AVX2-only core has 16 and spills some; the results are the same). hsum8x8 reduces eight at once.
- * Vectors past nx point at the first one and their sums are dropped. out[x * os + r] = row_r . C_x. */
+ * 8-lane step loads the rows' chunk once and every vector's chunk once for 16 FMAs; the first form (one row
+ * against four vectors) loaded 10 chunks for 8 FMAs, load-bound, and re-read the row per four vectors. Adjacent
+ * rows side by side are streams 512 bytes apart that the hardware prefetcher does not follow (a bare loop of
+ * such tiles streamed at 6-7 GB/s on one core of the AMD EPYC box, rows in order at 20-23), so the tiles rely
+ * on dot_block's software prefetch of the next program a head ahead: with it, in the verifies, they ran the
+ * GDN verify 7 % faster than one row at a time against eight vectors and the Mamba-2 verify as fast (paired,
+ * one process). The 16 accumulators fit x86-64's 32 vector registers with AVX-512VL (an AVX2-only core has 16
+ * and spills some; the results are the same). hsum8x8 reduces eight at once. Vectors past nx point at the
+ * first one and their sums are dropped. out[x * os + r] = row_r . C_x. */
 static inline void SUF(dot_tile2x8)(const STYPE *row, size_t rs, const float *Cm, int nx, int N, float *out,
                                     size_t os)
 {
