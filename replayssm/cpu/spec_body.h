@@ -444,6 +444,46 @@ static inline void SUF(gdn_serial_row)(const STYPE *src, STYPE *dst, size_t dstr
         for (int m = 0; m < K; m++) STS(fin + m, r[m]);
 }
 
+/* The window of a GDN ring verify over whole [V] rows, the rows i as the vector lanes (per row i, the T x T
+ * scalar recurrence was a serial chain of dependent FMAs, a quarter of the verify). D [2T, V]: the checkpoint
+ * dots S0_i . k_s, S0_i . q_s; bkq [2T, V] their history parts; v_s at vw + s vstride. Token s takes the U of
+ * the earlier tokens its ancestor bits anc[s] name (anc NULL: all of them, the chain); A, E [T, astride] as
+ * the verify's comment defines them. Writes U (Ul [T, V]) and the outputs (Ol [T, V]). */
+static inline void SUF(gdn_window_rows)(const float *D, const float *bkq, const ATYPE *vw, size_t vstride,
+                                        const float *Gw, const float *bw, float d0, const float *A, const float *E,
+                                        int astride, const uint32_t *anc, int T, int V, float *Ul, float *Ol)
+{
+    for (int t = 0; t < T; t++) {
+        const ATYPE *vt = vw + (size_t)t * vstride;
+        const float *dk = D + (size_t)t * V, *hb = bkq + (size_t)t * V;
+        const float eb = expf(Gw[t]), bt = bw[t];
+        float *u = Ul + (size_t)t * V;
+#pragma omp simd
+        for (int i = 0; i < V; i++) u[i] = bt * (LDA(vt + i) - eb * (d0 * dk[i] + hb[i]));
+        for (int t2 = 0; t2 < t; t2++) {
+            if (anc && !((anc[t] >> t2) & 1u)) continue;
+            const float a = A[t * astride + t2];
+            const float *u2 = Ul + (size_t)t2 * V;
+#pragma omp simd
+            for (int i = 0; i < V; i++) u[i] -= a * u2[i];
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        const float *dq = D + (size_t)(T + t) * V, *hb = bkq + (size_t)(T + t) * V;
+        const float eb = expf(Gw[t]);
+        float *o = Ol + (size_t)t * V;
+#pragma omp simd
+        for (int i = 0; i < V; i++) o[i] = eb * (d0 * dq[i] + hb[i]);
+        for (int t2 = 0; t2 <= t; t2++) {
+            if (anc && !((anc[t] >> t2) & 1u)) continue;
+            const float e = E[t * astride + t2];
+            const float *u2 = Ul + (size_t)t2 * V;
+#pragma omp simd
+            for (int i = 0; i < V; i++) o[i] += e * u2[i];
+        }
+    }
+}
+
 /* Pieces the GDN serial and ring verifies (chain and tree) share, per (row b, value head hv, slot s):
  *   gdn_store_window: the window's outputs, gathered per token in Ol [T, V], stored as contiguous rows of out
  *     [b, T, HV, V] (a scalar store per (row, token) lands on T pages 32 KiB apart);
@@ -665,40 +705,14 @@ void SUF(gdn_spec_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const i
                     prefetch_ring_l2(kr + ((size_t)s2 * H + h2 / gq) * R * K, origin[s2], wp[s2] + T, R,
                                      K * sizeof(ATYPE));
             }
-            /* D[x][i] = S0_i . X2_x: all 2T dots of every checkpoint row in one read of the head. Then the
-             * window's substitution runs over whole [V] rows, the rows i as the vector lanes (per row i, its T x T
-             * scalar recurrence was a serial chain of dependent FMAs, a quarter of the verify). The outputs are
-             * gathered per token and stored as contiguous rows after (a scalar store per (row, token) lands on T
-             * pages 32 KiB apart and cost an eighth of the verify). */
+            /* D[x][i] = S0_i . X2_x: all 2T dots of every checkpoint row in one read of the head, then the
+             * window over whole rows (gdn_window_rows). The outputs are gathered per token and stored as
+             * contiguous rows after (a scalar store per (row, token) lands on T pages 32 KiB apart and cost an
+             * eighth of the verify). */
             float D[2 * T * V], Ul[T * V], Ol[T * V];
             SUF(dot_block)(S, K, V, X2, 2 * T, K, D, V, pf);
-            for (int t = 0; t < T; t++) {
-                const ATYPE *vt = v + (((size_t)b * T + t) * HV + hv) * V;
-                const float *dk = D + (size_t)t * V, *hb = bkq + (size_t)t * V;
-                const float eb = expf(Gw[t]), bt = bw[t];
-                float *u = Ul + (size_t)t * V;
-#pragma omp simd
-                for (int i = 0; i < V; i++) u[i] = bt * (LDA(vt + i) - eb * (d0 * dk[i] + hb[i]));
-                for (int t2 = 0; t2 < t; t2++) {
-                    const float a = A[t * MAXT + t2];
-                    const float *u2 = Ul + (size_t)t2 * V;
-#pragma omp simd
-                    for (int i = 0; i < V; i++) u[i] -= a * u2[i];
-                }
-            }
-            for (int t = 0; t < T; t++) {
-                const float *dq = D + (size_t)(T + t) * V, *hb = bkq + (size_t)(T + t) * V;
-                const float eb = expf(Gw[t]);
-                float *o = Ol + (size_t)t * V;
-#pragma omp simd
-                for (int i = 0; i < V; i++) o[i] = eb * (d0 * dq[i] + hb[i]);
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float e = E[t * MAXT + t2];
-                    const float *u2 = Ul + (size_t)t2 * V;
-#pragma omp simd
-                    for (int i = 0; i < V; i++) o[i] += e * u2[i];
-                }
-            }
+            SUF(gdn_window_rows)(D, bkq, v + ((size_t)b * T * HV + hv) * V, (size_t)HV * V, Gw, bw, d0, A, E, MAXT,
+                                 NULL, T, V, Ul, Ol);
             SUF(gdn_store_window)(out, Ol, b, hv, T, HV, V);
             if (fl && h0 > 0) SUF(gdn_fold_history)(S, ur + ((size_t)s * HV + hv) * R * V, w, d0, Kl, h0, org, R, V, K);
             SUF(gdn_ring_append)(ur, gr, kr, Ul, g, X2, s, b, hv, hk, hv % gq == 0, org + h0, T, H, HV, K, V, R);

@@ -220,35 +220,8 @@ void SUF(gdn_tree_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const i
              * substitution over whole [V] rows, a node taking only its ancestors' U */
             float D[2 * T * V], Ul[T * V], Ol[T * V];
             SUF(dot_block)(S, K, V, X2, 2 * T, K, D, V, pf);
-            for (int t = 0; t < T; t++) {
-                const ATYPE *vt = v + (((size_t)b * T + t) * HV + hv) * V;
-                const float *dk = D + (size_t)t * V, *hb = bkq + (size_t)t * V;
-                const float eb = expf(Gw[t]), bt = bw[t];
-                float *u = Ul + (size_t)t * V;
-#pragma omp simd
-                for (int i = 0; i < V; i++) u[i] = bt * (LDA(vt + i) - eb * (d0 * dk[i] + hb[i]));
-                for (int t2 = 0; t2 < t; t2++) {
-                    if (!((anc[t] >> t2) & 1u)) continue;
-                    const float a = Am[t * MAXN + t2];
-                    const float *u2 = Ul + (size_t)t2 * V;
-#pragma omp simd
-                    for (int i = 0; i < V; i++) u[i] -= a * u2[i];
-                }
-            }
-            for (int t = 0; t < T; t++) {
-                const float *dq = D + (size_t)(T + t) * V, *hb = bkq + (size_t)(T + t) * V;
-                const float eb = expf(Gw[t]);
-                float *o = Ol + (size_t)t * V;
-#pragma omp simd
-                for (int i = 0; i < V; i++) o[i] = eb * (d0 * dq[i] + hb[i]);
-                for (int t2 = 0; t2 <= t; t2++) {
-                    if (!((anc[t] >> t2) & 1u)) continue;
-                    const float e = E[t * MAXN + t2];
-                    const float *u2 = Ul + (size_t)t2 * V;
-#pragma omp simd
-                    for (int i = 0; i < V; i++) o[i] += e * u2[i];
-                }
-            }
+            SUF(gdn_window_rows)(D, bkq, v + ((size_t)b * T * HV + hv) * V, (size_t)HV * V, Gw, bw, d0, Am, E, MAXN,
+                                 anc, T, V, Ul, Ol);
             SUF(gdn_store_window)(out, Ol, b, hv, T, HV, V);
             if (fl && h0 > 0) SUF(gdn_fold_history)(S, ur + ((size_t)s * HV + hv) * R * V, w, d0, Kl, h0, org, R, V, K);
             SUF(gdn_ring_append)(ur, gr, kr, Ul, g, X2, s, b, hv, hk, hv % gq == 0, org + h0, T, H, HV, K, V, R);
