@@ -282,6 +282,37 @@ static inline void SUF(m2_ring_append)(ATYPE *xr, float *dtr, ATYPE *Br, const A
     }
 }
 
+/* The window's outputs of a Mamba-2 ring verify, chain or tree, from the checkpoint dots yv [T, P] (C_t . S0
+ * rows, dot_block): y_t = E_t yv_t + sum_j coef[j, t] x_j with E_t as m2_spec_replay's comment defines it
+ * (the node's own cum in a tree), then the D skip and gate (m2_finish) into out [b, T, H, P]. coef [J, cs] is 0
+ * where token t does not read entry j (a later token, or a tree node off its branch): such x_j are never
+ * multiplied in, so a NaN there cannot leak. */
+static inline void SUF(m2_window_outputs)(float *yv, const float *coef, int cs, const ATYPE *const *xj, int J,
+                                          const float *cum, int h0, int fl, float Ah, float tot, float etot,
+                                          const ATYPE *x, const ATYPE *z, const float *D, ATYPE *out, int b, int h,
+                                          int T, int H, int P)
+{
+    for (int t = 0; t < T; t++) {
+        const float cp = cum[h0 + t];
+        const float e = fl ? expf(fminf(Ah * (cp - tot), 0.0f)) * etot : expf(fminf(Ah * cp, 0.0f));
+        float *yt = yv + (size_t)t * P;
+#pragma omp simd
+        for (int p = 0; p < P; p++) yt[p] *= e;
+    }
+    for (int j = 0; j < J; j++)
+        for (int t = 0; t < T; t++) {
+            const float c = coef[j * cs + t];
+            if (c == 0.0f) continue;
+            float *yt = yv + (size_t)t * P;
+#pragma omp simd
+            for (int p = 0; p < P; p++) yt[p] += c * LDA(xj[j] + p);
+        }
+    for (int t = 0; t < T; t++) {
+        const size_t io = (((size_t)b * T + t) * H + h) * P;
+        SUF(m2_finish)(yv + (size_t)t * P, x + io, z ? z + io : NULL, D, h, out + io, P);
+    }
+}
+
 /* Mamba-2 ReplaySSM spec verify (replayssm/mamba2/spec_ref.py has the protocol). Per (row, head), h = write_pos,
  * logical position j at ring row (origin + j) & (R-1); window token t at p_t = h + t (its x, B, dt taken from the
  * inputs: the ring rows are written after every read), cum_j the inclusive prefix of processed dt:
@@ -306,7 +337,7 @@ void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
             if (s < 0) continue;
             const int g = h / hpg, h0 = wp[s], org = origin[s], fl = is_flush[s] != 0, J = h0 + T;
             const float Ah = A[h];
-            float dts[MAXL], cum[MAXL], Cl[T * N], E[MAXT], coef[MAXL * MAXT], yv[T * P];
+            float dts[MAXL], cum[MAXL], Cl[T * N], coef[MAXL * MAXT], yv[T * P];
             const ATYPE *Bj[MAXL], *xj[MAXL];
             float run = 0.0f;
             for (int j = 0; j < J; j++) {
@@ -344,10 +375,6 @@ void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
                     coef[j * MAXT + t] = c * bc[t];
                 }
             }
-            for (int t = 0; t < T; t++) {
-                const float cp = cum[h0 + t];
-                E[t] = fl ? expf(fminf(Ah * (cp - tot), 0.0f)) * etot : expf(fminf(Ah * cp, 0.0f));
-            }
             STYPE *S = state + ((size_t)s * H + h) * (size_t)P * N;
             int s2, h2;
             const STYPE *pf = next_program(slots, batch, b, h, H, &s2, &h2)
@@ -359,24 +386,7 @@ void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
                                      N * sizeof(ATYPE));
             }
             SUF(dot_block)(S, N, P, Cl, T, N, yv, P, pf);
-            for (int t = 0; t < T; t++) {
-                float *yt = yv + (size_t)t * P;
-                const float e = E[t];
-#pragma omp simd
-                for (int p = 0; p < P; p++) yt[p] *= e;
-            }
-            for (int j = 0; j < J; j++)
-                for (int t = 0; t < T; t++) {
-                    const float c = coef[j * MAXT + t];
-                    if (c == 0.0f) continue;
-                    float *yt = yv + (size_t)t * P;
-#pragma omp simd
-                    for (int p = 0; p < P; p++) yt[p] += c * LDA(xj[j] + p);
-                }
-            for (int t = 0; t < T; t++) {
-                const size_t io = (((size_t)b * T + t) * H + h) * P;
-                SUF(m2_finish)(yv + (size_t)t * P, x + io, z ? z + io : NULL, D, h, out + io, P);
-            }
+            SUF(m2_window_outputs)(yv, coef, MAXT, xj, J, cum, h0, fl, Ah, tot, etot, x, z, D, out, b, h, T, H, P);
             if (fl && h0 > 0) SUF(m2_fold_history)(S, h0, dts, cum, tot, etot, Ah, xj, Bj, P, N);
             SUF(m2_ring_append)(xr, dtr, Br, x, Bm, dts + h0, s, b, h, g, h % hpg == 0, org + h0, T, H, G, P, N, R);
         }

@@ -54,7 +54,7 @@ void SUF(m2_tree_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
             uint32_t anc[MAXN];
             int par[MAXN];
             SUF(tree_anc)(parents, b, T, anc, par);
-            float dts[MAXL], cum[MAXL], Cl[T * N], E[MAXN], coef[MAXL * MAXN], yv[T * P];
+            float dts[MAXL], cum[MAXL], Cl[T * N], coef[MAXL * MAXN], yv[T * P];
             const ATYPE *Bj[MAXL], *xj[MAXL];
             float run = 0.0f;
             for (int j = 0; j < h0; j++) {
@@ -98,10 +98,6 @@ void SUF(m2_tree_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
                     coef[j * MAXN + t] = c * bc[t];
                 }
             }
-            for (int t = 0; t < T; t++) {
-                const float cp = cum[h0 + t];
-                E[t] = fl ? expf(fminf(Ah * (cp - tot), 0.0f)) * etot : expf(fminf(Ah * cp, 0.0f));
-            }
             STYPE *S = state + ((size_t)s * H + h) * (size_t)P * N;
             int s2, h2;
             const STYPE *pf = next_program(slots, batch, b, h, H, &s2, &h2)
@@ -113,25 +109,7 @@ void SUF(m2_tree_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
                                      N * sizeof(ATYPE));
             }
             SUF(dot_block)(S, N, P, Cl, T, N, yv, P, pf);
-            for (int t = 0; t < T; t++) {
-                float *yt = yv + (size_t)t * P;
-                const float e = E[t];
-#pragma omp simd
-                for (int p = 0; p < P; p++) yt[p] *= e;
-            }
-            for (int j = 0; j < J; j++)
-                for (int t = 0; t < T; t++) {
-                    if (j >= h0 && !((anc[t] >> (j - h0)) & 1u)) continue;
-                    const float c = coef[j * MAXN + t];
-                    if (c == 0.0f) continue;
-                    float *yt = yv + (size_t)t * P;
-#pragma omp simd
-                    for (int p = 0; p < P; p++) yt[p] += c * LDA(xj[j] + p);
-                }
-            for (int t = 0; t < T; t++) {
-                const size_t io = (((size_t)b * T + t) * H + h) * P;
-                SUF(m2_finish)(yv + (size_t)t * P, x + io, z ? z + io : NULL, D, h, out + io, P);
-            }
+            SUF(m2_window_outputs)(yv, coef, MAXN, xj, J, cum, h0, fl, Ah, tot, etot, x, z, D, out, b, h, T, H, P);
             if (fl && h0 > 0) SUF(m2_fold_history)(S, h0, dts, cum, tot, etot, Ah, xj, Bj, P, N);
             SUF(m2_ring_append)(xr, dtr, Br, x, Bm, dts + h0, s, b, h, g, h % hpg == 0, org + h0, T, H, G, P, N, R);
         }
