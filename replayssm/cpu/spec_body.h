@@ -639,6 +639,40 @@ void SUF(gdn_cr_commit)(STYPE *state, const ATYPE *stash_k, const ATYPE *stash_v
     }
 }
 
+/* The history part of a GDN ring verify, chain or tree, per (slot s, value head hv, key head hk): the h0
+ * committed entries at ring rows (org + j) & (R - 1) give their weights w_j = exp(G_tot - G_pre_j), their keys
+ * Kl [h0, K] (fp32, for the flush fold) and bkq [nx, V], bkq[x][i] = sum_j w_j (k_j . X2_x) u_j,i: the history
+ * part of (S_h X2_x)_i for the nx window vectors X2 [nx, K], vectorised over i. Returns d0 = exp(G_tot). */
+static inline float SUF(gdn_history)(const float *gr, const ATYPE *kr, const ATYPE *ur, int s, int hv, int hk,
+                                     int org, int h0, int R, int H, int HV, int K, int V, const float *X2, int nx,
+                                     float *w, float *Kl, float *bkq)
+{
+    const float *gs = gr + ((size_t)s * HV + hv) * R;
+    float Gp[MAXL], dots[(h0 > 0 ? h0 : 1) * nx], run = 0.0f;
+    for (int j = 0; j < h0; j++) { run += gs[(org + j) & (R - 1)]; Gp[j] = run; }
+    for (int j = 0; j < h0; j++) {
+        w[j] = expf(run - Gp[j]);
+        const ATYPE *kj = kr + (((size_t)s * H + hk) * R + ((org + j) & (R - 1))) * K;
+        for (int n = 0; n < K; n++) Kl[(size_t)j * K + n] = LDA(kj + n);
+        for (int x = 0; x < nx; x++) {
+            float acc = 0.0f;
+            for (int n = 0; n < K; n++) acc += Kl[(size_t)j * K + n] * X2[x * K + n];
+            dots[j * nx + x] = w[j] * acc;
+        }
+    }
+    for (int i = 0; i < nx * V; i++) bkq[i] = 0.0f;
+    for (int j = 0; j < h0; j++) {
+        const ATYPE *uj = ur + (((size_t)s * HV + hv) * R + ((org + j) & (R - 1))) * V;
+        for (int x = 0; x < nx; x++) {
+            const float c = dots[j * nx + x];
+            float *dst = bkq + (size_t)x * V;
+#pragma omp simd
+            for (int i = 0; i < V; i++) dst[i] += c * LDA(uj + i);
+        }
+    }
+    return expf(run);
+}
+
 /* GDN ReplaySSM spec verify (replayssm/gdn/spec_ref.py has the protocol). Per (row, value head), h = write_pos,
  * committed entries j < h at ring rows (origin + j) & (R-1): w_j = exp(G_tot - G_pre_j), d0 = exp(G_tot).
  * S_h x = d0 (S0 x) + sum_j w_j (k_j . x) u_j for x in {k_s, q_s}: one pass over each checkpoint row computes
@@ -660,8 +694,8 @@ void SUF(gdn_spec_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const i
             const int s = slots[b];
             if (s < 0) continue;
             const int hk = hv / gq, h0 = wp[s], org = origin[s], fl = is_flush[s] != 0;
-            float X2[2 * T * K], Kl[(h0 > 0 ? h0 : 1) * K], Gp[MAXL], w[MAXL], Gw[MAXT], bw[MAXT];
-            float A[MAXT * MAXT], E[MAXT * MAXT], dots[MAXL * MAXT], bkq[2 * T * V];
+            float X2[2 * T * K], Kl[(h0 > 0 ? h0 : 1) * K], w[MAXL], Gw[MAXT], bw[MAXT];
+            float A[MAXT * MAXT], E[MAXT * MAXT], bkq[2 * T * V];
             /* window keys and queries: X2[s] = k_s, X2[T + s] = q_s (normalised, q scaled) */
             for (int t = 0; t < T; t++)
                 SUF(gdn_qk)(q, k, (((size_t)b * T + t) * H + hk) * K, K, l2norm, scale, X2 + (T + t) * K, X2 + t * K);
@@ -679,32 +713,8 @@ void SUF(gdn_spec_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const i
                     A[t * MAXT + t2] = t2 < t ? bw[t] * e * kk : 0.0f;       /* A[s, s'] */
                     E[t * MAXT + t2] = t2 <= t ? e * kq : 0.0f;               /* o weight of U_s' in o_s */
                 }
-            /* history: decays, keys, and their dots with the 2T window vectors */
-            const float *gs = gr + ((size_t)s * HV + hv) * R;
-            run = 0.0f;
-            for (int j = 0; j < h0; j++) { run += gs[(org + j) & (R - 1)]; Gp[j] = run; }
-            const float d0 = expf(run);
-            for (int j = 0; j < h0; j++) {
-                w[j] = expf(run - Gp[j]);
-                const ATYPE *kj = kr + (((size_t)s * H + hk) * R + ((org + j) & (R - 1))) * K;
-                for (int n = 0; n < K; n++) Kl[(size_t)j * K + n] = LDA(kj + n);
-                for (int x = 0; x < 2 * T; x++) {
-                    float acc = 0.0f;
-                    for (int n = 0; n < K; n++) acc += Kl[(size_t)j * K + n] * X2[x * K + n];
-                    dots[j * MAXT + x] = w[j] * acc;
-                }
-            }
-            /* bkq[x][i] = sum_j w_j (k_j . x) u_j,i: the history part of (S_h x)_i, vectorised over i */
-            for (int i = 0; i < 2 * T * V; i++) bkq[i] = 0.0f;
-            for (int j = 0; j < h0; j++) {
-                const ATYPE *uj = ur + (((size_t)s * HV + hv) * R + ((org + j) & (R - 1))) * V;
-                for (int x = 0; x < 2 * T; x++) {
-                    const float c = dots[j * MAXT + x];
-                    float *dst = bkq + (size_t)x * V;
-#pragma omp simd
-                    for (int i = 0; i < V; i++) dst[i] += c * LDA(uj + i);
-                }
-            }
+            /* history: decays, keys, and their part of S_h k_s, S_h q_s */
+            const float d0 = SUF(gdn_history)(gr, kr, ur, s, hv, hk, org, h0, R, H, HV, K, V, X2, 2 * T, w, Kl, bkq);
             STYPE *S = state + ((size_t)s * HV + hv) * (size_t)V * K;
             int s2, h2;
             const STYPE *pf = next_program(slots, batch, b, hv, HV, &s2, &h2)

@@ -139,8 +139,8 @@ void SUF(gdn_tree_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const i
             uint32_t anc[MAXN];
             int par[MAXN];
             SUF(tree_anc)(parents, b, T, anc, par);
-            float X2[2 * T * K], Kl[(h0 > 0 ? h0 : 1) * K], Gp[MAXL], w[MAXL], Gw[MAXN], bw[MAXN];
-            float Am[MAXN * MAXN], E[MAXN * MAXN], dots[MAXL * 2 * MAXN], bkq[2 * T * V];
+            float X2[2 * T * K], Kl[(h0 > 0 ? h0 : 1) * K], w[MAXL], Gw[MAXN], bw[MAXN];
+            float Am[MAXN * MAXN], E[MAXN * MAXN], bkq[2 * T * V];
             /* window keys and queries: X2[t] = k_t, X2[T + t] = q_t (normalised, q scaled) */
             for (int t = 0; t < T; t++)
                 SUF(gdn_qk)(q, k, (((size_t)b * T + t) * H + hk) * K, K, l2norm, scale, X2 + (T + t) * K, X2 + t * K);
@@ -159,31 +159,8 @@ void SUF(gdn_tree_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const i
                     if (t2 < t) Am[t * MAXN + t2] = bw[t] * e * kk;     /* strict ancestor */
                     E[t * MAXN + t2] = e * kq;
                 }
-            /* history: decays, keys, and their dots with the 2T window vectors (the chain kernel's) */
-            const float *gs = gr + ((size_t)s * HV + hv) * R;
-            float run = 0.0f;
-            for (int j = 0; j < h0; j++) { run += gs[(org + j) & (R - 1)]; Gp[j] = run; }
-            const float d0 = expf(run);
-            for (int j = 0; j < h0; j++) {
-                w[j] = expf(run - Gp[j]);
-                const ATYPE *kj = kr + (((size_t)s * H + hk) * R + ((org + j) & (R - 1))) * K;
-                for (int n = 0; n < K; n++) Kl[(size_t)j * K + n] = LDA(kj + n);
-                for (int xx = 0; xx < 2 * T; xx++) {
-                    float acc = 0.0f;
-                    for (int n = 0; n < K; n++) acc += Kl[(size_t)j * K + n] * X2[xx * K + n];
-                    dots[j * 2 * MAXN + xx] = w[j] * acc;
-                }
-            }
-            for (int i = 0; i < 2 * T * V; i++) bkq[i] = 0.0f;
-            for (int j = 0; j < h0; j++) {
-                const ATYPE *uj = ur + (((size_t)s * HV + hv) * R + ((org + j) & (R - 1))) * V;
-                for (int xx = 0; xx < 2 * T; xx++) {
-                    const float c = dots[j * 2 * MAXN + xx];
-                    float *dst = bkq + (size_t)xx * V;
-#pragma omp simd
-                    for (int i = 0; i < V; i++) dst[i] += c * LDA(uj + i);
-                }
-            }
+            /* history: decays, keys, and their part of S_h k_t, S_h q_t (as the chain verify) */
+            const float d0 = SUF(gdn_history)(gr, kr, ur, s, hv, hk, org, h0, R, H, HV, K, V, X2, 2 * T, w, Kl, bkq);
             STYPE *S = state + ((size_t)s * HV + hv) * (size_t)V * K;
             int s2, h2;
             const STYPE *pf = next_program(slots, batch, b, hv, HV, &s2, &h2)
