@@ -7,6 +7,15 @@ non-flush rows write no state), and accumulates, with one more tl.dot each, the 
 Gram matrix w_r . w_c of the stacked window rows w = [k_0 .. k_{T-1}, q_0 .. q_{T-1}] (padded to TW >= 16).
 After the K walk the T x T unit lower triangular system (I + A) U = R is solved by forward substitution
 (row s of R - A U, one row per step) and the outputs come from one more tl.dot (blog App. A.2, Alg. 8).
+Tree verify (replayssm.gdn.tree) is the same kernel with IS_TREE set: the window differs in three masks, all
+from anc[row, s], an int32 bit set per node (bit c: node c is an ancestor of s or s itself; N <= 32):
+    G_s   = sum of g over s's path (tree prefix sum) on the rows, the same per key column
+    A     = beta_s exp(G_s - G_c) (k_s . k_c) only for c a strict ancestor of s: the system stays unit lower
+            triangular in topological order, and the forward substitution (row s reads rows < s) is unchanged
+    o_s   = exp(G_s) S_h q_s + sum over c on s's path of exp(G_s - G_c) (k_c . q_s) U_c
+Restricted to one root-to-leaf path it is the chain system; node s's (U_s, k_s, g_s) go to ring row
+(origin + h + s) & (R - 1), where a chain's window token s goes. With IS_TREE off the chain compiles without
+the bit-set load (anc_ptr is None there).
 Cursors are never written by verify: commit and reset are separate tiny launches (replayssm/ring_cursors.py,
 shared with the Mamba-2 ring), so verify is race-free and every launch is CUDA-graph capturable.
 
@@ -26,6 +35,7 @@ import triton.language as tl
 
 from replayssm.checks import NULL_SLOT, kernel_arch, next_pow2
 from replayssm.geometry import GDNGeometry
+from replayssm.mamba2.spec_kernels import MAX_NODES, ancestor_bits
 
 # The K walk itself takes any K, but the launch configs were built and checked (no spills) for K <= 256 only;
 # a larger key dim is rejected rather than run on an unchecked tiling (same limit as the baselines).
@@ -63,7 +73,7 @@ def _spec_verify_kernel(
     ring_u_ptr, ru_slot, ru_head, ru_row,
     ring_k_ptr, rk_slot, rk_head, rk_row,
     ring_g_ptr, rg_slot, rg_head,
-    write_pos_ptr, origin_ptr, is_flush_ptr, slots_ptr,
+    write_pos_ptr, origin_ptr, is_flush_ptr, slots_ptr, anc_ptr, anc_b,
     q_ptr, q_b, q_t, q_h,
     k_ptr, k_b, k_t, k_h,
     v_ptr, v_b, v_t, v_h,
@@ -73,7 +83,7 @@ def _spec_verify_kernel(
     scale, ring_mask,
     T: tl.constexpr, TW: tl.constexpr, BC: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BKT: tl.constexpr, USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    NULL: tl.constexpr,
+    NULL: tl.constexpr, IS_TREE: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -140,26 +150,39 @@ def _spec_verify_kernel(
         HW += tl.dot(Wt, tl.trans(S), input_precision=DOT_PRECISION)
         WW += tl.dot(Wt, tl.trans(Wt), input_precision=DOT_PRECISION)
 
-    # Gates relative to S_h: G[r] = g_0 + .. + g_tok(r) on the rows, Gk[c] on the key columns.
+    # Gates relative to S_h. on_path[r, c]: key row c is on the path of row r's token (the chain: c <= tok(r);
+    # a tree: bit c of anc_r, the ancestor-or-self bit set of r's node). G[r] = the sum of g over that path,
+    # Gk[c] = G of key row c, laid along the columns (a chain: the prefix sum).
     g_k = tl.load(g_ptr + row * g_b + offs_r * g_t + hv, mask=is_k, other=0.0)
-    Gk = tl.cumsum(g_k, 0)
-    G = tl.sum(tl.where(is_k[None, :] & (offs_r[None, :] <= tok[:, None]), g_k[None, :], 0.0), 1)
+    if IS_TREE:
+        anc_r = tl.load(anc_ptr + row * anc_b + tok, mask=live_r, other=0)                 # [TW]
+        col = tl.where(is_k, offs_r, 0)
+        on_path = is_k[None, :] & (((anc_r[:, None] >> col[None, :]) & 1) != 0)            # [TW, TW]
+        Gk = tl.sum(tl.where(tl.trans(on_path) & is_k[:, None], g_k[:, None], 0.0), 0)
+    else:
+        on_path = is_k[None, :] & (offs_r[None, :] <= tok[:, None])
+        Gk = tl.cumsum(g_k, 0)
+    G = tl.sum(tl.where(on_path, g_k[None, :], 0.0), 1)
     beta_k = tl.load(beta_ptr + row * beta_b + offs_r * beta_t + hv, mask=is_k, other=0.0)
     eG = tl.exp(G)
     decay = tl.exp(tl.minimum(G[:, None] - Gk[None, :], 0.0))                      # [TW, TW]
-    key_col = is_k[None, :]
 
-    # Chunked delta rule over the window: (I + A) U = R, A strictly lower triangular on the key rows.
+    # Chunked delta rule over the window: (I + A) U = R, A strictly lower triangular on the key rows (a tree
+    # keeps only strict ancestors, which come first in topological order: still lower triangular).
     v_win = tl.load(v_ptr + row * v_b + offs_r[:, None] * v_t + hv * v_h + offs_v[None, :],
                     mask=is_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     R = beta_k[:, None] * (v_win - eG[:, None] * HW)                              # 0 on the query rows
-    A = tl.where(key_col & (offs_r[:, None] > offs_r[None, :]), beta_k[:, None] * decay * WW, 0.0)
+    if IS_TREE:
+        strict = on_path & is_k[:, None] & (offs_r[:, None] != offs_r[None, :])
+    else:
+        strict = is_k[None, :] & (offs_r[:, None] > offs_r[None, :])
+    A = tl.where(strict, beta_k[:, None] * decay * WW, 0.0)
     # Forward substitution, one row per step: row s of R - A U only reads the finished rows < s of U.
     U = tl.zeros([TW, BV], dtype=tl.float32)
     for s in tl.static_range(T):
         U = tl.where(offs_r[:, None] == s, R - tl.dot(A, U, input_precision=DOT_PRECISION), U)
-    # o_s = exp(G_s) S_h q_s + sum_{c <= s} exp(G_s - G_c) (k_c . q_s) U_c, on the query rows.
-    M = tl.where(is_q[:, None] & key_col & (offs_r[None, :] <= tok[:, None]), decay * WW, 0.0)
+    # o_s = exp(G_s) S_h q_s + sum over c on s's path of exp(G_s - G_c) (k_c . q_s) U_c, on the query rows.
+    M = tl.where(is_q[:, None] & on_path, decay * WW, 0.0)
     o = eG[:, None] * HW + tl.dot(M, U, input_precision=DOT_PRECISION)
 
     tl.store(out_ptr + row * o_b + tok[:, None] * o_t + hv * o_h + offs_v[None, :],
@@ -220,13 +243,19 @@ def _ring_args(ring) -> tuple:
             ring.g, ring.g.stride(0), ring.g.stride(1))
 
 
-def verify_triton(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slots, out):
+def verify_triton(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slots, out, parents=None):
+    """Launch the verify kernel: the chain window, or with `parents` int32 [batch, N] a draft tree of
+    N = ring.window <= MAX_NODES nodes (IS_TREE; one int32 ancestor bit set per node)."""
     gm, batch = ring.geometry, q.shape[0]
+    is_tree = parents is not None
+    if is_tree and ring.window > MAX_NODES:
+        raise ValueError(f"N={ring.window} > {MAX_NODES}: the Triton tree kernel keeps one int32 bit set per node")
     cfg = launch_config(gm, ring.history_len, ring.window, q.device)
+    anc = ancestor_bits(parents) if is_tree else None
     grid = (triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)
     _spec_verify_kernel[grid](
         *_ring_args(ring),
-        ring.write_pos, ring.origin, ring.is_flush, slots,
+        ring.write_pos, ring.origin, ring.is_flush, slots, anc, anc.stride(0) if is_tree else 0,
         q, q.stride(0), q.stride(1), q.stride(2),
         k, k.stride(0), k.stride(1), k.stride(2),
         v, v.stride(0), v.stride(1), v.stride(2),
@@ -236,7 +265,7 @@ def verify_triton(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slo
         float(scale), ring.ring_len - 1,
         T=ring.window, TW=cfg["TW"], BC=cfg["BC"], GROUP=gm.value_heads_per_key_head, K=gm.K, V=gm.V,
         BV=cfg["BV"], BKT=cfg["BKT"], USE_L2NORM=bool(use_qk_l2norm), DOT_PRECISION=cfg["DOT_PRECISION"],
-        NULL=NULL_SLOT, num_warps=cfg["num_warps"],
+        NULL=NULL_SLOT, IS_TREE=is_tree, num_warps=cfg["num_warps"],
     )
     return out
 

@@ -13,6 +13,10 @@ Per live row (slot != NULL_SLOT), value head hv, key head kh = hv // (HV // H), 
           R_s = beta_s (v_s - exp(G_s) S_h k_s); U = (I + A)^-1 R (forward substitution);
           o_s = exp(G_s) S_h q_s + sum_{s' <= s} exp(G_s - G_s') (k_s' . q_s) U_s'
     append (U_s, k_s, g_s) at ring rows (o + h + s) & (ring_len - 1)
+A draft tree (parents given, replayssm.gdn.tree) walks the delta rule along each node's path instead, with
+S_parent(0) = S_h: u_s = beta_s (v_s - exp(g_s) S_parent(s) k_s), S_s = exp(g_s) S_parent(s) + u_s k_s^T,
+o_s = S_s q_s; u_s is stored where U_s goes. No triangular system, no mask: an independent check of the
+ancestor-restricted solve of the other backends.
 """
 
 from __future__ import annotations
@@ -43,16 +47,65 @@ def _prepare(t: torch.Tensor, use_qk_l2norm: bool) -> torch.Tensor:
     return l2norm(t) if use_qk_l2norm else t.double()
 
 
+def _chain_window(S_h: torch.Tensor, ks: torch.Tensor, qs: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                  beta: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """One head's window from S_h [V, K] by the chunked delta rule: ks, qs [T, K] float64 (q scaled), v [T, V],
+    g, beta [T] as given. Returns (o_s, U_s) per token, float64 [V] each."""
+    T = ks.shape[0]
+    G = torch.cumsum(g.double(), 0)                         # [T] decay from S_h to token s
+    b = beta.double()
+    R = [b[s] * (v[s].double() - torch.exp(G[s]) * (S_h @ ks[s])) for s in range(T)]
+    # U = (I + A)^-1 R by forward substitution: U_s = R_s - sum_{s' < s} A[s, s'] U_s'.
+    U = []
+    for s in range(T):
+        u_s = R[s].clone()
+        for sp in range(s):
+            a = b[s] * torch.exp(torch.clamp(G[s] - G[sp], max=0.0)) * torch.dot(ks[s], ks[sp])
+            u_s = u_s - a * U[sp]
+        U.append(u_s)
+    o = []
+    for s in range(T):
+        o_s = torch.exp(G[s]) * (S_h @ qs[s])
+        for sp in range(s + 1):
+            o_s = o_s + torch.exp(torch.clamp(G[s] - G[sp], max=0.0)) * torch.dot(ks[sp], qs[s]) * U[sp]
+        o.append(o_s)
+    return o, U
+
+
+def _tree_window(S_h: torch.Tensor, ks: torch.Tensor, qs: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                 beta: torch.Tensor, par: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """One head's draft tree from S_h by the delta rule walked along each node's path (par[s] < s, -1 for the
+    root): u_s = beta_s (v_s - exp(g_s) S_par k_s), S_s = exp(g_s) S_par + u_s k_s^T, o_s = S_s q_s. No
+    triangular system and no mask: an independent check of the kernels' ancestor-restricted solve."""
+    node_state: list[torch.Tensor] = []
+    o, U = [], []
+    for s in range(ks.shape[0]):
+        prev = S_h if par[s] < 0 else node_state[par[s]]
+        decay = math.exp(float(g[s]))
+        u = float(beta[s]) * (v[s].double() - decay * (prev @ ks[s]))
+        S = decay * prev + torch.outer(u, ks[s])
+        node_state.append(S)
+        o.append(S @ qs[s])
+        U.append(u)
+    return o, U
+
+
 def verify_ref(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                beta: torch.Tensor, scale: float, use_qk_l2norm: bool, slots: torch.Tensor,
-               out: torch.Tensor) -> torch.Tensor:
-    """q, k [batch, T, H, K]; v [batch, T, HV, V]; g, beta [batch, T, HV]; out [batch, T, HV, V]."""
+               out: torch.Tensor, parents: torch.Tensor | None = None) -> torch.Tensor:
+    """q, k [batch, T, H, K]; v [batch, T, HV, V]; g, beta [batch, T, HV]; out [batch, T, HV, V].
+
+    parents int32 [batch, T]: a draft tree of T nodes (replayssm.gdn.tree), verified by the path recurrence
+    (_tree_window); a row with h + T > L raises ValueError (the tree early-flush rule was broken)."""
     gm, T, mask = ring.geometry, ring.window, ring.ring_len - 1
     group = gm.value_heads_per_key_head
     for row, slot in enumerate(slots.tolist()):
         if slot == ring.null_slot:
             continue
         h, origin, flush = int(ring.write_pos[slot]), int(ring.origin[slot]), bool(ring.is_flush[slot])
+        if parents is not None and h + T > ring.max_len:
+            raise ValueError(f"slot {slot}: write_pos {h} + N {T} > L {ring.max_len} (the ring would overflow)")
+        par = None if parents is None else [int(p) for p in parents[row].tolist()]
         window_rows = [(origin + h + s) & mask for s in range(T)]
         # All heads first compute S_h from the ring as it was on entry; the flush store comes after, so a
         # head never replays the history on top of a checkpoint that already holds it.
@@ -64,24 +117,10 @@ def verify_ref(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         qn = _prepare(q[row], use_qk_l2norm) * scale
         for hv in range(gm.HV):
             kh = hv // group
-            S_h = history[hv]
-            ks, qs = kn[:, kh], qn[:, kh]                       # [T, K]
-            G = torch.cumsum(g[row, :, hv].double(), 0)         # [T] decay from S_h to token s
-            b = beta[row, :, hv].double()
-            R = [b[s] * (v[row, s, hv].double() - torch.exp(G[s]) * (S_h @ ks[s])) for s in range(T)]
-            # U = (I + A)^-1 R by forward substitution: U_s = R_s - sum_{s' < s} A[s, s'] U_s'.
-            U = []
+            args = (history[hv], kn[:, kh], qn[:, kh], v[row, :, hv], g[row, :, hv], beta[row, :, hv])
+            o, U = _chain_window(*args) if par is None else _tree_window(*args, par)
             for s in range(T):
-                u_s = R[s].clone()
-                for sp in range(s):
-                    a = b[s] * torch.exp(torch.clamp(G[s] - G[sp], max=0.0)) * torch.dot(ks[s], ks[sp])
-                    u_s = u_s - a * U[sp]
-                U.append(u_s)
-            for s in range(T):
-                o_s = torch.exp(G[s]) * (S_h @ qs[s])
-                for sp in range(s + 1):
-                    o_s = o_s + torch.exp(torch.clamp(G[s] - G[sp], max=0.0)) * torch.dot(ks[sp], qs[s]) * U[sp]
-                out[row, s, hv] = o_s.to(out.dtype)
+                out[row, s, hv] = o[s].to(out.dtype)
                 ring.u[slot, hv, window_rows[s]] = U[s].to(ring.act_dtype)
                 ring.g[slot, hv, window_rows[s]] = g[row, s, hv]
         for s in range(T):

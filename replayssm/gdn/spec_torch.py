@@ -4,7 +4,8 @@ Same function and cache contents as the Triton kernels (replayssm/gdn/spec_kerne
 touches the state as few times as the method allows: a non-flush row reads the checkpoint once and never
 builds S_h (it reads S_h k and S_h q as exp(G_tot) S0 k + sum_j w_j u_j (k_j . k), the output-only form of
 ReplaySSM blog Appendix A.2, Algorithm 8 step 2); only flush rows materialise S_h, and write it once. The T x T system
-(I + A) U = R is solved with torch.linalg.solve_triangular (unit lower triangular).
+(I + A) U = R is solved with torch.linalg.solve_triangular (unit lower triangular). With `parents` the
+same function verifies a draft tree (replayssm.gdn.tree): the system restricted to ancestors.
 
 Arguments arrive validated from replayssm.gdn.spec. Value head hv = kh * G + i of key head kh is handled
 as a [.., H, G, ..] view so grouped keys are never copied HV/H times for the state-sized products.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from replayssm.gdn.ring import SpecRing
+from replayssm.tree_ring import ancestor_tables, tree_prefix
 
 L2NORM_EPS = 1e-6
 
@@ -69,8 +71,13 @@ def _history(ring: SpecRing, sl: torch.Tensor, whole: bool):
 
 def verify_torch(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                  beta: torch.Tensor, scale: float, use_qk_l2norm: bool, slots: torch.Tensor,
-                 out: torch.Tensor) -> torch.Tensor:
-    """q, k [batch, T, H, K]; v [batch, T, HV, V]; g, beta [batch, T, HV]; out [batch, T, HV, V]."""
+                 out: torch.Tensor, parents: torch.Tensor | None = None) -> torch.Tensor:
+    """q, k [batch, T, H, K]; v [batch, T, HV, V]; g, beta [batch, T, HV]; out [batch, T, HV, V].
+
+    parents int32 [batch, T] (a draft tree of T nodes, replayssm.gdn.tree) restricts the window's system to
+    ancestors: A[s, c] kept only for c a strict ancestor of s, G the tree prefix sum of g along the path, the
+    output summed over ancestors-or-self. For a chain every mask and sum equals the parents=None path's, bit
+    for bit; the history part (S_h k, S_h q, the flush fold) does not depend on parents."""
     gm, T, R = ring.geometry, ring.window, ring.ring_len
     G = gm.value_heads_per_key_head
     rows, sl = _live_rows(ring, slots, q.shape[0])
@@ -79,6 +86,8 @@ def verify_torch(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     whole = _whole_pool(ring, rows, sl)
     if rows is not None:
         q, k, v, g, beta = (t.index_select(0, rows) for t in (q, k, v, g, beta))
+        if parents is not None:
+            parents = parents.index_select(0, rows)
     b = sl.numel()
 
     kw = (l2norm_fp32(k) if use_qk_l2norm else k.float()).transpose(1, 2)          # [b, H, T, K]
@@ -103,19 +112,28 @@ def verify_torch(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         S_h.add_(torch.einsum("bhgrv,bhrk->bhgvk", w_u.index_select(0, fold), k_hist.index_select(0, fold)))
         ring.state.index_copy_(0, sl.index_select(0, fold), S_h.view(-1, gm.HV, gm.V, gm.K).to(ring.state_dtype))
 
-    # Window: chunked delta rule over T tokens from S_h.
+    # Window: chunked delta rule over T tokens from S_h. strict[s, c]: c enters row s of A; path[s, c]: c is
+    # summed into o_s (a chain: c < s and c <= s; a tree: c a strict ancestor of s, an ancestor-or-self).
     g_win = g.float().transpose(1, 2)                                               # [b, HV, T]
     b_win = beta.float().transpose(1, 2)
-    Gc = torch.cumsum(g_win, -1)
+    if parents is None:
+        Gc = torch.cumsum(g_win, -1)
+        ones = torch.ones(T, T, dtype=torch.bool, device=q.device)
+        strict, path = torch.tril(ones, -1), torch.tril(ones)
+    else:
+        anc, depth, seq = ancestor_tables(parents)                                  # anc [b, T, T]
+        Gc = tree_prefix(g.float(), torch.zeros(b, gm.HV, device=q.device), seq, depth).transpose(1, 2)
+        eye = torch.eye(T, dtype=torch.bool, device=q.device)
+        strict, path = (anc & ~eye)[:, None], anc[:, None]                          # [b, 1, T, T]
     decay = torch.exp(torch.clamp(Gc[..., :, None] - Gc[..., None, :], max=0.0))   # [b, HV, T, T]
     kk = (kw @ kw.transpose(-1, -2)).repeat_interleave(G, 1)                        # [b, HV, T, T]
     qk = (qw @ kw.transpose(-1, -2)).repeat_interleave(G, 1)
-    ones = torch.ones(T, T, dtype=torch.bool, device=q.device)
-    A = torch.where(torch.tril(ones, -1), b_win[..., :, None] * decay * kk, 0.0)
+    A = torch.where(strict, b_win[..., :, None] * decay * kk, 0.0)
     eG = torch.exp(Gc)[..., None]
     Rhs = b_win[..., None] * (v.float().transpose(1, 2) - eG * hk)                  # [b, HV, T, V]
-    U = torch.linalg.solve_triangular(A, Rhs, upper=False, unitriangular=True)      # diagonal taken as 1
-    o = eG * hq + torch.where(torch.tril(ones), decay * qk, 0.0) @ U                 # [b, HV, T, V]
+    # Unit lower triangular in topological order (a tree's parents come first): the diagonal is taken as 1.
+    U = torch.linalg.solve_triangular(A, Rhs, upper=False, unitriangular=True)
+    o = eG * hq + torch.where(path, decay * qk, 0.0) @ U                            # [b, HV, T, V]
     if rows is None:
         out.copy_(o.transpose(1, 2))
     else:

@@ -10,9 +10,10 @@ The commit moves the accepted nodes' (u, k, g) into chain order and advances the
 (replayssm/tree_ring.py: protocol and the tree early-flush rule write_pos + depth + N > L). A chain tree is
 exactly spec_verify / spec_commit.
 
-Backends: "triton" (tree_kernels.py; the commit: replayssm/tree_ring.py), "torch" (tree_torch.py), "cpu" (the
-fused C/OpenMP kernel gdn_tree_replay, replayssm/cpu/tree_body.h, N <= 32; its commit is the torch one), "ref"
-(tree_ref.py, float64 path recurrence).
+Backends: each is the chain verify of replayssm.gdn.spec with the tree's parents: "triton" (spec_kernels.py,
+the verify kernel with IS_TREE; the commit: replayssm/tree_ring.py), "torch" (spec_torch.py), "cpu" (the fused
+C/OpenMP kernel gdn_tree_replay, replayssm/cpu/tree_body.h, N <= 32; its commit is the torch one), "ref"
+(spec_ref.py, float64 path recurrence).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from replayssm import tree_ring
 from replayssm.checks import check_backend, check_slots
-from replayssm.gdn import tree_ref, tree_torch
+from replayssm.gdn import spec_ref, spec_torch
 from replayssm.gdn.ring import SpecRing
 from replayssm.gdn.spec import _check_cache_device, _check_ring, check_window
 
@@ -54,16 +55,16 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if batch == 0:
         return out
     if backend == "ref":
-        return tree_ref.tree_verify_ref(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), parents, slots, out)
+        return spec_ref.verify_ref(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out, parents)
     if backend == "torch":
-        return tree_torch.tree_verify_torch(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), parents, slots, out)
+        return spec_torch.verify_torch(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out, parents)
     if backend == "cpu":
         from replayssm.cpu import ops
         ops.gdn_tree_replay(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), out, slots, parents)
         return out
-    from replayssm.gdn.tree_kernels import tree_verify_triton
+    from replayssm.gdn.spec_kernels import verify_triton
 
-    return tree_verify_triton(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), parents, slots, out)
+    return verify_triton(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out, parents=parents)
 
 
 def tree_commit(ring: SpecRing, path: torch.Tensor, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,

@@ -14,6 +14,13 @@ HEADS_PER_GROUP): triton 3.6's interpreter cannot `range` over a runtime value (
   flush row it first gets the committed history folded in ([BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] dot)
   and is stored; then S C^T accumulates over the chunks ([BLOCK_M, BLOCK_N] x [BLOCK_N, BLOCK_T]), and the
   causal sum over the ring axis is one [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_T] dot with the masked weights.
+  With IS_TREE (replayssm.mamba2.tree, N = T nodes) the causal mask becomes the ancestor mask and the prefix
+  sums of dt become tree prefix sums: node s reads anc[row, s], an int32 bit set (bit j: node j is an
+  ancestor of s or s itself; N <= MAX_NODES = 32), and
+      visible[k, s] = k < h  or  (h <= k < h + N and bit k - h of anc[s])
+      cum_s = sum_k visible[k, s] dt_k;   cum_k = cumsum for history k, cum_(k - h) for window k
+  after which the weights dt_k exp(A (cum_s - cum_k)) (B_k . C_s) and the dot are the chain's: a tree costs
+  the state traffic of a chain. With IS_TREE off the chain compiles without the bit-set load (anc_ptr None).
 - _materialize_kernel, same grid: the committed state (checkpoint + history folded), written to a
   separate fp32 output (no cache write).
 The cursor kernels of spec_commit / spec_reset are shared with the GDN ring: replayssm/ring_cursors.py.
@@ -33,8 +40,10 @@ import triton.language as tl
 
 from replayssm.checks import kernel_arch, next_pow2
 from replayssm.mamba2.cache import SpecRing
+from replayssm.tree_ring import ancestor_tables
 
 MAX_DSTATE = 256  # the kernels loop over dstate chunks; larger dstate is untested (no model uses it)
+MAX_NODES = 32  # tree verify: one int32 ancestor bit set per node
 
 
 @triton.jit
@@ -123,15 +132,15 @@ def _fold_chunk(S, Xw, hist, decay, B_rows_ptr, n, n_mask, PRECISION: tl.constex
 
 @triton.jit
 def _verify_kernel(
-    x_ptr, z_ptr, C_ptr, A_ptr, D_ptr, out_ptr, slots_ptr,
+    x_ptr, z_ptr, C_ptr, A_ptr, D_ptr, out_ptr, slots_ptr, anc_ptr,
     state_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, bc_ptr, write_pos_ptr, origin_ptr, is_flush_ptr,
-    sx_b, sx_t, sx_h, sz_b, sz_t, sz_h, sC_b, sC_t, sC_g, so_b, so_t, so_h,
+    sx_b, sx_t, sx_h, sz_b, sz_t, sz_h, sC_b, sC_t, sC_g, so_b, so_t, so_h, sanc_b,
     ss_s, ss_h, ss_p, srx_s, srx_h, srx_r, srB_s, srB_g, srB_r, srdt_s, srdt_h, sbc_s, sbc_g, sbc_r,
     null_slot, headdim,
     HEADS_PER_GROUP: tl.constexpr, DSTATE: tl.constexpr,
     T: tl.constexpr, RING: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, IS_TREE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -154,8 +163,24 @@ def _verify_kernel(
     cum = tl.cumsum(dt_k, 0)                                                               # [BLOCK_K]
     t = tl.arange(0, BLOCK_T)
     t_mask = t < T
-    pos = h + t                                                                            # window positions
-    cum_p = tl.sum(tl.where(k[:, None] <= pos[None, :], dt_k[:, None], 0.0), 0)            # [BLOCK_T]
+    # visible[k, t]: position k is summed into window token t's output (before the flush restart below);
+    # cum_p[t] = the prefix sum of dt up to t, cum_k[k] = the prefix sum up to position k.
+    if IS_TREE:
+        # Tree: node t sees the history and its ancestors-or-self (bit j of anc[t]: node j, position h + j);
+        # prefix sums run along the node's path, so a window row's cum_k is its own node's cum_p.
+        anc = tl.load(anc_ptr + b * sanc_b + t, mask=t_mask, other=0)                      # [BLOCK_T]
+        win = (k >= h) & live
+        node_k = tl.where(win, k - h, 0)                                                   # window node of row k
+        on_path = ((anc[None, :] >> node_k[:, None]) & 1) != 0                             # [BLOCK_K, BLOCK_T]
+        visible = (k < h)[:, None] | (win[:, None] & on_path & t_mask[None, :])
+        cum_p = tl.sum(tl.where(visible, dt_k[:, None], 0.0), 0)                           # tree prefix sums
+        cum_win = tl.sum(tl.where(node_k[:, None] == t[None, :], cum_p[None, :], 0.0), 1)  # cum of node k - h
+        cum_k = tl.where(k < h, cum, cum_win)
+    else:
+        pos = h + t                                                                        # window positions
+        visible = k[:, None] <= pos[None, :]                                               # causal
+        cum_p = tl.sum(tl.where(visible, dt_k[:, None], 0.0), 0)                           # [BLOCK_T]
+        cum_k = cum
     hist_total = tl.sum(tl.where(k < h, dt_k, 0.0), 0)                                     # cum_{h-1}
 
     m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -188,8 +213,8 @@ def _verify_kernel(
     Y = SC * tl.exp(tl.minimum(A * (cum_p - base), 0.0))[None, :]
     bc = tl.load(bc_ptr + s * sbc_s + g * sbc_g + k[:, None] * sbc_r + t[None, :],
                  mask=live[:, None] & t_mask[None, :], other=0.0)                          # [BLOCK_K, BLOCK_T]
-    causal = (k[:, None] >= first) & (k[:, None] <= pos[None, :]) & live[:, None]
-    W = tl.where(causal, dt_k[:, None] * tl.exp(tl.minimum(A * (cum_p[None, :] - cum[:, None]), 0.0)) * bc, 0.0)
+    summed = (k[:, None] >= first) & visible & live[:, None]
+    W = tl.where(summed, dt_k[:, None] * tl.exp(tl.minimum(A * (cum_p[None, :] - cum_k[:, None]), 0.0)) * bc, 0.0)
     Y += tl.dot(X, W, input_precision=PRECISION)                                           # [BLOCK_M, BLOCK_T]
 
     mt_mask = m_mask[:, None] & t_mask[None, :]
@@ -369,14 +394,33 @@ def _blocks(ring: SpecRing, cfg: SpecLaunchConfig | None = None) -> dict:
     return dict(BLOCK_T=block_t, BLOCK_K=max(16, ring.ring_len))
 
 
+def ancestor_bits(parents: torch.Tensor) -> torch.Tensor:
+    """parents int32 [b, N] -> int32 [b, N]: bit j of entry s set iff node j is an ancestor-or-self of s.
+
+    A few device-side torch ops (replayssm.tree_ring.ancestor_tables): no host sync, graph capturable. Both
+    families' tree verifies read it (N <= MAX_NODES)."""
+    anc, _, _ = ancestor_tables(parents)
+    weights = torch.ones(parents.shape[1], dtype=torch.int64, device=parents.device) << torch.arange(
+        parents.shape[1], device=parents.device)
+    return (anc.long() * weights).sum(-1).to(torch.int32)
+
+
 def launch_verify(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: bool, slots: torch.Tensor,
-                  out: torch.Tensor) -> torch.Tensor:
+                  out: torch.Tensor, parents: torch.Tensor | None = None) -> torch.Tensor:
+    """Scatter + verify launches of a chain window, or with `parents` int32 [batch, N] of a draft tree of
+    N = ring.window <= MAX_NODES nodes (the verify kernel with IS_TREE)."""
     geo, batch = ring.geometry, x.shape[0]
+    is_tree = parents is not None
+    if is_tree and ring.window > MAX_NODES:
+        raise ValueError(f"N={ring.window} > {MAX_NODES}: the Triton tree kernel keeps one int32 bit set per node")
     arch = kernel_arch(x.device)
-    cfg = launch_config(geo.headdim, geo.dstate, ring.ring_len, arch, ring.window)
-    blk, prec = dict(_blocks(ring, cfg), BLOCK_N=cfg.block_n), _precision(arch)
+    # Tuned tiles and their window padding were searched on the chain kernel only: a tree takes the default
+    # rule (or a use_spec_tiles override without its window padding).
+    cfg = launch_config(geo.headdim, geo.dstate, ring.ring_len, arch, None if is_tree else ring.window)
+    blk, prec = dict(_blocks(ring, None if is_tree else cfg), BLOCK_N=cfg.block_n), _precision(arch)
     common = dict(null_slot=ring.null_slot, headdim=geo.headdim, HEADS_PER_GROUP=geo.heads_per_group,
                   DSTATE=geo.dstate)
+    anc = ancestor_bits(parents) if is_tree else None
     _scatter_bc_kernel[(batch, geo.ngroups)](
         x, dt, dt if dt_bias is None else dt_bias, B, C, slots,
         ring.x, ring.B, ring.dt, ring.bc, ring.write_pos, ring.origin,
@@ -389,15 +433,17 @@ def launch_verify(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: bo
     )
     zz = x if z is None else z
     _verify_kernel[(triton.cdiv(geo.headdim, cfg.block_m), batch, geo.nheads)](
-        x, zz, C, A, A if D is None else D, out, slots,
+        x, zz, C, A, A if D is None else D, out, slots, anc,
         ring.state, ring.x, ring.B, ring.dt, ring.bc, ring.write_pos, ring.origin, ring.is_flush,
         x.stride(0), x.stride(1), x.stride(2), zz.stride(0), zz.stride(1), zz.stride(2),
         C.stride(0), C.stride(1), C.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        anc.stride(0) if is_tree else 0,
         ring.state.stride(0), ring.state.stride(1), ring.state.stride(2),
         ring.x.stride(0), ring.x.stride(1), ring.x.stride(2), ring.B.stride(0), ring.B.stride(1), ring.B.stride(2),
         ring.dt.stride(0), ring.dt.stride(1), ring.bc.stride(0), ring.bc.stride(1), ring.bc.stride(2),
         **common, T=ring.window, RING=ring.ring_len, HAS_D=D is not None, HAS_Z=z is not None,
-        BLOCK_M=cfg.block_m, PRECISION=prec, num_warps=cfg.verify_warps, num_stages=cfg.verify_stages, **blk,
+        BLOCK_M=cfg.block_m, PRECISION=prec, IS_TREE=is_tree, num_warps=cfg.verify_warps,
+        num_stages=cfg.verify_stages, **blk,
     )
     return out
 

@@ -14,6 +14,8 @@ Per slot, h = write_pos, o = origin, T = window, R = ring_len (a power of two), 
     then + D x_t and * silu(z_t). Every exponent is clamped with min(., 0), as in the kernels.
     commit: if is_flush: origin = (origin + h) & (R - 1), write_pos = a; else write_pos += a;
             is_flush = write_pos + 2T > L (replayssm/ring_cursors.py, all backends, both families).
+A draft tree (parents given, replayssm.mamba2.tree) is scattered the same way and verified by the plain
+recurrence along each node's path (_tree_outputs): an independent check of the ancestor-masked backends.
 """
 
 from __future__ import annotations
@@ -55,16 +57,81 @@ def _fold_history(ring: SpecRing, slot: int, head: int, A: float) -> torch.Tenso
     return state
 
 
+def _chain_outputs(ring: SpecRing, b: int, slot: int, A, C, D, x, z, out) -> None:
+    """Row b's window outputs from the checkpoint by the replay formula (module docstring); writes ring.bc and,
+    on a flush row, the folded checkpoint. The window is already in the ring."""
+    geo, T, hpg = ring.geometry, ring.window, ring.geometry.heads_per_group
+    h, flush = int(ring.write_pos[slot]), bool(ring.is_flush[slot])
+    rows = _logical_rows(ring, slot, h + T)
+    C64 = C[b].double()                                      # [T, ngroups, dstate]
+    B_live = ring.B[slot][:, rows].double()                  # [ngroups, h+T, dstate]
+    bc = torch.einsum("gkn,tgn->gkt", B_live, C64)           # B_k . C_t, shared by a group's heads
+    ring.bc[slot, :, : h + T] = bc.float()
+    for head in range(geo.nheads):
+        g, a_h = head // hpg, float(A[head])
+        dt_live = ring.dt[slot, head, rows].double()         # [h+T], as stored (fp32)
+        cum = torch.cumsum(dt_live, 0)
+        x_live = ring.x[slot, head, rows].double()           # [h+T, headdim]
+        state, first, base = ring.state[slot, head].double(), 0, 0.0
+        if flush:
+            state = _fold_history(ring, slot, head, a_h)
+            if h > 0:
+                ring.state[slot, head] = state.to(ring.state_dtype)
+            # The window restarts from S1: only window tokens in the sum, decays relative to cum_{h-1}.
+            first, base = h, (cum[h - 1].item() if h > 0 else 0.0)
+        for t in range(T):
+            p = h + t
+            y = _decay(a_h, cum[p].item() - base) * (state @ C64[t, g])
+            for k in range(first, p + 1):
+                y = y + dt_live[k] * _decay(a_h, cum[p].item() - cum[k].item()) * bc[g, k, t] * x_live[k]
+            y = gate_output(y[None, None], x[b, t, head][None, None],
+                            None if D is None else D[head : head + 1],
+                            None if z is None else z[b, t, head][None, None])[0, 0]
+            out[b, t, head] = y.to(out.dtype)
+
+
+def _tree_outputs(ring: SpecRing, b: int, slot: int, A, C, D, x, z, par: list[int], out) -> None:
+    """Row b's draft-tree outputs by the plain recurrence walked along each node's path, from the committed
+    state S_c (checkpoint + history folded): S_s = exp(A dt_s) S_parent(s) + dt_s x_s B_s^T (S_parent(0) =
+    S_c), y_s = S_s C_s (+ D x_s, * silu(z_s)), with x, B, dt read back as the ring stores them. No replay
+    formula, no mask: an independent check of the ancestor-masked kernels. A flush row with h > 0 stores S_c
+    as its checkpoint; the bc scratch (the GPU kernels' hand-off) is not written."""
+    geo, N, hpg = ring.geometry, ring.window, ring.geometry.heads_per_group
+    h, flush = int(ring.write_pos[slot]), bool(ring.is_flush[slot])
+    rows = [(int(ring.origin[slot]) + h + s) & (ring.ring_len - 1) for s in range(N)]
+    committed = [_fold_history(ring, slot, head, float(A[head])) for head in range(geo.nheads)]
+    if flush and h > 0:
+        for head in range(geo.nheads):
+            ring.state[slot, head] = committed[head].to(ring.state_dtype)
+    for head in range(geo.nheads):
+        g, a_h = head // hpg, float(A[head])
+        node_state: list[torch.Tensor] = []
+        for s in range(N):
+            prev = committed[head] if par[s] < 0 else node_state[par[s]]
+            d = ring.dt[slot, head, rows[s]].double()
+            S = _decay(a_h, d.item()) * prev + d * torch.outer(ring.x[slot, head, rows[s]].double(),
+                                                               ring.B[slot, g, rows[s]].double())
+            node_state.append(S)
+            y = S @ C[b, s, g].double()
+            y = gate_output(y[None, None], x[b, s, head][None, None], None if D is None else D[head: head + 1],
+                            None if z is None else z[b, s, head][None, None])[0, 0]
+            out[b, s, head] = y.to(out.dtype)
+
+
 def verify_ref(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: bool, slots: torch.Tensor,
-               out: torch.Tensor) -> torch.Tensor:
-    """x, z [batch, T, nheads, headdim]; dt [batch, T, nheads] raw; B, C [batch, T, ngroups, dstate]."""
-    geo, T, mask = ring.geometry, ring.window, ring.ring_len - 1
-    hpg = geo.heads_per_group
+               out: torch.Tensor, parents: torch.Tensor | None = None) -> torch.Tensor:
+    """x, z [batch, T, nheads, headdim]; dt [batch, T, nheads] raw; B, C [batch, T, ngroups, dstate].
+
+    parents int32 [batch, T]: a draft tree of T nodes (replayssm.mamba2.tree), verified by the path recurrence
+    (_tree_outputs); a row with h + T > L raises ValueError (the tree early-flush rule was broken)."""
+    T, mask = ring.window, ring.ring_len - 1
     for b in range(x.shape[0]):
         slot = int(slots[b])
         if slot == ring.null_slot:
             continue
-        h, origin, flush = int(ring.write_pos[slot]), int(ring.origin[slot]), bool(ring.is_flush[slot])
+        h, origin = int(ring.write_pos[slot]), int(ring.origin[slot])
+        if parents is not None and h + T > ring.max_len:
+            raise ValueError(f"slot {slot}: write_pos {h} + N {T} > L {ring.max_len} (the ring would overflow)")
         dtp = process_dt(dt[b], dt_bias, dt_softplus)            # [T, nheads] float64
         # Scatter the window after the committed history (rejected drafts of the last step get overwritten).
         for t in range(T):
@@ -72,32 +139,10 @@ def verify_ref(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: bool,
             ring.x[slot, :, row] = x[b, t]
             ring.B[slot, :, row] = B[b, t]
             ring.dt[slot, :, row] = dtp[t].float()
-        rows = _logical_rows(ring, slot, h + T)
-        C64 = C[b].double()                                      # [T, ngroups, dstate]
-        B_live = ring.B[slot][:, rows].double()                  # [ngroups, h+T, dstate]
-        bc = torch.einsum("gkn,tgn->gkt", B_live, C64)           # B_k . C_t, shared by a group's heads
-        ring.bc[slot, :, : h + T] = bc.float()
-        for head in range(geo.nheads):
-            g, a_h = head // hpg, float(A[head])
-            dt_live = ring.dt[slot, head, rows].double()         # [h+T], as stored (fp32)
-            cum = torch.cumsum(dt_live, 0)
-            x_live = ring.x[slot, head, rows].double()           # [h+T, headdim]
-            state, first, base = ring.state[slot, head].double(), 0, 0.0
-            if flush:
-                state = _fold_history(ring, slot, head, a_h)
-                if h > 0:
-                    ring.state[slot, head] = state.to(ring.state_dtype)
-                # The window restarts from S1: only window tokens in the sum, decays relative to cum_{h-1}.
-                first, base = h, (cum[h - 1].item() if h > 0 else 0.0)
-            for t in range(T):
-                p = h + t
-                y = _decay(a_h, cum[p].item() - base) * (state @ C64[t, g])
-                for k in range(first, p + 1):
-                    y = y + dt_live[k] * _decay(a_h, cum[p].item() - cum[k].item()) * bc[g, k, t] * x_live[k]
-                y = gate_output(y[None, None], x[b, t, head][None, None],
-                                None if D is None else D[head : head + 1],
-                                None if z is None else z[b, t, head][None, None])[0, 0]
-                out[b, t, head] = y.to(out.dtype)
+        if parents is None:
+            _chain_outputs(ring, b, slot, A, C, D, x, z, out)
+        else:
+            _tree_outputs(ring, b, slot, A, C, D, x, z, [int(p) for p in parents[b].tolist()], out)
     return out
 
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from replayssm.mamba2.cache import SpecRing
 from replayssm.mamba2.ref import SOFTPLUS_THRESHOLD
+from replayssm.tree_ring import ancestor_tables, tree_prefix
 
 
 def processed_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool) -> torch.Tensor:
@@ -96,9 +97,34 @@ def _readout(state: torch.Tensor, C: torch.Tensor, hpg: int) -> torch.Tensor:
     return torch.einsum("bgjpn,btgn->btgjp", state.view(n, -1, hpg, P, N), C).reshape(n, C.shape[1], H, P)
 
 
+def _tree_masks(ring: SpecRing, live: _Live, sl, h, first, wrows, parents):
+    """Tree form of verify_torch's (cum_p, cum_rows, summed): node s sits at logical position h + s and sees
+    history entry j < h and window node j' iff j' is an ancestor of s or s itself; cum is the tree prefix sum
+    of dt along the path, history first (replayssm/tree_ring.py, tree_prefix)."""
+    n, N, R, dev = sl.shape[0], ring.window, ring.ring_len, ring.device
+    anc, depth, seq = ancestor_tables(parents)
+    ar = torch.arange(n, device=dev)[:, None]
+    node_dt = live.dt[ar, wrows]                                                    # [n, N, H]
+    by_pos = ((ring.origin[sl].long()[:, None] + torch.arange(R, device=dev)) & (R - 1))
+    hist_seq = live.dt[ar, by_pos] * (torch.arange(R, device=dev)[None, :] < h[:, None]).unsqueeze(-1)
+    cum_p = tree_prefix(node_dt, hist_seq, seq, depth)                             # [n, N, H]
+    cum_rows = live.cum.clone()
+    cum_rows[ar, wrows] = cum_p
+    j = live.j                                                                      # [n, R]
+    win = j - h[:, None]
+    in_win = (win >= 0) & (win < N)
+    anc_rs = anc.gather(2, win.clamp(0, N - 1)[:, None, :].expand(n, N, R)).transpose(1, 2)   # [n, R, N]
+    summed = (j >= first[:, None])[..., None] & ((j < h[:, None])[..., None] | (in_win[..., None] & anc_rs))
+    return cum_p, cum_rows, summed
+
+
 def verify_torch(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: bool, slots: torch.Tensor | None,
-                 out: torch.Tensor) -> torch.Tensor:
-    """x, z [batch, T, nheads, headdim]; dt [batch, T, nheads] raw; B, C [batch, T, ngroups, dstate]."""
+                 out: torch.Tensor, parents: torch.Tensor | None = None) -> torch.Tensor:
+    """x, z [batch, T, nheads, headdim]; dt [batch, T, nheads] raw; B, C [batch, T, ngroups, dstate].
+
+    parents int32 [batch, T] (a draft tree of T nodes, replayssm.mamba2.tree): the causal mask becomes the
+    ancestor mask and the window's prefix sums of dt tree prefix sums (history first, then the node's path).
+    For a chain every mask, prefix sum and product equals the parents=None path's, bit for bit."""
     geo, T, R = ring.geometry, ring.window, ring.ring_len
     hpg, H, P = geo.heads_per_group, geo.nheads, geo.headdim
     rows, sl = _live_rows(ring, x.shape[0], slots)
@@ -107,6 +133,7 @@ def verify_torch(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: boo
     if rows is not None:
         x, dt, B, C = x[rows], dt[rows], B[rows], C[rows]
         z = None if z is None else z[rows]
+        parents = None if parents is None else parents[rows]
     n, rows_are_slots = sl.shape[0], slots is None
     h = ring.write_pos[sl].long()
     flush = ring.is_flush[sl] != 0
@@ -119,20 +146,26 @@ def verify_torch(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: boo
     ring.dt[sl[:, None], :, wrows] = processed_dt(dt, dt_bias, dt_softplus)
 
     live = _Live(ring, sl, h, h + T, A, rows_are_slots)
-    pos = h[:, None] + torch.arange(T, device=ring.device)                   # [n, T] logical window positions
-    cum_p = live.cum_log.gather(1, pos[..., None].expand(n, T, H))            # [n, T, nheads]
     # Flush rows restart at S1: sums start at j = h and decays are relative to cum_{h-1}.
     first = torch.where(flush, h, torch.zeros_like(h))
     base = torch.where(flush[:, None], live.total, torch.zeros_like(live.total))         # [n, nheads]
+    # cum_p [n, T, nheads]: prefix sum of dt up to each window token; cum_rows [n, R, nheads]: up to each ring
+    # row's position; summed [n, R, T]: ring row r enters token t's output.
+    if parents is None:
+        pos = h[:, None] + torch.arange(T, device=ring.device)               # [n, T] logical window positions
+        cum_p = live.cum_log.gather(1, pos[..., None].expand(n, T, H))
+        cum_rows = live.cum
+        j = live.j[:, :, None]
+        summed = (j >= first[:, None, None]) & (j <= pos[:, None, :])        # causal: first <= j <= p_t
+    else:
+        cum_p, cum_rows, summed = _tree_masks(ring, live, sl, h, first, wrows, parents)
 
-    # Causal weights W[r, t] = dt_j exp(A (cum_p - cum_j)) (B_j . C_t) for first <= j <= p_t, j = pos(row r).
+    # Weights W[r, t] = dt_j exp(A (cum_p - cum_j)) (B_j . C_t) where summed, j = pos(row r).
     C32 = C.float()
     bc = torch.einsum("bgrn,btgn->bgrt", live.B, C32)                         # [n, G, R, T]
-    j = live.j[:, :, None]
-    causal = (j >= first[:, None, None]) & (j <= pos[:, None, :])            # [n, R, T]
-    span = cum_p.transpose(1, 2)[:, :, None, :] - live.cum.transpose(1, 2)[:, :, :, None]   # [n, H, R, T]
+    span = cum_p.transpose(1, 2)[:, :, None, :] - cum_rows.transpose(1, 2)[:, :, :, None]   # [n, H, R, T]
     W = _clamped_exp(A[None, :, None, None] * span).mul_(live.dt.transpose(1, 2)[..., None])
-    W = W.view(n, -1, hpg, R, T).mul_((bc * causal[:, None]).unsqueeze(2))   # [n, G, hpg, R, T]
+    W = W.view(n, -1, hpg, R, T).mul_((bc * summed[:, None]).unsqueeze(2))   # [n, G, hpg, R, T]
     y = torch.einsum("bgjrp,bgjrt->btgjp", live.x.view(n, -1, hpg, R, P), W).reshape(n, T, H, P)
 
     # Checkpoint readout S0 C_t: one read of each checkpoint (a view when rows are slots).

@@ -10,10 +10,11 @@ nodes' ring entries (x, B, dt) into chain order and advances the cursors; it nev
 protocol and the early-flush rule restated for trees (write_pos + depth + N > L): replayssm/tree_ring.py.
 A chain (parents = [-1, 0, 1, ...], path = [0, 1, ...]) is exactly spec_verify / spec_commit.
 
-Backends: "triton" (tree_kernels.py; the commit: replayssm/tree_ring.py), "torch" (tree_torch.py,
-vectorised), "cpu" (the fused C/OpenMP kernel m2_tree_replay, replayssm/cpu/tree_body.h, N <= 32; its commit
-is the torch one), "ref" (tree_ref.py, float64 path recurrence: the oracle). Every entry point
-validates its inputs before touching the ring.
+Backends: each is the chain verify of replayssm.mamba2.spec with the tree's parents: "triton" (spec_kernels.py,
+the verify kernel with IS_TREE; the commit: replayssm/tree_ring.py), "torch" (spec_torch.py, vectorised), "cpu"
+(the fused C/OpenMP kernel m2_tree_replay, replayssm/cpu/tree_body.h, N <= 32; its commit is the torch one),
+"ref" (spec_ref.py, float64 path recurrence: the oracle). Every entry point validates its inputs before
+touching the ring.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from replayssm.checks import (
     check_shape,
     check_slots,
 )
-from replayssm.mamba2 import tree_ref, tree_torch
+from replayssm.mamba2 import spec_ref, spec_torch
 from replayssm.mamba2.cache import SpecRing
 from replayssm.mamba2.spec import _A_ATTR, PARAM_DTYPES, _check_kernel_geometry
 
@@ -101,18 +102,17 @@ def tree_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
     if batch == 0:
         return out
     if backend == "ref":
-        return tree_ref.tree_verify_ref(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, parents, slots, out)
+        return spec_ref.verify_ref(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out, parents)
     if backend == "torch":
         torch_slots = None if slots_in is None else slots
-        return tree_torch.tree_verify_torch(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, parents,
-                                            torch_slots, out)
+        return spec_torch.verify_torch(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, torch_slots, out, parents)
     if backend == "cpu":
         from replayssm.cpu import ops
         ops.mamba2_tree_replay(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, slots, parents)
         return out
-    from replayssm.mamba2.tree_kernels import launch_tree_verify
+    from replayssm.mamba2.spec_kernels import launch_verify
 
-    return launch_tree_verify(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, parents, slots, out)
+    return launch_verify(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out, parents=parents)
 
 
 def tree_commit(ring: SpecRing, path: torch.Tensor, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
