@@ -132,11 +132,11 @@ def _fold_chunk(S, Xw, hist, decay, B_rows_ptr, n, n_mask, PRECISION: tl.constex
 
 @triton.jit
 def _verify_kernel(
-    x_ptr, z_ptr, C_ptr, A_ptr, D_ptr, out_ptr, slots_ptr, anc_ptr,
+    x_ptr, z_ptr, C_ptr, A_ptr, D_ptr, out_ptr, slots_ptr,
     state_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, bc_ptr, write_pos_ptr, origin_ptr, is_flush_ptr,
-    sx_b, sx_t, sx_h, sz_b, sz_t, sz_h, sC_b, sC_t, sC_g, so_b, so_t, so_h, sanc_b,
+    sx_b, sx_t, sx_h, sz_b, sz_t, sz_h, sC_b, sC_t, sC_g, so_b, so_t, so_h,
     ss_s, ss_h, ss_p, srx_s, srx_h, srx_r, srB_s, srB_g, srB_r, srdt_s, srdt_h, sbc_s, sbc_g, sbc_r,
-    null_slot, headdim,
+    null_slot, headdim, anc_ptr, sanc_b,
     HEADS_PER_GROUP: tl.constexpr, DSTATE: tl.constexpr,
     T: tl.constexpr, RING: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -433,14 +433,14 @@ def launch_verify(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: bo
     )
     zz = x if z is None else z
     _verify_kernel[(triton.cdiv(geo.headdim, cfg.block_m), batch, geo.nheads)](
-        x, zz, C, A, A if D is None else D, out, slots, anc,
+        x, zz, C, A, A if D is None else D, out, slots,
         ring.state, ring.x, ring.B, ring.dt, ring.bc, ring.write_pos, ring.origin, ring.is_flush,
         x.stride(0), x.stride(1), x.stride(2), zz.stride(0), zz.stride(1), zz.stride(2),
         C.stride(0), C.stride(1), C.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        anc.stride(0) if is_tree else 0,
         ring.state.stride(0), ring.state.stride(1), ring.state.stride(2),
         ring.x.stride(0), ring.x.stride(1), ring.x.stride(2), ring.B.stride(0), ring.B.stride(1), ring.B.stride(2),
         ring.dt.stride(0), ring.dt.stride(1), ring.bc.stride(0), ring.bc.stride(1), ring.bc.stride(2),
+        anc_ptr=anc, sanc_b=anc.stride(0) if is_tree else 0,
         **common, T=ring.window, RING=ring.ring_len, HAS_D=D is not None, HAS_Z=z is not None,
         BLOCK_M=cfg.block_m, PRECISION=prec, IS_TREE=is_tree, num_warps=cfg.verify_warps,
         num_stages=cfg.verify_stages, **blk,
