@@ -31,8 +31,8 @@ def state_times(S: torch.Tensor, x: torch.Tensor, HV: int) -> torch.Tensor:
     """S [n, HV, V, K] times per-key-head row vectors x [n, H, m, K] -> [n, HV, V, m] fp32, one read of S.
 
     x goes in as a transposed view of a contiguous [.., m, K] tensor: on CPU that sends the batched
-    matrix-times-few-vectors product down the GEMV-like path, 2.5-5x faster than a contiguous [K, m]
-    right operand (measured at 2048 heads of 128 x 128).
+    matrix-times-few-vectors product down the GEMV-like path (K contiguous in both operands), not the
+    general GEMM a contiguous [K, m] right operand would take.
     """
     n, H, m, K = x.shape
     V = S.shape[2]
