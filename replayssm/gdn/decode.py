@@ -81,10 +81,38 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
                 beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False,
                 slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 backend: str = "triton") -> torch.Tensor:
-    """One ReplaySSM AR decode step; returns o [batch, HV, V] (act dtype) and updates the cache in place.
+    """One AR decode step per row: o from the checkpoint + cached entries, then the token is cached (or folded).
 
-    q, k [batch, H, K]; v [batch, HV, V] (cache.act_dtype); g (log decay), beta [batch, HV] fp32;
-    slots int32 [batch] (default arange(batch); NULL_SLOT rows are skipped, their output left as is).
+    Args:
+        cache: the layer's ReplayCache; its buffer and write_pos change in place, and so does the checkpoint of
+            a row whose buffer is full (the flush step).
+        q, k: [batch, H, K] in cache.act_dtype, unit stride on the last dim.
+        v: [batch, HV, V] in cache.act_dtype.
+        g: [batch, HV] float32, the log decay (the state decays by exp(g)).
+        beta: [batch, HV] float32, the delta-rule step size.
+        scale: the query scale; None means K ** -0.5.
+        use_qk_l2norm: L2-normalise q and k in the kernel (eps 1e-6 under the square root).
+        slots: int32 [batch], each row's cache slot (default arange(batch)); a NULL_SLOT (-1) row is skipped:
+            its output is left as is and no cache entry is touched.
+        out: optional [batch, HV, V] output in cache.act_dtype.
+        backend: "triton" (default), "torch", "cpu" or "ref"; all compute the same function and cache contents.
+
+    Returns:
+        o [batch, HV, V] in cache.act_dtype (`out` when given).
+
+    Raises:
+        ValueError: a bad shape, dtype, device, slot or backend, before anything is written.
+
+    Example:
+        >>> from replayssm.geometry import GDNGeometry
+        >>> from replayssm.gdn import ReplayCache, replay_step
+        >>> from replayssm.gdn.inputs import random_step
+        >>> geom = GDNGeometry(H=2, HV=4, K=16, V=16)
+        >>> cache = ReplayCache.allocate(geom, num_slots=3, buffer_len=4)
+        >>> inp = random_step(geom, batch=2)
+        >>> o = replay_step(cache, inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], backend="torch")
+        >>> tuple(o.shape), cache.write_pos.tolist()
+        ((2, 4, 16), [1, 1, 0])
     """
     _check_cache(cache)
     gm = cache.geometry
@@ -117,10 +145,26 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
 def materialize(cache: ReplayCache, slots: torch.Tensor | None = None, backend: str = "triton",
                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """The current state S_h of each row's slot, [batch, HV, V, K] fp32; the cache is not written.
+    """The current state S_h of each row's slot (checkpoint + cached entries replayed); nothing is written.
 
-    slots int32 [batch] (default: every slot, batch = num_slots); NULL_SLOT rows of `out` are left as is
-    (zeros when `out` is not given).
+    Args:
+        cache: the layer's ReplayCache.
+        slots: int32 [batch] slot ids (default every slot, batch = num_slots).
+        backend: "triton" (default), "torch", "cpu" (the torch form) or "ref".
+        out: optional float32 [batch, HV, V, K] output; a NULL_SLOT row of it is left as is.
+
+    Returns:
+        state [batch, HV, V, K] float32 (`out` when given; zeros on NULL_SLOT rows when it is not).
+
+    Raises:
+        ValueError: a bad slot, shape, dtype, device or backend.
+
+    Example:
+        >>> from replayssm.geometry import GDNGeometry
+        >>> from replayssm.gdn import ReplayCache, materialize
+        >>> cache = ReplayCache.allocate(GDNGeometry(H=2, HV=4, K=16, V=16), num_slots=3, buffer_len=4)
+        >>> tuple(materialize(cache, backend="torch").shape)
+        (3, 4, 16, 16)
     """
     _check_cache(cache)
     gm = cache.geometry

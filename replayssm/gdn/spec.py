@@ -93,12 +93,39 @@ def spec_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                 beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False,
                 slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 backend: str = "triton") -> torch.Tensor:
-    """Outputs of all T window tokens from the committed state; append the window to the ring.
+    """Outputs of all T window tokens from the committed state; the window is appended to the ring.
 
-    q, k [batch, T, H, K]; v [batch, T, HV, V]; g, beta [batch, T, HV] fp32; slots int32 [batch];
-    returns o [batch, T, HV, V] in the activation dtype (written into `out` if given). Rows with
-    is_flush fold their committed history into the checkpoint first. Cursors are not moved: call
-    spec_commit with the accepted counts before the next verify.
+    Rows whose slot has is_flush set first fold their committed history into the checkpoint. Cursors do not
+    move: call spec_commit with the accepted counts before the next verify.
+
+    Args:
+        ring: the layer's SpecRing (window T).
+        q, k: [batch, T, H, K] in ring.act_dtype, unit stride on the last dim.
+        v: [batch, T, HV, V] in ring.act_dtype.
+        g: [batch, T, HV] float32, the log decay.
+        beta: [batch, T, HV] float32, the delta-rule step size.
+        scale: the query scale; None means K ** -0.5.
+        use_qk_l2norm: L2-normalise q and k in the kernel (eps 1e-6 under the square root).
+        slots: int32 [batch], each row's ring slot (default arange(batch)); NULL_SLOT (-1) rows are skipped.
+        out: optional [batch, T, HV, V] output in ring.act_dtype.
+        backend: "triton" (default), "torch", "cpu" or "ref".
+
+    Returns:
+        o [batch, T, HV, V] in ring.act_dtype (`out` when given).
+
+    Raises:
+        ValueError: a bad shape, dtype, device, slot or backend, or T != ring.window, before anything is written.
+
+    Example:
+        >>> from replayssm.geometry import GDNGeometry
+        >>> from replayssm.gdn import SpecRing, spec_verify
+        >>> from replayssm.gdn.inputs import random_step
+        >>> geom = GDNGeometry(H=2, HV=4, K=16, V=16)
+        >>> ring = SpecRing.allocate(geom, num_slots=3, history_len=8, window=4)
+        >>> win = random_step(geom, batch=2, window=4)
+        >>> o = spec_verify(ring, win["q"], win["k"], win["v"], win["g"], win["beta"], backend="torch")
+        >>> tuple(o.shape)
+        (2, 4, 4, 16)
     """
     _check_ring(ring)
     batch, scale = check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend)
@@ -123,27 +150,82 @@ def _verify_cpu(ring, q, k, v, g, beta, scale, use_qk_l2norm, slots, out):
 
 def spec_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
                 backend: str = "triton") -> None:
-    """Advance each row's cursors by its accepted count (1..T, bonus included); decide the next flush.
+    """Advance each row's cursors by its accepted count and decide whether its next verify flushes.
 
-    num_accepted [batch] int (NULL_SLOT rows skipped, their count not checked). If the step flushed:
-    origin += write_pos, write_pos = accepted; else write_pos += accepted. Then is_flush = write_pos + 2T > L
-    (replayssm/ring_cursors.py, shared with the Mamba-2 ring).
+    If the last verify flushed: origin += write_pos, write_pos = accepted; else write_pos += accepted. Then
+    is_flush = write_pos + 2T > L (replayssm/ring_cursors.py, shared with the Mamba-2 ring).
+
+    Args:
+        ring: the layer's SpecRing, right after spec_verify.
+        num_accepted: int [batch], accepted tokens per row in 1..T (the bonus token included); not checked on
+            NULL_SLOT rows.
+        slots: int32 [batch] (default arange(batch)); NULL_SLOT rows are skipped.
+        backend: "triton" (default), "torch", "cpu" or "ref".
+
+    Returns:
+        None; the ring's write_pos, origin and is_flush change in place.
+
+    Example:
+        >>> import torch
+        >>> from replayssm.geometry import GDNGeometry
+        >>> from replayssm.gdn import SpecRing, spec_commit, spec_verify
+        >>> from replayssm.gdn.inputs import random_step
+        >>> geom = GDNGeometry(H=2, HV=4, K=16, V=16)
+        >>> ring = SpecRing.allocate(geom, num_slots=3, history_len=8, window=4)
+        >>> win = random_step(geom, batch=2, window=4)
+        >>> _ = spec_verify(ring, win["q"], win["k"], win["v"], win["g"], win["beta"], backend="torch")
+        >>> spec_commit(ring, torch.tensor([3, 1], dtype=torch.int32), backend="torch")
+        >>> ring.write_pos.tolist()
+        [3, 1, 0]
     """
     _check_ring(ring)
     ring_cursors.commit(ring, num_accepted, slots, backend)
 
 
 def spec_reset(ring: SpecRing, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
-    """Start requests in `slots` (default: the whole pool): empty history, origin 0, no pending flush."""
+    """Start new requests: empty history, origin 0, no pending flush (the prefill state is already in ring.state).
+
+    Args:
+        ring: the layer's SpecRing.
+        slots: int32 [n] slot ids (default the whole pool).
+        backend: "triton" (default), "torch", "cpu" or "ref".
+
+    Returns:
+        None; write_pos, origin and is_flush of the slots are reset in place.
+
+    Example:
+        >>> import torch
+        >>> from replayssm.geometry import GDNGeometry
+        >>> from replayssm.gdn import SpecRing, spec_reset
+        >>> ring = SpecRing.allocate(GDNGeometry(H=2, HV=4, K=16, V=16), num_slots=3, history_len=8, window=4)
+        >>> spec_reset(ring, torch.tensor([1], dtype=torch.int32), backend="torch")
+        >>> ring.write_pos.tolist()
+        [0, 0, 0]
+    """
     _check_ring(ring)
     ring_cursors.reset(ring, slots, backend)
 
 
 def spec_materialize(ring: SpecRing, slots: torch.Tensor | None = None, backend: str = "triton") -> torch.Tensor:
-    """The committed state of each row: checkpoint + write_pos ring entries, nothing written.
+    """The committed state of each row: checkpoint + write_pos ring entries replayed; nothing is written.
 
-    Returns state [batch, HV, V, K] fp32 (batch = len(slots), default the whole pool); NULL_SLOT rows are
-    NaN (as replayssm.mamba2.spec_materialize).
+    Args:
+        ring: the layer's SpecRing.
+        slots: int32 [batch] slot ids (default the whole pool, batch = num_slots).
+        backend: "triton" (default), "torch", "cpu" (the torch form) or "ref".
+
+    Returns:
+        state [batch, HV, V, K] float32; NULL_SLOT rows are NaN (as replayssm.mamba2.spec_materialize).
+
+    Raises:
+        ValueError: a bad slot tensor or backend.
+
+    Example:
+        >>> from replayssm.geometry import GDNGeometry
+        >>> from replayssm.gdn import SpecRing, spec_materialize
+        >>> ring = SpecRing.allocate(GDNGeometry(H=2, HV=4, K=16, V=16), num_slots=3, history_len=8, window=4)
+        >>> tuple(spec_materialize(ring, backend="torch").shape)
+        (3, 4, 16, 16)
     """
     _check_ring(ring)
     check_backend(backend, ring.state)

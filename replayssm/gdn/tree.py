@@ -35,9 +35,42 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                 backend: str = "triton") -> torch.Tensor:
     """Outputs of every node of a draft tree from the committed state; the N nodes go into the ring.
 
-    q, k [batch, N, H, K]; v [batch, N, HV, V]; g, beta [batch, N, HV] fp32; parents int32 [batch, N] or
-    [N]: parents[0] = -1, parents[s] < s. slots int32 [batch] (NULL_SLOT rows skipped). Rows with is_flush
-    fold their history into the checkpoint first. Returns o [batch, N, HV, V] in the activation dtype.
+    Node s's output depends on the committed state and the inputs on its root-to-node path only: the chunked
+    delta-rule system of spec_verify restricted to ancestors. Rows with is_flush fold their history into the
+    checkpoint first; the parents are kept on the ring for tree_commit.
+
+    Args:
+        ring: the layer's SpecRing allocated with window = N, the number of tree nodes.
+        q, k: [batch, N, H, K] in ring.act_dtype, unit stride on the last dim.
+        v: [batch, N, HV, V] in ring.act_dtype.
+        g: [batch, N, HV] float32, the log decay.
+        beta: [batch, N, HV] float32, the delta-rule step size.
+        scale: the query scale; None means K ** -0.5.
+        use_qk_l2norm: L2-normalise q and k in the kernel.
+        parents: int32 [batch, N], or [N] for a tree shared by the batch: parents[0] = -1, parents[s] < s.
+        slots: int32 [batch] (default arange(batch)); NULL_SLOT rows are skipped.
+        out: optional [batch, N, HV, V] output in ring.act_dtype.
+        backend: "triton" (default, N <= 32), "torch", "cpu" (N <= 32) or "ref".
+
+    Returns:
+        o [batch, N, HV, V] in ring.act_dtype (`out` when given).
+
+    Raises:
+        ValueError: bad inputs or parents, before anything is written.
+
+    Example:
+        >>> import torch
+        >>> from replayssm.geometry import GDNGeometry
+        >>> from replayssm.gdn import SpecRing, tree_verify
+        >>> from replayssm.gdn.inputs import random_step
+        >>> geom = GDNGeometry(H=2, HV=4, K=16, V=16)
+        >>> ring = SpecRing.allocate(geom, num_slots=2, history_len=8, window=3)
+        >>> win = random_step(geom, batch=2, window=3)
+        >>> parents = torch.tensor([-1, 0, 0], dtype=torch.int32)          # a root with two children
+        >>> o = tree_verify(ring, win["q"], win["k"], win["v"], win["g"], win["beta"], parents=parents,
+        ...                 backend="torch")
+        >>> tuple(o.shape)
+        (2, 3, 4, 16)
     """
     _check_ring(ring)
     batch, scale = check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend)
@@ -69,8 +102,37 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 def tree_commit(ring: SpecRing, path: torch.Tensor, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
                 backend: str = "triton", *, parents: torch.Tensor | None = None) -> None:
-    """Keep the accepted branch: path int32 [batch, depth] from node 0 down, num_accepted [batch] in
-    1..depth. Moves path[i]'s (u, k, g) to position h + i, then the cursors (is_flush = h + depth + N > L)."""
+    """Keep the accepted branch of each row's tree and advance the cursors; no state is written.
+
+    Moves the ring entries (u, k, g) of node path[i] to logical position h + i, then advances the cursors as
+    spec_commit does with the tree flush rule is_flush = write_pos + depth + N > L (replayssm/tree_ring.py).
+
+    Args:
+        ring: the layer's SpecRing, right after tree_verify.
+        path: int32 [batch, depth], node indices from node 0 down the branch.
+        num_accepted: int [batch] in 1..depth (the bonus token included).
+        slots: int32 [batch] (default arange(batch)); NULL_SLOT rows are skipped.
+        backend: "triton" (default), "torch", "cpu" (the torch form) or "ref".
+        parents: the tree the path must be a branch of (default the parents of the ring's last tree_verify).
+
+    Returns:
+        None; ring entries and cursors change in place.
+
+    Example:
+        >>> import torch
+        >>> from replayssm.geometry import GDNGeometry
+        >>> from replayssm.gdn import SpecRing, tree_commit, tree_verify
+        >>> from replayssm.gdn.inputs import random_step
+        >>> geom = GDNGeometry(H=2, HV=4, K=16, V=16)
+        >>> ring = SpecRing.allocate(geom, num_slots=2, history_len=8, window=3)
+        >>> win = random_step(geom, batch=2, window=3)
+        >>> _ = tree_verify(ring, win["q"], win["k"], win["v"], win["g"], win["beta"],
+        ...                 parents=torch.tensor([-1, 0, 0], dtype=torch.int32), backend="torch")
+        >>> path = torch.tensor([[0, 2], [0, 1]], dtype=torch.int32)
+        >>> tree_commit(ring, path, torch.tensor([2, 1], dtype=torch.int32), backend="torch")
+        >>> ring.write_pos.tolist()
+        [2, 1]
+    """
     _check_ring(ring)
     path, num_accepted, slots = tree_ring.check_tree_commit(ring, path, num_accepted, slots, backend, parents)
     tree_ring.commit(ring, RING_FIELDS, path, num_accepted, slots, backend)

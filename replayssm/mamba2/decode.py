@@ -123,12 +123,45 @@ def replay_step(cache: ReplayCache, x: torch.Tensor, dt: torch.Tensor, A: torch.
                 C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                 dt_bias: torch.Tensor | None = None, dt_softplus: bool = True, slots: torch.Tensor | None = None,
                 route: str = "output_only", out: torch.Tensor | None = None, backend: str = "triton") -> torch.Tensor:
-    """One AR decode step for every row; mutates the cache (buffers, cursors, checkpoint on flush rows).
+    """One AR decode step per row: y from the checkpoint + cached entries, then the token is cached (or folded).
 
-    x, z [batch, nheads, headdim] and B, C [batch, ngroups, dstate] in cache.act_dtype; dt [batch, nheads]
-    raw (float32/16/bf16); A, D, dt_bias [nheads] float32; slots int32 [batch] (default arange(batch);
-    NULL_SLOT rows are skipped: output left as is, cache untouched). Returns y [batch, nheads, headdim]
-    (written into `out` when given).
+    A row whose buffer is full (write_pos = buffer_len - 1) flushes: the state after this token is stored into
+    its checkpoint (rounded to the state dtype) and write_pos returns to 0.
+
+    Args:
+        cache: the layer's ReplayCache; buffers, cursors and (on flush rows) the checkpoint change in place.
+        x: [batch, nheads, headdim] in cache.act_dtype.
+        dt: [batch, nheads] raw time step (float32/16/bf16); dt_bias and softplus are applied here.
+        A: [nheads] float32 (negative: the decay is exp(A dt)).
+        B, C: [batch, ngroups, dstate] in cache.act_dtype.
+        D: optional [nheads] float32 skip (y += D x).
+        z: optional [batch, nheads, headdim] gate in cache.act_dtype (y *= silu(z)).
+        dt_bias: optional [nheads] float32.
+        dt_softplus: apply softplus (threshold 20) to dt + dt_bias.
+        slots: int32 [batch], each row's cache slot (default arange(batch)); a NULL_SLOT (-1) row is skipped:
+            its output is left as is and no cache entry is touched.
+        route: "output_only" (default) or "state_and_output", the normal step's formula (same function).
+        out: optional [batch, nheads, headdim] output in cache.act_dtype.
+        backend: "triton" (default), "torch", "cpu" or "ref"; all compute the same function and cache contents.
+
+    Returns:
+        y [batch, nheads, headdim] in cache.act_dtype (`out` when given).
+
+    Raises:
+        ValueError: a bad shape, dtype, device, slot, route or backend, before anything is written.
+
+    Example:
+        >>> from replayssm.geometry import Mamba2Geometry
+        >>> from replayssm.mamba2 import ReplayCache, replay_step
+        >>> from replayssm.mamba2.inputs import random_params, random_step
+        >>> geom = Mamba2Geometry(nheads=4, headdim=16, dstate=16, ngroups=1)
+        >>> p = random_params(geom)
+        >>> cache = ReplayCache.allocate(geom, num_slots=3, buffer_len=4)
+        >>> inp = random_step(geom, batch=2)
+        >>> y = replay_step(cache, inp["x"], inp["dt"], p.A, inp["B"], inp["C"], p.D, inp["z"], p.dt_bias,
+        ...                 backend="torch")
+        >>> tuple(y.shape), cache.write_pos.tolist()
+        ((2, 4, 16), [1, 1, 0])
     """
     slot_ids = _validate_step(cache, x, dt, A, B, C, D, z, dt_bias, slots, route, out, backend)
     if out is None:
@@ -157,12 +190,29 @@ def replay_step(cache: ReplayCache, x: torch.Tensor, dt: torch.Tensor, A: torch.
 
 def materialize(cache: ReplayCache, slots: torch.Tensor | None = None, backend: str = "triton", *,
                 A: torch.Tensor | None = None) -> torch.Tensor:
-    """The state after the entries cached so far (checkpoint decayed + buffer folded in), without writing.
+    """The state after the entries cached so far (checkpoint decayed + buffer folded in); nothing is written.
 
-    Returns state [batch, nheads, headdim, dstate] float32; rows whose slot is NULL_SLOT are NaN.
-    batch = len(slots), or num_slots when slots is None. The decay needs the layer's A [nheads] float32:
-    pass it, or let it default to the A of the last replay_step on this cache object (recorded there,
-    since the cache itself stores processed dt, not A dt; a clone() does not carry it).
+    Args:
+        cache: the layer's ReplayCache.
+        slots: int32 [batch] slot ids (default every slot, batch = num_slots).
+        backend: "triton" (default), "torch", "cpu" (the torch form) or "ref".
+        A: [nheads] float32, the layer's A (the cache stores processed dt, not A dt); default: the A of the last
+            replay_step on this cache object (a clone() does not carry it).
+
+    Returns:
+        state [batch, nheads, headdim, dstate] float32; NULL_SLOT rows are NaN.
+
+    Raises:
+        ValueError: no A known, or a bad slot, shape, dtype, device or backend.
+
+    Example:
+        >>> from replayssm.geometry import Mamba2Geometry
+        >>> from replayssm.mamba2 import ReplayCache, materialize
+        >>> from replayssm.mamba2.inputs import random_params
+        >>> geom = Mamba2Geometry(nheads=4, headdim=16, dstate=16, ngroups=1)
+        >>> cache = ReplayCache.allocate(geom, num_slots=3, buffer_len=4)
+        >>> tuple(materialize(cache, backend="torch", A=random_params(geom).A).shape)
+        (3, 4, 16, 16)
     """
     _validate_common(cache, backend)
     if A is None:

@@ -54,15 +54,46 @@ def spec_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
                 C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                 dt_bias: torch.Tensor | None = None, dt_softplus: bool = True, slots: torch.Tensor | None = None,
                 out: torch.Tensor | None = None, backend: str = "triton") -> torch.Tensor:
-    """Outputs of a speculative window for every row, all from the slot's checkpoint.
+    """Outputs of all T window tokens of every row, all from the slot's checkpoint; the window goes into the ring.
 
-    x, z [batch, T, nheads, headdim] (act dtype of the ring); dt [batch, T, nheads] raw (bias and softplus
-    applied here, the processed value is what the ring stores); A, D, dt_bias [nheads];
-    B, C [batch, T, ngroups, dstate]; T must equal ring.window. slots int32 [batch] (default arange(batch));
-    a NULL_SLOT row is skipped: its output rows are left as they are and no cache entry is touched.
-    Writes the window into the ring (and, on rows whose slot has is_flush set, the folded checkpoint).
-    Returns y [batch, T, nheads, headdim] in the act dtype (written into `out` when given; without `out`,
-    padding rows hold whatever the fresh allocation held).
+    The window's inputs are scattered after the committed history and the T outputs computed with a causal
+    mask; a row whose slot has is_flush set first folds its committed history into the checkpoint. Cursors do
+    not move: call spec_commit with the accepted counts before the next verify.
+
+    Args:
+        ring: the layer's SpecRing (window T).
+        x: [batch, T, nheads, headdim] in ring.act_dtype.
+        dt: [batch, T, nheads] raw (float32/16/bf16); the ring stores the processed value (bias, softplus).
+        A: [nheads] (float32/16/bf16).
+        B, C: [batch, T, ngroups, dstate] in ring.act_dtype.
+        D: optional [nheads] skip.
+        z: optional [batch, T, nheads, headdim] gate in ring.act_dtype.
+        dt_bias: optional [nheads].
+        dt_softplus: apply softplus (threshold 20) to dt + dt_bias.
+        slots: int32 [batch] (default arange(batch)); a NULL_SLOT (-1) row is skipped: its output rows are left
+            as they are and no cache entry is touched.
+        out: optional [batch, T, nheads, headdim] output in ring.act_dtype.
+        backend: "triton" (default), "torch", "cpu" or "ref".
+
+    Returns:
+        y [batch, T, nheads, headdim] in ring.act_dtype (`out` when given; without it, NULL_SLOT rows hold
+        whatever the fresh allocation held).
+
+    Raises:
+        ValueError: a bad shape, dtype, device, slot or backend, or T != ring.window, before anything is written.
+
+    Example:
+        >>> from replayssm.geometry import Mamba2Geometry
+        >>> from replayssm.mamba2 import SpecRing, spec_verify
+        >>> from replayssm.mamba2.inputs import random_params, random_step
+        >>> geom = Mamba2Geometry(nheads=4, headdim=16, dstate=16, ngroups=1)
+        >>> p = random_params(geom)
+        >>> ring = SpecRing.allocate(geom, num_slots=3, history_len=8, window=4)
+        >>> win = random_step(geom, batch=2, window=4)
+        >>> y = spec_verify(ring, win["x"], win["dt"], p.A, win["B"], win["C"], p.D, win["z"], p.dt_bias,
+        ...                 backend="torch")
+        >>> tuple(y.shape)
+        (2, 4, 4, 16)
     """
     ring = _check_ring(ring)
     check_backend(backend, x, dt, A, B, C, D, z, dt_bias, out, ring.state)
@@ -115,30 +146,90 @@ def spec_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
 
 def spec_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
                 backend: str = "triton") -> None:
-    """Advance each row's slot by its accepted count (bonus token included, 1..T), on the device.
+    """Advance each row's slot by its accepted count and decide whether its next verify flushes.
 
-    num_accepted int [batch]; slots int32 [batch] (default arange(batch)); NULL_SLOT rows are skipped (their
-    count is not checked). A slot whose last verify flushed moves its origin past the folded history and
-    keeps only the accepted window tokens; then is_flush = write_pos + 2T > B + T for the next step
-    (replayssm/ring_cursors.py, shared with the GDN ring).
+    A slot whose last verify flushed moves its origin past the folded history and keeps only the accepted
+    window tokens; then is_flush = write_pos + 2T > history_len + T (replayssm/ring_cursors.py, shared with the
+    GDN ring). Runs on the device (no host sync on the Triton backend).
+
+    Args:
+        ring: the layer's SpecRing, right after spec_verify.
+        num_accepted: int [batch], accepted tokens per row in 1..T (the bonus token included); not checked on
+            NULL_SLOT rows.
+        slots: int32 [batch] (default arange(batch)); NULL_SLOT rows are skipped.
+        backend: "triton" (default), "torch", "cpu" or "ref".
+
+    Returns:
+        None; write_pos, origin and is_flush change in place.
+
+    Example:
+        >>> import torch
+        >>> from replayssm.geometry import Mamba2Geometry
+        >>> from replayssm.mamba2 import SpecRing, spec_commit, spec_verify
+        >>> from replayssm.mamba2.inputs import random_params, random_step
+        >>> geom = Mamba2Geometry(nheads=4, headdim=16, dstate=16, ngroups=1)
+        >>> p = random_params(geom)
+        >>> ring = SpecRing.allocate(geom, num_slots=3, history_len=8, window=4)
+        >>> win = random_step(geom, batch=2, window=4)
+        >>> _ = spec_verify(ring, win["x"], win["dt"], p.A, win["B"], win["C"], backend="torch")
+        >>> spec_commit(ring, torch.tensor([3, 1], dtype=torch.int32), backend="torch")
+        >>> ring.write_pos.tolist()
+        [3, 1, 0]
     """
     ring_cursors.commit(_check_ring(ring), num_accepted, slots, backend)
 
 
 def spec_reset(ring: SpecRing, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
-    """A new request enters `slots` (int32 [n] slot ids, default every slot): write_pos = origin = 0,
-    is_flush = 0. The caller has already put the request's prefill state into ring.state[slot]."""
+    """Start new requests in `slots`: write_pos = origin = 0, is_flush = 0.
+
+    The caller has already put each request's prefill state into ring.state[slot].
+
+    Args:
+        ring: the layer's SpecRing.
+        slots: int32 [n] slot ids (default every slot).
+        backend: "triton" (default), "torch", "cpu" or "ref".
+
+    Returns:
+        None; the cursors of the slots are reset in place.
+
+    Example:
+        >>> import torch
+        >>> from replayssm.geometry import Mamba2Geometry
+        >>> from replayssm.mamba2 import SpecRing, spec_reset
+        >>> geom = Mamba2Geometry(nheads=4, headdim=16, dstate=16, ngroups=1)
+        >>> ring = SpecRing.allocate(geom, num_slots=3, history_len=8, window=4)
+        >>> spec_reset(ring, torch.tensor([1], dtype=torch.int32), backend="torch")
+        >>> ring.write_pos.tolist()
+        [0, 0, 0]
+    """
     ring_cursors.reset(_check_ring(ring), slots, backend)
 
 
 def spec_materialize(ring: SpecRing, slots: torch.Tensor | None = None, backend: str = "triton", *,
                      A: torch.Tensor | None = None) -> torch.Tensor:
-    """The committed state of each row's slot: checkpoint + committed history folded, no cache write.
+    """The committed state of each row's slot: checkpoint + committed history folded; nothing is written.
 
-    slots int32 [batch] (default every slot). The decays exp(A dt) need the layer's A [nheads], which the
-    ring does not hold: pass it, or let it default to the A of the last spec_verify on this ring object
-    (as replayssm.mamba2.decode.materialize does). Returns fp32 [batch, nheads, headdim, dstate];
-    NULL_SLOT rows are NaN.
+    Args:
+        ring: the layer's SpecRing.
+        slots: int32 [batch] slot ids (default every slot, batch = num_slots).
+        backend: "triton" (default), "torch", "cpu" (the torch form) or "ref".
+        A: [nheads], the layer's A (the decays exp(A dt) need it; the ring does not hold it); default: the A of
+            the last spec_verify on this ring object.
+
+    Returns:
+        state [batch, nheads, headdim, dstate] float32; NULL_SLOT rows are NaN.
+
+    Raises:
+        ValueError: no A known, or a bad slot, shape, dtype, device or backend.
+
+    Example:
+        >>> from replayssm.geometry import Mamba2Geometry
+        >>> from replayssm.mamba2 import SpecRing, spec_materialize
+        >>> from replayssm.mamba2.inputs import random_params
+        >>> geom = Mamba2Geometry(nheads=4, headdim=16, dstate=16, ngroups=1)
+        >>> ring = SpecRing.allocate(geom, num_slots=3, history_len=8, window=4)
+        >>> tuple(spec_materialize(ring, backend="torch", A=random_params(geom).A).shape)
+        (3, 4, 16, 16)
     """
     ring = _check_ring(ring)
     if A is None:

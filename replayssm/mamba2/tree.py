@@ -82,12 +82,48 @@ def tree_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
                 dt_bias: torch.Tensor | None = None, dt_softplus: bool = True, *, parents: torch.Tensor,
                 slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 backend: str = "triton") -> torch.Tensor:
-    """Outputs of every node of a draft tree, all from the slot's checkpoint.
+    """Outputs of every node of a draft tree, all from the slot's checkpoint; the N nodes go into the ring.
 
-    x, z [batch, N, nheads, headdim]; dt [batch, N, nheads] raw; B, C [batch, N, ngroups, dstate];
-    A, D, dt_bias [nheads]; parents int32 [batch, N] or [N] (a tree shared by the batch): parents[0] = -1,
-    parents[s] < s. slots int32 [batch]; NULL_SLOT rows are skipped. Writes the N nodes' inputs after the
-    committed history (and, on is_flush rows, the folded checkpoint). Returns y [batch, N, nheads, headdim].
+    Node s's output depends on the checkpoint and the inputs on its own root-to-node path only: the chain
+    verify with the causal mask replaced by the ancestor mask and the prefix sums of dt by tree prefix sums.
+    On is_flush rows the committed history is folded into the checkpoint first; the parents are kept on the
+    ring for tree_commit.
+
+    Args:
+        ring: the layer's SpecRing allocated with window = N, the number of tree nodes.
+        x: [batch, N, nheads, headdim] in ring.act_dtype.
+        dt: [batch, N, nheads] raw (float32/16/bf16).
+        A: [nheads].
+        B, C: [batch, N, ngroups, dstate] in ring.act_dtype.
+        D: optional [nheads] skip.
+        z: optional [batch, N, nheads, headdim] gate in ring.act_dtype.
+        dt_bias: optional [nheads].
+        dt_softplus: apply softplus (threshold 20) to dt + dt_bias.
+        parents: int32 [batch, N], or [N] for a tree shared by the batch: parents[0] = -1, parents[s] < s.
+        slots: int32 [batch] (default arange(batch)); NULL_SLOT rows are skipped.
+        out: optional [batch, N, nheads, headdim] output in ring.act_dtype.
+        backend: "triton" (default, N <= 32), "torch", "cpu" (N <= 32) or "ref".
+
+    Returns:
+        y [batch, N, nheads, headdim] in ring.act_dtype (`out` when given).
+
+    Raises:
+        ValueError: bad inputs or parents, before anything is written.
+
+    Example:
+        >>> import torch
+        >>> from replayssm.geometry import Mamba2Geometry
+        >>> from replayssm.mamba2 import SpecRing, tree_verify
+        >>> from replayssm.mamba2.inputs import random_params, random_step
+        >>> geom = Mamba2Geometry(nheads=4, headdim=16, dstate=16, ngroups=1)
+        >>> p = random_params(geom)
+        >>> ring = SpecRing.allocate(geom, num_slots=2, history_len=8, window=3)
+        >>> win = random_step(geom, batch=2, window=3)
+        >>> parents = torch.tensor([-1, 0, 0], dtype=torch.int32)          # a root with two children
+        >>> y = tree_verify(ring, win["x"], win["dt"], p.A, win["B"], win["C"], p.D, win["z"], p.dt_bias,
+        ...                 parents=parents, backend="torch")
+        >>> tuple(y.shape)
+        (2, 3, 4, 16)
     """
     ring = _check_ring(ring)
     batch, device = check_tree_window(ring, x, dt, A, B, C, D, z, dt_bias, out, backend)
@@ -117,10 +153,38 @@ def tree_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
 
 def tree_commit(ring: SpecRing, path: torch.Tensor, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
                 backend: str = "triton", *, parents: torch.Tensor | None = None) -> None:
-    """Keep the accepted branch of each row: path int32 [batch, depth] (node indices from node 0 down the
-    branch), num_accepted [batch] in 1..depth (bonus token included). The path must be a branch of `parents`
-    (default: the tree of this ring's last tree_verify). Moves path[i]'s ring entries to position h + i,
-    then advances the cursors; is_flush = write_pos + depth + N > L."""
+    """Keep the accepted branch of each row's tree and advance the cursors; no state is written.
+
+    Moves the ring entries (x, B, dt) of node path[i] to logical position h + i, then advances the cursors;
+    is_flush = write_pos + depth + N > L (replayssm/tree_ring.py).
+
+    Args:
+        ring: the layer's SpecRing, right after tree_verify.
+        path: int32 [batch, depth], node indices from node 0 down the branch.
+        num_accepted: int [batch] in 1..depth (the bonus token included).
+        slots: int32 [batch] (default arange(batch)); NULL_SLOT rows are skipped.
+        backend: "triton" (default), "torch", "cpu" (the torch form) or "ref".
+        parents: the tree the path must be a branch of (default the parents of the ring's last tree_verify).
+
+    Returns:
+        None; ring entries and cursors change in place.
+
+    Example:
+        >>> import torch
+        >>> from replayssm.geometry import Mamba2Geometry
+        >>> from replayssm.mamba2 import SpecRing, tree_commit, tree_verify
+        >>> from replayssm.mamba2.inputs import random_params, random_step
+        >>> geom = Mamba2Geometry(nheads=4, headdim=16, dstate=16, ngroups=1)
+        >>> p = random_params(geom)
+        >>> ring = SpecRing.allocate(geom, num_slots=2, history_len=8, window=3)
+        >>> win = random_step(geom, batch=2, window=3)
+        >>> _ = tree_verify(ring, win["x"], win["dt"], p.A, win["B"], win["C"],
+        ...                 parents=torch.tensor([-1, 0, 0], dtype=torch.int32), backend="torch")
+        >>> path = torch.tensor([[0, 2], [0, 1]], dtype=torch.int32)
+        >>> tree_commit(ring, path, torch.tensor([2, 1], dtype=torch.int32), backend="torch")
+        >>> ring.write_pos.tolist()
+        [2, 1]
+    """
     ring = _check_ring(ring)
     path, num_accepted, slots = tree_ring.check_tree_commit(ring, path, num_accepted, slots, backend, parents)
     tree_ring.commit(ring, RING_FIELDS, path, num_accepted, slots, backend)
