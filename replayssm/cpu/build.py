@@ -1,8 +1,8 @@
 """Build and load the fused CPU kernels (kernels.c + kernels_body.h) once per machine, cached on disk.
 
-The toolchain is the system C compiler with OpenMP, called directly and loaded with ctypes (the reasons,
-measured on the 2-core CPU box, are in README.md: a build of every kernel takes seconds where a torch C++
-extension takes minutes, and it needs nothing beyond a compiler offline). One shared library holds every
+The toolchain is the system C compiler with OpenMP, called directly and loaded with ctypes: a build of every
+kernel takes seconds where a torch C++ extension compiles the torch headers for minutes, and it needs nothing
+beyond a compiler, offline (the measurements: replayssm/cpu/README.md). One shared library holds every
 kernel for every (state dtype, activation dtype) pair; kernel shapes are runtime arguments, so nothing is
 rebuilt per batch, geometry or dtype. The library is cached under
 

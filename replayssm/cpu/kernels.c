@@ -69,11 +69,12 @@ static inline v8f hsum8x8(v8f a0, v8f a1, v8f a2, v8f a3, v8f a4, v8f a5, v8f a6
 static inline float softplus_f(float x) { return x <= SOFTPLUS_THRESHOLD ? log1pf(expf(x)) : x; }
 static inline float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-/* Vector expf and the SiLU gate y *= z sigmoid(z) over a [P] row. The scalar libm expf and divide per output
- * element cost a fifth of a whole output-only ReplaySSM step (which otherwise only streams the state once);
- * eight lanes at a time the gate is noise. expf: Cody-Waite range reduction x = n ln2 + r and a degree-6
- * polynomial for exp(r) (the classic single-precision minimax coefficients, ~1 ulp), 2^n built in the exponent
- * bits. x is clamped to [-87.3, 88.3] so 2^n stays a normal float; a NaN fails both comparisons and stays NaN. */
+/* Vector expf and the SiLU gate y *= z sigmoid(z) over a [P] row. An output-only ReplaySSM step otherwise only
+ * streams the state once, so a scalar libm expf and divide per output element is a visible share of it; eight
+ * lanes at a time it is not (replayssm/cpu/README.md, "What was measured"). expf: Cody-Waite range reduction
+ * x = n ln2 + r and a degree-6 polynomial for exp(r) (the classic single-precision minimax coefficients, ~1 ulp),
+ * 2^n built in the exponent bits. x is clamped to [-87.3, 88.3] so 2^n stays a normal float; a NaN fails both
+ * comparisons and stays NaN. */
 static inline v8f v8_set1(float a) { return (v8f){a, a, a, a, a, a, a, a}; }
 static inline v8f v8_select(v8i32 m, v8f a, v8f b) { return (v8f)(((v8i32)a & m) | ((v8i32)b & ~m)); }
 static inline v8f v8_expf(v8f x)
@@ -124,9 +125,9 @@ static inline int next_program(const int32_t *slots, int batch, int b, int h, in
 
 /* Prefetch into L2 the bytes at p, or the n rows (origin + j) & (R - 1), j < n, of a ring block of R rows of
  * row_bytes: the history a ReplaySSM step reads besides the state (its buffered x / u rows, its B / k rows) and
- * the ring rows its window is appended to, a program ahead like the state. Left to the hardware prefetcher
- * these few short rows missed to DRAM on every program: the history readout was a tenth of the Mamba-2 AR step
- * and of its spec verify, and the append's write misses another twentieth. */
+ * the ring rows its window is appended to, a program ahead like the state. These rows are too few and too
+ * short for the hardware prefetcher to lock onto, so without this they miss to DRAM on every program (the
+ * measured cost: replayssm/cpu/README.md). */
 static inline void prefetch_bytes_l2(const void *p, size_t bytes)
 {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 2);

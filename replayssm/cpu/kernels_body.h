@@ -2,8 +2,8 @@
  * STYPE / LDS / STS: state storage; ATYPE / LDA / STA: activation storage; SUF(name) names the variant.
  * Shapes are in the docstrings of the ctypes wrappers (replayssm/cpu/ops.py) and the public APIs they serve. */
 
-/* Row primitives. A reduction over a [N] row with one accumulator is bound by the FMA latency chain (~20 GB/s
- * on one core, below DRAM bandwidth on a big box), so rows whose length is a multiple of 16 use two 8-lane
+/* Row primitives. A reduction over a [N] row with one accumulator is bound by the FMA latency chain, which can
+ * be slower than one core's DRAM stream, so rows whose length is a multiple of 16 use two independent 8-lane
  * accumulators; other lengths take the plain loop. */
 static inline float SUF(dot_row)(const STYPE *row, const float *c, int N)
 {
@@ -39,19 +39,19 @@ static inline void SUF(dot2_row)(const STYPE *row, const float *k, const float *
  * of the program its thread runs next (next_program, kernels.c) one row per row of the current one, so the
  * DRAM stream runs a whole head ahead of the loads that use it: a head's compute (the verify's 2T dot
  * products per element, a flush's rank-J update) then overlaps the next head's misses instead of waiting on
- * them, and the dozen small input / output / ring streams a spec program touches no longer cost the hardware
- * prefetcher the state stream (the Mamba-2 spec verify ran 25 % faster with it). */
+ * them, and the dozen small input / output / ring streams a spec program touches cannot take the hardware
+ * prefetcher off the state stream. */
 static inline void SUF(prefetch_l2)(const STYPE *row, int N)
 {
     for (int n = 0; n < N; n += 64 / (int)sizeof(STYPE)) __builtin_prefetch(row + n, 0, 2);
 }
 
-/* out[r] = scale * (S_r . c) for R rows of N, one row after the other (pf: the next program's rows, or NULL). The order matters more than the
- * arithmetic: rows walked in address order are one sequential stream, which the hardware prefetcher follows at
- * the read bandwidth of the core; walking four rows side by side (one reduction feeding four rows, tried
- * first) is four short streams of N * 4 bytes each that the prefetcher never locks onto, and ran 2.5x slower
- * (9.7 vs 25 GB/s on one core of the AMD EPYC box). Consecutive rows are independent, so the out-of-order
- * core overlaps one row's reduction with the next row's loads. */
+/* out[r] = scale * (S_r . c) for R rows of N, one row after the other (pf: the next program's rows, or NULL).
+ * The order matters more than the arithmetic: rows walked in address order are one sequential stream, which
+ * the hardware prefetcher follows at the read bandwidth of the core; walking several rows side by side makes
+ * short streams of N * 4 bytes each that it does not lock onto (measured much slower: replayssm/cpu/README.md).
+ * Consecutive rows are independent, so the out-of-order core overlaps one row's reduction with the next
+ * row's loads. */
 static inline void SUF(dot_rows)(const STYPE *S, int64_t rs, int R, int N, const float *c, float scale, float *out,
                                  const STYPE *pf)
 {
@@ -166,10 +166,9 @@ void SUF(m2_ssu)(STYPE *state, const ATYPE *x, const float *dt, const float *A, 
  * buffered token j it costs one broadcast of X[j, r] and REBUILD_COLS / 8 loads of Y[j] (an L1-resident [J, N]
  * block) folded into as many FMAs. 64 columns = 8 independent FMA chains, enough to cover the FMA latency
  * with registers to spare on AVX2. Rows are walked in address order, so the state streams sequentially (a
- * tile of 6 rows x 16 columns, tried first, read six interleaved 512-byte streams and ran 1.9x slower on
- * the AMD EPYC box: 45 vs 23 ms for a J = 16 flush of 128 MiB on one core). Every S element is read (and
- * written) once. Columns past the last full 64-wide tile go 16 at a time; N not a multiple of 16: the plain
- * loop. */
+ * tile of several rows would read interleaved short streams the prefetcher does not follow; measured slower,
+ * replayssm/cpu/README.md). Every S element is read (and written) once. Columns past the last full 64-wide tile
+ * go 16 at a time; N not a multiple of 16: the plain loop. */
 #define REBUILD_COLS 64
 static inline void SUF(rebuild_tile)(STYPE *row, int r, int R, int n0, int W, float scale, const float *X,
                                      const float *Y, int N, int J, int store, const float *Cv, v8f *yacc)

@@ -159,7 +159,7 @@ def gdn_replay(cache, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) 
 
 # ------------------------------------------------------------------------------------------------- spec
 
-MAX_WINDOW = 16     # MAXT in kernels_body.h
+MAX_WINDOW = 16     # MAXT in spec_body.h
 
 
 def check_cpu_window(window: int) -> None:

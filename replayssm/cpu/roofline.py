@@ -4,11 +4,10 @@ The byte model (replayssm/traffic.py) is the GPU's argument: HBM reads and write
 the FLOPs are free, so a step's time is its bytes over one bandwidth. A CPU core breaks both halves:
 
   * a read-only stream is bound by the misses one core keeps in flight, and writing back lines the same
-    pass just read costs little on top (on the 2-core AMD EPYC box: 128 MiB read in 6.2 ms, read and
-    written back in place in 7.5 ms, one thread), so not writing the state saves ~20 % of a step, not half;
-  * a rank-J rebuild (a flush, the state-and-output route) does J FMAs per state element, and a core does
-    about 24 G single-precision FMA lanes per second there: a J = 16 flush of 128 MiB is FMA-bound near
-    22 ms, three times the in-place pass.
+    pass just read costs little on top, so not writing the state saves far less than half of a step;
+  * a rank-J rebuild (a flush, the state-and-output route) does J FMAs per state element, so at L = 16 a
+    flush is FMA-bound, not memory-bound.
+The rates measured on the development box, and what they predict: replayssm/cpu/README.md.
 
 So each method's floor here is, per (row, step), max(memory time, FLOP time) with
     memory time = (read - paired) / read_rate + 2 paired / update_rate + 2 (write - paired) / update_rate,

@@ -18,13 +18,12 @@ static inline const STYPE *SUF(spec_src)(const STYPE *state, const int32_t *last
 /* The register tiles of dot_block (N % 8 == 0): two rows against eight vectors, or four rows against four. Each
  * 8-lane step loads the rows' chunk once and every vector's chunk once for 16 FMAs; the first form (one row
  * against four vectors) loaded 10 chunks for 8 FMAs, load-bound, and re-read the row per four vectors. Adjacent
- * rows side by side are streams 512 bytes apart that the hardware prefetcher does not follow (a bare loop of
- * such tiles streamed at 6-7 GB/s on one core of the AMD EPYC box, rows in order at 20-23), so the tiles rely
- * on dot_block's software prefetch of the next program a head ahead: with it, in the verifies, they ran the
- * GDN verify 7 % faster than one row at a time against eight vectors and the Mamba-2 verify as fast (paired,
- * one process). The 16 accumulators fit x86-64's 32 vector registers with AVX-512VL (an AVX2-only core has 16
- * and spills some; the results are the same). hsum8x8 reduces eight at once. Vectors past nx point at the
- * first one and their sums are dropped. out[x * os + r] = row_r . C_x. */
+ * rows side by side are short streams a row apart that the hardware prefetcher does not follow, so the tiles
+ * rely on dot_block's software prefetch of the next program a head ahead, which keeps them at least as fast as
+ * one row at a time (the paired timings: replayssm/cpu/README.md). The 16 accumulators fit x86-64's 32 vector
+ * registers with AVX-512VL (an AVX2-only core has 16 and spills some; the results are the same). hsum8x8
+ * reduces eight at once. Vectors past nx point at the first one and their sums are dropped.
+ * out[x * os + r] = row_r . C_x. */
 static inline void SUF(dot_tile2x8)(const STYPE *row, size_t rs, const float *Cm, int nx, int N, float *out,
                                     size_t os)
 {
@@ -397,9 +396,9 @@ void SUF(m2_spec_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
  * r += u k_t; o[t] = r . q_t (when q). The row comes from src; after token t it is stored to dst + t dstride
  * (the native snapshots) when dst, and after the last token to fin (a commit) when fin. Each token is one pass
  * over the row in registers that also forms the next token's r . k: the update, the readout and the next
- * dot product share the loads, and two accumulators per dot keep the FMA chains short (the first form, a
- * scalar-accumulator pass for r . k and another for the update, was latency-bound: the GDN native verify ran
- * at 40 % of its floor). v [n] this row's values; k, q [n, K] fp32. */
+ * dot product share the loads, and two accumulators per dot keep the FMA chains short (a scalar-accumulator
+ * pass for r . k and another for the update is bound by the FMA latency, far below the row's floor).
+ * v [n] this row's values; k, q [n, K] fp32. */
 static inline void SUF(gdn_serial_row)(const STYPE *src, STYPE *dst, size_t dstride, STYPE *fin, int K, int n,
                                        const float *al, const float *bl, const float *vl, const float *kl,
                                        const float *ql, float *o)
@@ -454,8 +453,8 @@ static inline void SUF(gdn_serial_row)(const STYPE *src, STYPE *dst, size_t dstr
         for (int m = 0; m < K; m++) STS(fin + m, r[m]);
 }
 
-/* The window of a GDN ring verify over whole [V] rows, the rows i as the vector lanes (per row i, the T x T
- * scalar recurrence was a serial chain of dependent FMAs, a quarter of the verify). D [2T, V]: the checkpoint
+/* The window of a GDN ring verify over whole [V] rows, the rows i as the vector lanes (per row i alone, the
+ * T x T recurrence is a serial chain of dependent scalar FMAs). D [2T, V]: the checkpoint
  * dots S0_i . k_s, S0_i . q_s; bkq [2T, V] their history parts; v_s at vw + s vstride. Token s takes the U of
  * the earlier tokens its ancestor bits anc[s] name (anc NULL: all of them, the chain); A, E [T, astride] as
  * the verify's comment defines them. Writes U (Ul [T, V]) and the outputs (Ol [T, V]). */
@@ -727,8 +726,7 @@ void SUF(gdn_spec_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const i
             }
             /* D[x][i] = S0_i . X2_x: all 2T dots of every checkpoint row in one read of the head, then the
              * window over whole rows (gdn_window_rows). The outputs are gathered per token and stored as
-             * contiguous rows after (a scalar store per (row, token) lands on T pages 32 KiB apart and cost an
-             * eighth of the verify). */
+             * contiguous rows after (a scalar store per (row, token) lands on T pages HV x V elements apart). */
             float D[2 * T * V], Ul[T * V], Ol[T * V];
             SUF(dot_block)(S, K, V, X2, 2 * T, K, D, V, pf);
             SUF(gdn_window_rows)(D, bkq, v + ((size_t)b * T * HV + hv) * V, (size_t)HV * V, Gw, bw, d0, A, E, MAXT,
