@@ -305,7 +305,8 @@ def run_accuracy(cfg, *, progress: bool | None = None) -> AccuracyResult:
 def _run(cfg, progress: bool | None) -> AccuracyResult:
     from omegaconf import OmegaConf
 
-    from experiments.harness.runner import config_dict, failure
+    from experiments.harness.entry import config_dict
+    from experiments.harness.store import failure
 
     data = config_dict(cfg)
     sweep = validate(data)
@@ -388,7 +389,7 @@ def main(cfg) -> str:
     print(summary(result.rows))
     extra = f" ({result.resumed_skipped} series already done)" if result.resumed_skipped else ""
     print(f"accuracy: {len(result.rows)} rows in {time.perf_counter() - t0:.1f} s{extra} -> {result.run_dir}")
-    from experiments.harness.runner import exit_if_nothing_measured
+    from experiments.harness.entry import exit_if_nothing_measured
 
     exit_if_nothing_measured(result.rows, "accuracy", result.run_dir)
     return str(result.run_dir)

@@ -37,7 +37,7 @@ from omegaconf import OmegaConf
 from experiments.harness import timing
 from experiments.harness.env import collect_env, new_run_id
 from experiments.harness.points import load_model_config, model_spec
-from experiments.harness.runner import failure
+from experiments.harness.store import failure
 from replayssm import traffic
 from replayssm.geometry import Mamba2Geometry
 

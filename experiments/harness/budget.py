@@ -43,21 +43,12 @@ LAUNCH_SOURCE = "assumed (Triton's launch path needs a GPU driver; not measured)
 
 # ------------------------------------------------------------------------------------ claims-first order
 
-def _claims() -> tuple:
-    """scripts/published.py's CLAIMS (scripts/ is not a package: imported by path)."""
-    scripts = str(Path(__file__).resolve().parents[2] / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    from published import CLAIMS
-
-    return CLAIMS
-
-
-def claim_rank(point, claims=None) -> int:
+def claim_rank(point, claims) -> int:
     """0: the point is a stated setting of a headline claim; 1: of any claim; 2: it answers none. A claim's
-    setting is its experiment, model (if named), batch, buffer_len and spec_T (those it states)."""
+    setting is its experiment, model (if named), batch, buffer_len and spec_T (those it states). `claims`:
+    experiments.published.CLAIMS (passed in: the harness imports nothing above it)."""
     rank = 2
-    for c in claims if claims is not None else _claims():
+    for c in claims:
         stated = [(c.batch, point.batch), (c.buffer_len, point.buffer_len or getattr(point, "history_len", None)),
                   (c.spec_T, point.spec_T)]
         if c.experiment != point.experiment or not any(want is not None for want, _ in stated):
@@ -69,9 +60,8 @@ def claim_rank(point, claims=None) -> int:
     return rank
 
 
-def claims_first(points: list) -> list:
+def claims_first(points: list, claims) -> list:
     """The points in claim-rank order (stable: the sweep's own order within a rank)."""
-    claims = _claims()
     return sorted(points, key=lambda p: claim_rank(p, claims))
 
 
@@ -94,8 +84,10 @@ class Budget:
     def expired(self) -> bool:
         return self.deadline is not None and time.time() >= self.deadline
 
-    def order(self, points: list) -> list:
-        return claims_first(points) if self.claims_first else list(points)
+    def order(self, points: list, claims) -> list:
+        """`points` claims first when the config asks for it (`claims`: experiments.published.CLAIMS), else
+        as they are."""
+        return claims_first(points, claims) if self.claims_first else list(points)
 
 
 # ------------------------------------------------------------------------------------------- estimate
@@ -207,8 +199,8 @@ def estimate(overrides: dict[str, list[str]] | None = None, target: str = "h200"
 
     import torch
 
+    from experiments.harness.entry import config_dict, load_config
     from experiments.harness.points import expand
-    from experiments.harness.runner import config_dict, load_config
 
     cal = cal or json.loads(CALIBRATION.read_text())
     tgt = TARGETS[target]
@@ -311,11 +303,12 @@ def calibrate() -> dict:
     import torch
 
     from experiments.harness.check import gate
+    from experiments.harness.entry import config_dict, load_config
     from experiments.harness.env import short_sha
     from experiments.harness.methods import REGISTRY
     from experiments.harness.points import expand
-    from experiments.harness.runner import Stack, config_dict, load_config
     from experiments.harness.workload import Workload
+    from experiments.kernel.run import Stack
 
     torch.set_num_threads(1)
     launches = _stub_launches()

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from experiments.harness.entry import config_dict
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.points import CONF_DIR
-from experiments.harness.runner import config_dict
 from experiments.harness.store import COLUMNS, RunStore
 from experiments.vllm import results
 from experiments.vllm.commands import (

@@ -16,7 +16,7 @@ import torch
 
 from experiments import accuracy, accuracy_series
 from experiments.harness import methods
-from experiments.harness.runner import load_config
+from experiments.harness.entry import load_config
 from replayssm.testing import tolerance
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
