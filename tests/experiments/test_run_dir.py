@@ -194,7 +194,7 @@ def test_claims_first_puts_the_published_settings_first(tmp_path):
 
 
 def test_the_gpu_paper_sweep_estimate_covers_every_experiment():
-    from experiments.harness.budget import CALIBRATION, estimate, render
+    from experiments.budget_estimate import CALIBRATION, estimate, render
 
     cal = json.loads(CALIBRATION.read_text())
     lines = estimate(cal=cal)
