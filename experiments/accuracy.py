@@ -31,13 +31,12 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
 import numpy as np
 import torch
-from hydra.core.config_store import ConfigStore
 
 from experiments import accuracy_series as acs
 from experiments.harness.acceptance import parse_acceptance
@@ -45,6 +44,7 @@ from experiments.harness.budget import Budget
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.points import CONF_DIR, DTYPES, Point, _models, resolve_device
 from experiments.harness.store import RunStore, RunTable, run_pending
+from experiments.harness.sweeps import AccuracySweepSchema
 from replayssm.checks import interpreter_active
 from replayssm.fp8_checkpoint import FP8_STATE_DTYPE, is_fp8
 
@@ -57,30 +57,6 @@ COLUMNS = [
 BACKENDS = ("torch", "ref", "triton")
 FP8_NAME = "float8_e4m3fn"
 STATE_DTYPES = {**DTYPES, FP8_NAME: FP8_STATE_DTYPE}   # + the experimental fp8 checkpoint (replay_ar only)
-
-
-@dataclass
-class AccuracySweepSchema:
-    """conf/sweep/accuracy_*.yaml extend this (`defaults: [accuracy_schema, _self_]`)."""
-
-    models: list[str] = field(default_factory=lambda: ["nemotron3_super_120b", "qwen35_122b_a10b"])
-    heads: int = 2                   # value heads kept of each model's real headdim/dstate (K/V)
-    rows: int = 2                    # sequences decoded side by side
-    steps: int = 2000                # tokens committed per series
-    checkpoints: int = 12            # log-spaced checkpoints in 1..steps
-    methods: list[str] = field(default_factory=lambda: list(acs.METHODS))
-    workloads: list[str] = field(default_factory=lambda: list(acs.WORKLOADS))
-    buffer_len: list[int] = field(default_factory=lambda: [4, 16])
-    route: str = "output_only"       # Mamba-2 replay_ar route (GDN has one)
-    spec_T: int = 4
-    history_len: int = 16
-    acceptance: str = "rate:0.7"
-    state_dtype: list[str] = field(default_factory=lambda: ["float32", "bfloat16", "float16"])
-    act_dtype: list[str] = field(default_factory=lambda: ["float32"])
-    backend: str = "torch"
-
-
-ConfigStore.instance().store(group="sweep", name="accuracy_schema", node=AccuracySweepSchema)
 
 
 @dataclass(frozen=True)

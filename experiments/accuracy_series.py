@@ -31,10 +31,11 @@ import torch
 
 from experiments.harness.methods import REGISTRY
 from experiments.harness.points import ModelSpec, Point
+from experiments.harness.sweeps import ACCURACY_WORKLOADS
 from experiments.harness.workload import Workload
 from replayssm.geometry import GDNGeometry, Mamba2Geometry
 
-WORKLOADS = ("realistic", "long_memory")
+WORKLOADS = ACCURACY_WORKLOADS    # the sweep schema's vocabulary (experiments/harness/sweeps.py)
 
 
 # ------------------------------------------------------------------------------------------ method table

@@ -109,6 +109,18 @@ def test_bad_sweep_fails_before_work(tmp_path, override, key):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_sweep_schema_defaults_are_the_experiments_vocabulary():
+    """The accuracy and hybrid schemas live in the harness (registering them imports no experiment): their
+    default names must stay the experiments' own."""
+    from experiments.harness.sweeps import AccuracySweepSchema, HybridSweepSchema
+    from experiments.hybrid import sweep as hybrid_sweep
+
+    assert AccuracySweepSchema().methods == list(accuracy_series.METHODS)
+    assert AccuracySweepSchema().workloads == list(accuracy_series.WORKLOADS)
+    assert HybridSweepSchema().modes == list(hybrid_sweep.MODES)
+    assert HybridSweepSchema().methods == list(hybrid_sweep.E2E_METHODS)
+
+
 def _synthetic(exponent_base: float, base_scale: float, replay_scale: float) -> pd.DataFrame:
     """bf16-state baseline_ar and replay_ar series with errors c * step^exponent at known checkpoints."""
     rows = []
