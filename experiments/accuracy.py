@@ -37,14 +37,16 @@ from pathlib import Path
 import hydra
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from experiments import accuracy_series as acs
 from experiments.harness.acceptance import parse_acceptance
 from experiments.harness.budget import Budget
+from experiments.harness.entry import config_dict, exit_if_nothing_measured
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.points import CONF_DIR, DTYPES, Point, _models, resolve_device
-from experiments.harness.store import RunStore, RunTable, run_pending
-from experiments.harness.sweeps import AccuracySweepSchema
+from experiments.harness.store import RunStore, RunTable, failure, run_pending
+from experiments.harness.sweeps import AccuracySweepSchema, check_sweep, register_schemas
 from replayssm.checks import interpreter_active
 from replayssm.fp8_checkpoint import FP8_STATE_DTYPE, is_fp8
 
@@ -279,10 +281,6 @@ def run_accuracy(cfg, *, progress: bool | None = None) -> AccuracyResult:
 
 
 def _run(cfg, progress: bool | None) -> AccuracyResult:
-    from omegaconf import OmegaConf
-
-    from experiments.harness.entry import config_dict
-    from experiments.harness.store import failure
 
     data = config_dict(cfg)
     sweep = validate(data)
@@ -333,7 +331,7 @@ def _run(cfg, progress: bool | None) -> AccuracyResult:
 
 def summary(rows: list[dict]) -> str:
     """The last checkpoint of every series: method, precision, workload, errors."""
-    import pandas as pd
+    import pandas as pd  # deferred: only the console summary needs pandas
 
     if not rows:
         return "(no rows)"
@@ -349,24 +347,17 @@ def summary(rows: list[dict]) -> str:
     return text
 
 
-if __name__ == "__main__":     # any sweep composes; a sweep of another experiment is refused by name
-    from experiments.harness.sweeps import register_schemas
-
-    register_schemas()
+register_schemas()   # any sweep composes; a sweep of another experiment is refused by name before any work
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="accuracy")
 def main(cfg) -> str:
-    from experiments.harness.sweeps import check_sweep
-
     check_sweep("accuracy")
     t0 = time.perf_counter()
     result = run_accuracy(cfg)
     print(summary(result.rows))
     extra = f" ({result.resumed_skipped} series already done)" if result.resumed_skipped else ""
     print(f"accuracy: {len(result.rows)} rows in {time.perf_counter() - t0:.1f} s{extra} -> {result.run_dir}")
-    from experiments.harness.entry import exit_if_nothing_measured
-
     exit_if_nothing_measured(result.rows, "accuracy", result.run_dir)
     return str(result.run_dir)
 

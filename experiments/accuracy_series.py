@@ -44,6 +44,8 @@ def _tensor_state(cache, family, backend, A):
     return cache                                      # the baseline's pool is the state itself
 
 
+# The family packages are imported where a family's series runs: each loads its Triton kernels.
+
 def _replay_state(cache, family, backend, A):
     if family == "mamba2":
         from replayssm.mamba2.decode import materialize

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from experiments.harness.points import CONF_DIR, SweepSchema
@@ -120,8 +121,6 @@ def check_sweep(experiment: str, name: str | None = None) -> None:
     """Refuse a sweep of another experiment with one line naming both. `name`: the sweep group's choice
     (default: Hydra's runtime choice; nothing is checked outside a Hydra run)."""
     if name is None:
-        from hydra.core.hydra_config import HydraConfig
-
         if not HydraConfig.initialized():
             return
         name = HydraConfig.get().runtime.choices.get("sweep")

@@ -14,7 +14,7 @@ import csv
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from experiments.harness import memory
@@ -98,8 +98,6 @@ def _models(sweep: dict) -> list[tuple[str, dict, int | None]]:
 
 
 def _spec(key: str, cfg: dict, tp: int | None, sweep: dict) -> HybridSpec:
-    from dataclasses import replace
-
     spec = hybrid_spec(cfg, tp, key)
     if sweep.get("buffer_len") is not None:
         spec = replace(spec, buffer_len=_int("sweep.buffer_len", sweep["buffer_len"]))
