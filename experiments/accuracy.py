@@ -31,20 +31,22 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
 import numpy as np
 import torch
-from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from experiments import accuracy_series as acs
 from experiments.harness.acceptance import parse_acceptance
 from experiments.harness.budget import Budget
+from experiments.harness.entry import config_dict, exit_if_nothing_measured
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.points import CONF_DIR, DTYPES, Point, _models, resolve_device
-from experiments.harness.store import RunStore, RunTable, run_pending
+from experiments.harness.store import RunStore, RunTable, failure, run_pending
+from experiments.harness.sweeps import AccuracySweepSchema, check_sweep, register_schemas
 from replayssm.checks import interpreter_active
 from replayssm.fp8_checkpoint import FP8_STATE_DTYPE, is_fp8
 
@@ -57,30 +59,6 @@ COLUMNS = [
 BACKENDS = ("torch", "ref", "triton")
 FP8_NAME = "float8_e4m3fn"
 STATE_DTYPES = {**DTYPES, FP8_NAME: FP8_STATE_DTYPE}   # + the experimental fp8 checkpoint (replay_ar only)
-
-
-@dataclass
-class AccuracySweepSchema:
-    """conf/sweep/accuracy_*.yaml extend this (`defaults: [accuracy_schema, _self_]`)."""
-
-    models: list[str] = field(default_factory=lambda: ["nemotron3_super_120b", "qwen35_122b_a10b"])
-    heads: int = 2                   # value heads kept of each model's real headdim/dstate (K/V)
-    rows: int = 2                    # sequences decoded side by side
-    steps: int = 2000                # tokens committed per series
-    checkpoints: int = 12            # log-spaced checkpoints in 1..steps
-    methods: list[str] = field(default_factory=lambda: list(acs.METHODS))
-    workloads: list[str] = field(default_factory=lambda: list(acs.WORKLOADS))
-    buffer_len: list[int] = field(default_factory=lambda: [4, 16])
-    route: str = "output_only"       # Mamba-2 replay_ar route (GDN has one)
-    spec_T: int = 4
-    history_len: int = 16
-    acceptance: str = "rate:0.7"
-    state_dtype: list[str] = field(default_factory=lambda: ["float32", "bfloat16", "float16"])
-    act_dtype: list[str] = field(default_factory=lambda: ["float32"])
-    backend: str = "torch"
-
-
-ConfigStore.instance().store(group="sweep", name="accuracy_schema", node=AccuracySweepSchema)
 
 
 @dataclass(frozen=True)
@@ -303,9 +281,6 @@ def run_accuracy(cfg, *, progress: bool | None = None) -> AccuracyResult:
 
 
 def _run(cfg, progress: bool | None) -> AccuracyResult:
-    from omegaconf import OmegaConf
-
-    from experiments.harness.runner import config_dict, failure
 
     data = config_dict(cfg)
     sweep = validate(data)
@@ -356,7 +331,7 @@ def _run(cfg, progress: bool | None) -> AccuracyResult:
 
 def summary(rows: list[dict]) -> str:
     """The last checkpoint of every series: method, precision, workload, errors."""
-    import pandas as pd
+    import pandas as pd  # deferred: only the console summary needs pandas
 
     if not rows:
         return "(no rows)"
@@ -372,24 +347,17 @@ def summary(rows: list[dict]) -> str:
     return text
 
 
-if __name__ == "__main__":     # any sweep composes; a sweep of another experiment is refused by name
-    from experiments.harness.sweeps import register_schemas
-
-    register_schemas()
+register_schemas()   # any sweep composes; a sweep of another experiment is refused by name before any work
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="accuracy")
 def main(cfg) -> str:
-    from experiments.harness.sweeps import check_sweep
-
     check_sweep("accuracy")
     t0 = time.perf_counter()
     result = run_accuracy(cfg)
     print(summary(result.rows))
     extra = f" ({result.resumed_skipped} series already done)" if result.resumed_skipped else ""
     print(f"accuracy: {len(result.rows)} rows in {time.perf_counter() - t0:.1f} s{extra} -> {result.run_dir}")
-    from experiments.harness.runner import exit_if_nothing_measured
-
     exit_if_nothing_measured(result.rows, "accuracy", result.run_dir)
     return str(result.run_dir)
 

@@ -31,10 +31,11 @@ import torch
 
 from experiments.harness.methods import REGISTRY
 from experiments.harness.points import ModelSpec, Point
+from experiments.harness.sweeps import ACCURACY_WORKLOADS
 from experiments.harness.workload import Workload
 from replayssm.geometry import GDNGeometry, Mamba2Geometry
 
-WORKLOADS = ("realistic", "long_memory")
+WORKLOADS = ACCURACY_WORKLOADS    # the sweep schema's vocabulary (experiments/harness/sweeps.py)
 
 
 # ------------------------------------------------------------------------------------------ method table
@@ -42,6 +43,8 @@ WORKLOADS = ("realistic", "long_memory")
 def _tensor_state(cache, family, backend, A):
     return cache                                      # the baseline's pool is the state itself
 
+
+# The family packages are imported where a family's series runs: each loads its Triton kernels.
 
 def _replay_state(cache, family, backend, A):
     if family == "mamba2":

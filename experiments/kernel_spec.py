@@ -11,15 +11,16 @@ over standard decoding come from one run. The work is `run_experiment(cfg)`; Hyd
 
 import hydra
 
-from experiments.harness.runner import hydra_entry
+from experiments.harness.entry import hydra_entry
 from experiments.harness.sweeps import register_schemas
+from experiments.kernel.run import run_experiment, summarize
 
 register_schemas()   # any sweep composes; a sweep of another experiment is refused by name before any work
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="kernel_spec")
 def main(cfg) -> str:
-    return hydra_entry(cfg)
+    return hydra_entry(cfg, run_experiment, summarize)
 
 
 if __name__ == "__main__":

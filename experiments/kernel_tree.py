@@ -34,10 +34,12 @@ import pandas as pd
 import torch
 from omegaconf import OmegaConf
 
+from baselines import commit_replay_tree as crt
+from baselines import native_tree_spec as nts
 from experiments.harness import timing
 from experiments.harness.env import collect_env, new_run_id
 from experiments.harness.points import load_model_config, model_spec
-from experiments.harness.runner import failure
+from experiments.harness.store import failure
 from replayssm import traffic
 from replayssm.geometry import Mamba2Geometry
 
@@ -100,6 +102,7 @@ def acceptance_schedule(par: list[int], p: float, batch: int, steps: int, gen: t
 
 
 def _windows(spec, batch: int, N: int, steps: int, gen: torch.Generator) -> list[dict]:
+    # the family packages are imported where a family's point runs: each loads its Triton kernels
     if spec.family == "mamba2":
         from replayssm.mamba2.inputs import random_step
         return [random_step(spec.geometry, batch, window=N, with_z=spec.has_z, generator=gen) for _ in range(steps)]
@@ -117,9 +120,6 @@ def _cycle(spec, method: str, par: list[int], batch: int, history_len: int, wind
            backend: str = "torch"):
     """A zero-argument cycle running every step of the schedule (verify + commit) on fresh caches; the ring
     methods on `backend`."""
-    from baselines import commit_replay_tree as crt
-    from baselines import native_tree_spec as nts
-
     N = len(par)
     parents = torch.tensor(par, dtype=torch.int32)
     geo = spec.geometry

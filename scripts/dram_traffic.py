@@ -36,8 +36,8 @@ UNIT = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "kibyte": 2**10, "m
 
 def _point(args, method: str):
     """The harness point (and its plan) for `method` at the requested geometry."""
+    from experiments.harness.entry import config_dict, load_config
     from experiments.harness.points import expand
-    from experiments.harness.runner import config_dict, load_config
 
     exp = "kernel_spec" if method in SPEC_METHODS else "kernel_decode"
     over = [f"sweep.models=[{args.model}]", f"sweep.batch=[{args.batch}]", f"method.names=[{method}]",
@@ -53,8 +53,8 @@ def step_mode(args) -> int:
     import torch
 
     from experiments.harness.methods import REGISTRY
-    from experiments.harness.runner import Stack
     from experiments.harness.workload import Workload
+    from experiments.kernel.run import Stack
 
     plan, p = _point(args, args.step)
     m = REGISTRY[p.method]

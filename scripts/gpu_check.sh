@@ -248,7 +248,7 @@ import importlib, sys
 bundle, site = sys.argv[1], sys.argv[2]
 NEEDED = ["torch", "triton", "numpy", "pandas", "matplotlib", "yaml", "tqdm", "pynvml", "packaging", "einops",
           "hydra", "omegaconf", "antlr4", "pytest", "pytest_benchmark",
-          "experiments.harness.runner", "experiments.hybrid.run", "experiments.accuracy", "replayssm.traffic"]
+          "experiments.kernel.run", "experiments.hybrid.run", "experiments.accuracy", "replayssm.traffic"]
 missing = []
 for name in NEEDED:
     try:

@@ -88,7 +88,7 @@ if [[ "$GPU" == "True" ]]; then
     export TRITON_INTERPRET=0
     stage "GPU: $("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))'); sweep=${SWEEP}; run ${RUN_ID}"
     # the estimate before any work (point counts x calibrated per-point costs); informational, never fatal
-    "$PY" -m experiments.harness.budget || echo "reproduce: no estimate (experiments/harness/budget.py failed)" >&2
+    "$PY" -m experiments.budget_estimate || echo "reproduce: no estimate (experiments/budget_estimate.py failed)" >&2
     (( SHARDS > 1 )) && echo "reproduce: ${SHARDS} shards (${LAUNCHER}): about 1/${SHARDS} of the device time each" >&2
 else
     SWEEP="${SWEEP:-cpu}"

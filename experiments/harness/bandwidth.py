@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from experiments.harness.env import cpu_name
+
 MIB = 1 << 20
 TOLERANCE = 0.15
 MODES = ("cached", "fresh", "off")
@@ -90,8 +92,6 @@ def knee(rows: list[dict], tolerance: float = TOLERANCE) -> dict:
 
 
 def _key(threads: int, llc_bytes: int | None, max_bytes: int) -> str:
-    from experiments.harness.env import cpu_name
-
     ident = f"{socket.gethostname()}|{cpu_name()}|{os.cpu_count()}|{llc_bytes}|{threads}|{max_bytes}"
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 

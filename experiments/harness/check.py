@@ -1,5 +1,5 @@
 """The correctness gate: before a point is timed, its method runs a few steps from a fresh cache on fresh
-random inputs, and its outputs are compared with the float64 oracle (experiments/harness/runner.py).
+random inputs, and its outputs are compared with the float64 oracle (experiments/kernel/run.py).
 
     AR    steps = L + 1 for a method with a buffer (crosses the flush, then one step after it), else
           `check_ar_steps`; oracle = replayssm.<family>.ref step, chained in float64.

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PEERS = {"mamba_ssm": ("mamba-ssm", "mamba_ssm"), "fla": ("flash-linear-attention", "fla-core"),
@@ -168,8 +169,6 @@ def gpu_info() -> dict:
 # ---------------------------------------------------------------------------------------------- hardware
 
 def _profiles(conf_dir: Path) -> dict[str, dict]:
-    from omegaconf import OmegaConf
-
     return {p.stem: OmegaConf.to_container(OmegaConf.load(p), resolve=True)
             for p in sorted((conf_dir / "hardware").glob("*.yaml")) if p.stem != "auto"}
 

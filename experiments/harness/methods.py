@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 
 from replayssm.checks import interpreter_active
+from replayssm.fp8_checkpoint import write_checkpoint
 
 REGISTRY: dict[str, Method] = {}
 
@@ -189,7 +190,6 @@ class ReplayAR(Method):
                             act_dtype=wl.act_dtype, device=device)
 
     def set_state(self, cache, state):
-        from replayssm.fp8_checkpoint import write_checkpoint
         write_checkpoint(cache, slice(None), state)   # an fp8 checkpoint is quantised like a flush writes it
         cache.write_pos.zero_()
 

@@ -19,10 +19,12 @@ from typing import Any
 
 import torch
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from experiments.harness.acceptance import Acceptance, parse_acceptance
 from experiments.harness.bandwidth import MODES as COLD_PROBE_MODES
 from experiments.harness.methods import REGISTRY, Method
+from replayssm.checks import interpreter_active
 from replayssm.geometry import GDN_MODELS, MAMBA2_MODELS, GDNGeometry, Mamba2Geometry
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -253,8 +255,6 @@ def known_models() -> list[str]:
 
 def load_model_config(name: str) -> dict:
     """The model group's YAML for `name` (conf/model/<name>.yaml) as a plain dict."""
-    from omegaconf import OmegaConf
-
     path = CONF_DIR / "model" / f"{name}.yaml"
     if not path.exists():
         raise ValueError(f"model: unknown model {name!r}; known models: {', '.join(known_models())}")
@@ -338,8 +338,6 @@ def device_sweep(sweep: dict, device: str) -> dict:
 def expand(cfg) -> Plan:
     """Validate `cfg` (DictConfig or dict) and expand it into points. Raises ValueError naming the key."""
     if not isinstance(cfg, dict):
-        from omegaconf import OmegaConf
-
         cfg = OmegaConf.to_container(cfg, resolve=True)
     for section in ("sweep", "experiment", "timing"):
         if not isinstance(cfg.get(section), dict):
@@ -389,8 +387,6 @@ def expand(cfg) -> Plan:
             raise ValueError("sweep.act_dtype: bfloat16 is not timed on CPU (the Triton interpreter computes bf16 "
                              "on raw bits and CPU bf16 is not a target); use float32/float16")
         if backend == "triton":
-            from replayssm.checks import interpreter_active
-
             if not interpreter_active():
                 raise ValueError("sweep.backend=triton on CPU needs TRITON_INTERPRET=1 (correctness only, never "
                                  "timed); use backend=torch to time on CPU")

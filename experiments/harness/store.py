@@ -30,8 +30,11 @@ import os
 import re
 import shlex
 import sys
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+
+from tqdm import tqdm
 
 COLUMNS = [
     "experiment", "family", "model", "tp", "geometry", "method", "route", "backend", "batch", "buffer_len", "spec_T",
@@ -198,7 +201,7 @@ class RunStore:
         (default <repo>/results) named `run_id` (explicit: refused if taken) or a fresh id."""
         if data.get("resume"):
             return cls.resume(Path(data["resume"]))
-        from experiments.harness.env import REPO_ROOT, new_run_id
+        from experiments.harness.env import REPO_ROOT, new_run_id  # deferred: env loads torch, the store needs none
 
         root = Path(data["out_dir"]) if data.get("out_dir") else REPO_ROOT / "results"
         sweep_dir = multirun_dir()
@@ -286,6 +289,25 @@ class RunStore:
         return name
 
 
+def failure(exc: BaseException) -> tuple[str, str]:
+    """(status, message) of a point that raised: `oom` for an allocator failure, else `error` with where it was
+    raised. Every runner records a failing point this way and goes on with the sweep."""
+    import torch  # deferred: readers of this module (COLUMNS, RunStore) need no torch
+
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or _cpu_alloc_failure(exc):
+        return "oom", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    frames = traceback.extract_tb(exc.__traceback__)        # empty for an exception that was never raised
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return "error", f"{type(exc).__name__}: {str(exc)[:300]}{where}"
+
+
+def _cpu_alloc_failure(exc: BaseException) -> bool:
+    """torch's CPU allocator raises a plain RuntimeError (`DefaultCPUAllocator: can't allocate memory: ...
+    Error code 12 (Cannot allocate memory)`), not OutOfMemoryError: it is an oom all the same."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "Cannot allocate memory" in text)
+
+
 # ------------------------------------------------------------------------------------------- the loop
 
 def resume_command(experiment: str, run_dir: Path, argv: list[str] | None = None) -> str:
@@ -301,7 +323,6 @@ def run_pending(items: Iterable, key: Callable, work: Callable, append: Callable
     append its rows; skip one another live process is measuring. `stop()` true (the time budget is spent):
     end cleanly before the next item with a note and the resume command. Ctrl-C: a note of the rows kept
     and the exact resume command, then exit 130 (no traceback). Returns the number of items appended."""
-    from tqdm import tqdm
 
     kept, items = 0, list(items)
     try:

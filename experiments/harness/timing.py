@@ -142,7 +142,7 @@ def capture_graph(cycle: Callable[[], None], warmup_calls: int = 2) -> torch.cud
 def bench_gpu(fn: Callable[[], None], *, l2: str, warmup_ms: float, rep_ms: float) -> Timing:
     """Milliseconds -> microseconds per call of `fn`: do_bench (cold L2) or back-to-back events (warm)."""
     if l2 == "cold":
-        import triton.testing
+        import triton.testing  # deferred: GPU timing only
 
         med, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
         return Timing(med * 1e3, p20 * 1e3, p80 * 1e3)
@@ -213,7 +213,7 @@ def measure_copy_GBps(device: str, nbytes: int) -> float:
     dst = torch.empty_like(src)
     moved = 2 * n * 4
     if device == "cuda":
-        import triton.testing
+        import triton.testing  # deferred: GPU timing only
 
         ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=100, return_mode="median")
         return moved / (ms * 1e-3) / 1e9

@@ -25,7 +25,7 @@ class Workload:
         self.state_dtype, self.act_dtype = DTYPES[point.state_dtype], DTYPES[point.act_dtype]
         g = self.geometry
         if self.family == "mamba2":
-            from replayssm.mamba2 import inputs, ref
+            from replayssm.mamba2 import inputs, ref  # deferred: a family package loads its Triton kernels
 
             self._inputs, self._ref = inputs, ref
             prm = inputs.random_params(g, device=device, generator=generator)

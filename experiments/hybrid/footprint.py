@@ -31,11 +31,16 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
 
-from experiments.hybrid.spec import HybridSpec
+from experiments.harness.methods import REGISTRY
+from experiments.harness.points import CONF_DIR, load_model_config
+from experiments.hybrid.spec import HybridSpec, hybrid_spec
 from replayssm import traffic
 
 MODE_METHOD = {"ar": "baseline_ar", "ar_replay": "replay_ar", "native": "baseline_spec",
@@ -218,8 +223,6 @@ def step_bytes(spec: HybridSpec, method: str, call, *, batch: int, context_len: 
     `context_len`: weights read (in the activation dtype the step is timed with; MoE: the experts the batch's
     tokens touch), KV read (and the window's writes), SSM state + buffer traffic (replayssm.traffic through the
     method's own model, as the kernel rows), and the MTP drafter's T - 1 passes when `with_mtp`."""
-    from experiments.harness.methods import REGISTRY
-
     ab = _nb(call.act_dtype)
     tr = REGISTRY[method].traffic(call, call, counts.cpu() if counts is not None else None)
     ssm = float(tr.total) * batch * spec.ssm_layers if tr is not None else float("nan")
@@ -325,10 +328,6 @@ def _parse(argv: list[str]) -> tuple[list[str], dict[str, str]]:
 
 def concurrency_table(models: list[str], hardware: dict, options: dict[str, str]) -> list[dict]:
     """One row per (model, mode): plain and vLLM-allocator concurrency beside the published value."""
-    from dataclasses import replace
-
-    from experiments.harness.points import load_model_config
-    from experiments.hybrid.spec import hybrid_spec
 
     hbm = hardware.get("hbm_bytes")
     if not hbm:
@@ -370,12 +369,7 @@ def concurrency_table(models: list[str], hardware: dict, options: dict[str, str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    import pandas as pd
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-
-    from experiments.harness.points import CONF_DIR
+    import pandas as pd  # deferred: only this table needs pandas, not the runners that import footprint
 
     try:
         overrides, options = _parse(sys.argv[1:] if argv is None else argv)

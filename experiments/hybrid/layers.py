@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from experiments.harness.methods import REGISTRY
 from experiments.hybrid.spec import HybridSpec
+from replayssm.ring_cursors import attach
 
 ATTENTION_IMPL = "torch_sdpa"
 KV_LAYOUT = "contiguous"
@@ -92,7 +93,7 @@ class SSMMixer:
             self.inner = g.nheads * g.headdim
             self.conv_dim = self.inner + 2 * g.ngroups * g.dstate        # x, B, C go through the conv
             self.split = [self.inner, self.conv_dim, g.nheads]            # z | xBC | dt
-            from replayssm.mamba2.inputs import random_params
+            from replayssm.mamba2.inputs import random_params  # deferred: the package loads its Triton kernels
 
             prm = random_params(g, device=device, generator=gen)
             self.A, self.D, self.dt_bias = prm.A, prm.D, prm.dt_bias
@@ -113,7 +114,6 @@ class SSMMixer:
         self.conv_state = torch.zeros(num_slots, spec.conv_kernel - 1, self.conv_dim, dtype=act, device=device)
         self.cache = self.method.allocate(call, call, num_slots, device)
         if cursor is not None:            # one cursor per row for every layer (HybridModel moves it once a step)
-            from replayssm.ring_cursors import attach
             attach(self.cache, cursor)
         self.pending: torch.Tensor | None = None      # the window's conv inputs, shifted in by `advance`
 

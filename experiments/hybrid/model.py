@@ -24,12 +24,11 @@ import torch.nn.functional as F
 
 from experiments.hybrid.layers import MLP, Attention, MoE, SSMCall, SSMMixer, _w, rms_norm
 from experiments.hybrid.spec import HybridSpec
+from replayssm.ring_cursors import DecodeCursor, SpecCursor
 
 
 def _shared_cursor(method: str, call: SSMCall, num_slots: int, device: str):
     """A DecodeCursor (replay_ar) or SpecCursor (replay_spec) for every SSM layer of a model, else None."""
-    from replayssm.ring_cursors import DecodeCursor, SpecCursor
-
     if method == "replay_ar":
         return DecodeCursor.allocate(num_slots, call.buffer_len, device)
     if method == "replay_spec":
@@ -161,8 +160,6 @@ class HybridModel:
 
     def _move_cursor(self, accepted: torch.Tensor) -> None:
         """The shared SSM cursor, once per step for every layer: AR advance or the spec ring's commit."""
-        from replayssm.ring_cursors import DecodeCursor
-
         slots = torch.arange(accepted.shape[0], dtype=torch.int32, device=accepted.device)
         if isinstance(self.ssm_cursor, DecodeCursor):
             self.ssm_cursor.advance(slots, backend=self.call.backend)

@@ -22,19 +22,23 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
 
 from experiments.harness import memory, timing
 from experiments.harness.acceptance import parse_acceptance
 from experiments.harness.budget import Budget
+from experiments.harness.entry import exit_if_nothing_measured
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.points import CONF_DIR, DTYPES
-from experiments.harness.runner import failure
-from experiments.harness.store import parse_shard, run_pending, shard_of
+from experiments.harness.store import failure, parse_shard, run_pending, shard_of
+from experiments.harness.sweeps import check_sweep
 from experiments.hybrid.footprint import footprint, max_concurrency, step_bytes
 from experiments.hybrid.layers import ATTENTION_IMPL, KV_LAYOUT, SSMCall
 from experiments.hybrid.model import HybridModel, MTPDrafter
 from experiments.hybrid.spec import KIND_GROUP, HybridSpec
 from experiments.hybrid.sweep import HybridPlan, HybridPoint, HybridStore, expand, serving_steps
+from experiments.published import CLAIMS
 from replayssm.testing import rel_err, tolerance
 
 COMMON = ["experiment", "model", "tp", "family", "method", "batch", "context_len", "buffer_len", "route",
@@ -298,8 +302,6 @@ def serving_point(p: HybridPoint, spec: HybridSpec, plan: HybridPlan, row: dict,
 # ------------------------------------------------------------------------------------------------ run
 
 def run_hybrid(cfg, experiment: str) -> tuple[Path, list[dict]]:
-    from omegaconf import OmegaConf
-
     data = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)
     data = {k: v for k, v in data.items() if k != "hydra"}
     device = "cuda" if data.get("device", "auto") in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
@@ -311,7 +313,7 @@ def run_hybrid(cfg, experiment: str) -> tuple[Path, list[dict]]:
     done = store.done_hashes()
     budget = Budget.of(data)
     todo = budget.order([p for p in plan.points
-                         if shard_of(p.config_hash(), shards) == shard and p.config_hash() not in done])
+                         if shard_of(p.config_hash(), shards) == shard and p.config_hash() not in done], CLAIMS)
     if not todo:                                  # a resume with nothing left writes no provenance file
         return store.run_dir, []
     if plan.device == "cuda" and shards > 1:      # one process per GPU: shard i on local GPU i mod count
@@ -393,10 +395,6 @@ def model_override(data: dict, task_overrides: list[str]) -> dict:
 
 
 def hydra_main(cfg, experiment: str) -> str:
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
-    from experiments.harness.sweeps import check_sweep
 
     check_sweep(experiment)
     t0 = time.perf_counter()
@@ -405,7 +403,5 @@ def hydra_main(cfg, experiment: str) -> str:
     run_dir, rows = run_hybrid(data, experiment)
     print(summarize(rows))
     print(f"{experiment}: {len(rows)} rows in {time.perf_counter() - t0:.1f} s -> {run_dir}")
-    from experiments.harness.runner import exit_if_nothing_measured
-
     exit_if_nothing_measured(rows, experiment, run_dir)
     return str(run_dir)

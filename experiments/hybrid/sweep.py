@@ -14,11 +14,8 @@ import csv
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
-
-from hydra.core.config_store import ConfigStore
 
 from experiments.harness import memory
 from experiments.harness.acceptance import parse_acceptance
@@ -32,53 +29,12 @@ from experiments.harness.points import (
     validate_timing,
 )
 from experiments.harness.store import KeyIndex, RunStore, append_unique, locked
+from experiments.harness.sweeps import E2E_METHODS, HybridSweepSchema
+from experiments.harness.sweeps import SERVING_MODES as MODES
 from experiments.hybrid import footprint as fpm
 from experiments.hybrid.spec import HybridSpec, hybrid_spec
 
 _MODEL_ENTRY = re.compile(r"^([A-Za-z0-9_]+)(?:@tp(\d+))?$")
-MODES = ("ar", "native", "replayssm", "commit_replay")
-E2E_METHODS = ("baseline_ar", "replay_ar")
-
-
-@dataclass
-class HybridSweepSchema:
-    """conf/sweep/{e2e_cpu,paper_e2e,serving_cpu,paper_serving}.yaml extend this (defaults: [hybrid_schema])."""
-
-    models: list[str] = field(default_factory=lambda: ["tiny_mamba2"])
-    batch: list[int] = field(default_factory=lambda: [1])
-    context_len: list[int] = field(default_factory=lambda: [256])
-    methods: list[str] = field(default_factory=lambda: list(E2E_METHODS))   # e2e_decode
-    modes: list[str] = field(default_factory=lambda: list(MODES))           # serving
-    buffer_len: int | None = None           # null: the model's replayssm.buffer_len
-    history_len: int | None = None          # null: the model's replayssm.history_len
-    spec_T: list[int] = field(default_factory=lambda: [4])
-    acceptance: list[Any] = field(default_factory=lambda: [{"kind": "rate", "p": 0.8}])
-    spec_steps: int = 8                     # verify+commit steps per timed cycle (raised to pass >= 3 flushes)
-    route: str = "output_only"              # Mamba-2 replay route (GDN: state_and_output)
-    state_dtype: str = "float32"
-    act_dtype: str = "float32"
-    backend: str = "torch"
-    build: str = "auto"                     # full | block (composed) | auto: block when weights > max_build_bytes
-    max_build_bytes: int = 2_000_000_000
-    max_model_len: int = 2048               # KV budget per sequence (context + decoded tokens must fit)
-    moe_impl: str = "auto"
-    hbm_bytes: int | None = None
-    hbm_fallback_bytes: int = 80_000_000_000   # no hardware HBM and no GPU: an 80 GB H100 (the paper's dense GPU)
-    hbm_util: float = 0.9                   # vLLM's gpu_memory_utilization default
-    at_concurrency: bool = False            # serving: add a point per mode at its max concurrency (capped)
-    concurrency_batch_cap: int = 1024
-    # serving: a batch above a mode's max concurrency under the HBM budget is refused (`refuse`) or, in a
-    # multi-model sweep whose at_concurrency point measures each mode's high end, left out and listed in the
-    # run's env.json and console (`skip`)
-    over_capacity: str = "refuse"
-    vocab_cap: int | None = None            # CPU: truncate the (per-rank) LM head to this many rows (recorded)
-    expert_cap: int | None = None           # CPU: build at most this many routed experts (>= top-k; recorded)
-    threads: int | None = None
-    cpu_repeats: int = 5
-    cpu_warmup: int = 1
-
-
-ConfigStore.instance().store(group="sweep", name="hybrid_schema", node=HybridSweepSchema)
 
 
 @dataclass(frozen=True)
@@ -142,8 +98,6 @@ def _models(sweep: dict) -> list[tuple[str, dict, int | None]]:
 
 
 def _spec(key: str, cfg: dict, tp: int | None, sweep: dict) -> HybridSpec:
-    from dataclasses import replace
-
     spec = hybrid_spec(cfg, tp, key)
     if sweep.get("buffer_len") is not None:
         spec = replace(spec, buffer_len=_int("sweep.buffer_len", sweep["buffer_len"]))

@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
 
+from experiments.harness.entry import config_dict
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.points import CONF_DIR
-from experiments.harness.runner import config_dict
 from experiments.harness.store import COLUMNS, RunStore
 from experiments.vllm import results
 from experiments.vllm.commands import (
@@ -125,9 +127,6 @@ class EngineRun:
 
 def run_engine_bench(cfg, *, progress: bool | None = None) -> EngineRun:
     """Validate, probe the engine, then run (or skip with the reason) every point."""
-    from omegaconf import OmegaConf
-    from tqdm import tqdm
-
     data = config_dict(cfg)
     plan = expand(data)                                  # every ValueError happens here, before any process
     engine = probe_engine(plan.engine)

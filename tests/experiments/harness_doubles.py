@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from experiments.harness import methods
-from experiments.harness.runner import load_config
+from experiments.harness.entry import load_config
 
 # Small and quick: one repeat set of a few samples, short spec cycles, a tiny copy-bandwidth probe.
 FAST = [

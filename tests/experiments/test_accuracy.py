@@ -16,7 +16,7 @@ import torch
 
 from experiments import accuracy, accuracy_series
 from experiments.harness import methods
-from experiments.harness.runner import load_config
+from experiments.harness.entry import load_config
 from replayssm.testing import tolerance
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -107,6 +107,18 @@ def test_bad_sweep_fails_before_work(tmp_path, override, key):
     with pytest.raises(ValueError, match=key.replace("[", r"\[").replace("]", r"\]")):
         run(tmp_path / "out", [override])
     assert not (tmp_path / "out").exists()
+
+
+def test_the_sweep_schema_defaults_are_the_experiments_vocabulary():
+    """The accuracy and hybrid schemas live in the harness (registering them imports no experiment): their
+    default names must stay the experiments' own."""
+    from experiments.harness.sweeps import AccuracySweepSchema, HybridSweepSchema
+    from experiments.hybrid import sweep as hybrid_sweep
+
+    assert AccuracySweepSchema().methods == list(accuracy_series.METHODS)
+    assert AccuracySweepSchema().workloads == list(accuracy_series.WORKLOADS)
+    assert HybridSweepSchema().modes == list(hybrid_sweep.MODES)
+    assert HybridSweepSchema().methods == list(hybrid_sweep.E2E_METHODS)
 
 
 def _synthetic(exponent_base: float, base_scale: float, replay_scale: float) -> pd.DataFrame:

@@ -21,8 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from experiments.harness.methods import REGISTRY
 from experiments.harness.points import expand
-from experiments.harness.runner import Stack
 from experiments.harness.workload import Workload
+from experiments.kernel.run import Stack
 
 HOST_SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.item")
 SYNC_FREE_TORCH = {"baseline_ar"}          # the torch steps that could be captured as they are

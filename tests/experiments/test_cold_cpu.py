@@ -14,7 +14,8 @@ from harness_doubles import FAST, compose
 
 from experiments.harness import env as env_mod
 from experiments.harness import memory, points
-from experiments.harness.runner import load_config, run_experiment
+from experiments.harness.entry import load_config
+from experiments.kernel.run import run_experiment
 from replayssm import traffic
 from replayssm.geometry import Mamba2Geometry
 

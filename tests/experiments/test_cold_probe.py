@@ -10,7 +10,7 @@ from harness_doubles import compose
 
 from experiments.harness import bandwidth
 from experiments.harness import env as env_mod
-from experiments.harness.runner import run_experiment
+from experiments.kernel.run import run_experiment
 
 MIB = 1 << 20
 

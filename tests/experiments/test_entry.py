@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from harness_doubles import FAST
 
-from experiments.harness.runner import load_config
+from experiments.harness.entry import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

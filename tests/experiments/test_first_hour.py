@@ -8,9 +8,10 @@ import pytest
 from harness_doubles import compose
 from omegaconf import OmegaConf
 
-from experiments.harness import runner
+from experiments.harness import entry, store
 from experiments.harness.points import expand, validate_timing
 from experiments.harness.sweeps import check_sweep, sweep_experiments, sweeps_of
+from experiments.kernel import run as runner
 
 
 @pytest.mark.parametrize("key, value, allowed", [
@@ -32,9 +33,9 @@ def test_every_timing_key_is_checked_before_any_work(tmp_path, key, value, allow
 def test_a_typed_sweep_key_wins_over_on_cpu():
     cfg = OmegaConf.create({"sweep": {"batch": [1, 64], "backend": "triton",
                                       "on_cpu": {"batch": [1, 8], "backend": "torch", "models": ["tiny_gdn"]}}})
-    taken = runner.keep_user_overrides(cfg, ["sweep.batch=[0]", "+seed=3", "model=tiny_gdn"])
+    taken = entry.keep_user_overrides(cfg, ["sweep.batch=[0]", "+seed=3", "model=tiny_gdn"])
     assert taken == ["batch"] and list(cfg.sweep.on_cpu) == ["backend", "models"]
-    assert runner.keep_user_overrides(OmegaConf.create({"sweep": {"batch": [2]}}), ["sweep.batch=[3]"]) == []
+    assert entry.keep_user_overrides(OmegaConf.create({"sweep": {"batch": [2]}}), ["sweep.batch=[3]"]) == []
 
 
 def test_a_sweep_of_another_experiment_is_refused_by_name():
@@ -53,10 +54,10 @@ def test_a_sweep_of_another_experiment_is_refused_by_name():
 def test_a_run_where_every_point_failed_exits_non_zero(tmp_path):
     failed = [{"status": "error", "message": "ValueError: x"}, {"status": "oom", "message": "MemoryError"}]
     with pytest.raises(SystemExit, match=r"every one of the 2 points failed \(error=1, oom=1\); first: ValueError"):
-        runner.exit_if_nothing_measured(failed, "kernel_decode", tmp_path)
-    runner.exit_if_nothing_measured(failed + [{"status": "ok"}], "kernel_decode", tmp_path)
-    runner.exit_if_nothing_measured([{"status": "skipped"}], "kernel_decode", tmp_path)
-    runner.exit_if_nothing_measured([], "kernel_decode", tmp_path)
+        entry.exit_if_nothing_measured(failed, "kernel_decode", tmp_path)
+    entry.exit_if_nothing_measured(failed + [{"status": "ok"}], "kernel_decode", tmp_path)
+    entry.exit_if_nothing_measured([{"status": "skipped"}], "kernel_decode", tmp_path)
+    entry.exit_if_nothing_measured([], "kernel_decode", tmp_path)
 
 
 def test_a_cpu_allocation_failure_is_oom_not_error():
@@ -65,11 +66,11 @@ def test_a_cpu_allocation_failure_is_oom_not_error():
     try:
         torch.empty(1 << 62, dtype=torch.uint8)
     except RuntimeError as exc:
-        status, message = runner.failure(exc)
+        status, message = store.failure(exc)
         assert status == "oom" and "allocate" in message
     else:  # pragma: no cover - a machine with 4 EiB of memory
         pytest.skip("the allocation succeeded")
-    assert runner.failure(RuntimeError("shape mismatch"))[0] == "error"
+    assert store.failure(RuntimeError("shape mismatch"))[0] == "error"
 
 
 def test_console_table_shows_T_and_B_and_rows_carry_their_geometry(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from experiments import accuracy
-from experiments.harness.runner import load_config
+from experiments.harness.entry import load_config
 from replayssm.testing import tolerance
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))

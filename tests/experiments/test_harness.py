@@ -11,8 +11,8 @@ import torch
 from harness_doubles import compose
 
 from experiments.harness.methods import REGISTRY
-from experiments.harness.runner import run_experiment, summarize
 from experiments.harness.store import COLUMNS
+from experiments.kernel.run import run_experiment, summarize
 
 
 def _importable(method: str, family: str) -> bool:

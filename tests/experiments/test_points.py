@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 
 from experiments.harness import points
 from experiments.harness.acceptance import parse_acceptance
+from experiments.harness.entry import load_config
 from experiments.harness.points import CONF_DIR, expand, known_models, load_model_config, model_spec
-from experiments.harness.runner import load_config
 from replayssm.geometry import get_geometry
 
 

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from harness_doubles import compose
 
+from experiments.harness.entry import config_dict
 from experiments.harness.points import expand
-from experiments.harness.runner import config_dict, run_experiment
 from experiments.harness.store import COLUMNS, KeyIndex, RunStore, append_unique, parse_shard, run_pending, shard_of
+from experiments.kernel.run import run_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 # a small CPU sweep: 2 models x 2 batches x (baseline + replay per route): 10 points of a few ms each
@@ -181,18 +182,19 @@ def test_a_spent_budget_stops_before_the_next_point_and_says_how_to_continue(tmp
 
 def test_claims_first_puts_the_published_settings_first(tmp_path):
     from experiments.harness.budget import Budget, claim_rank
+    from experiments.published import CLAIMS
 
     over = ["sweep=cpu", "sweep.models=[tiny_mamba2]", "sweep.batch=[1,64,256]", "sweep.buffer_len=[4,16]",
             "method.names=[baseline_ar,replay_ar]"]
     points = expand(config_dict(compose(tmp_path, overrides=over))).points
-    ordered = Budget(claims_first=True).order(points)
-    ranks = [claim_rank(p) for p in ordered]
+    ordered = Budget(claims_first=True).order(points, CLAIMS)
+    ranks = [claim_rank(p, CLAIMS) for p in ordered]
     assert ranks == sorted(ranks) and sorted(map(id, ordered)) == sorted(map(id, points))
     assert ranks[0] < 2 and ranks[-1] == 2                  # some point answers a claim, some none
 
 
 def test_the_gpu_paper_sweep_estimate_covers_every_experiment():
-    from experiments.harness.budget import CALIBRATION, estimate, render
+    from experiments.budget_estimate import CALIBRATION, estimate, render
 
     cal = json.loads(CALIBRATION.read_text())
     lines = estimate(cal=cal)

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from conftest import pid_alive
 
+from experiments.harness.entry import load_config
 from experiments.harness.env import REPO_ROOT
-from experiments.harness.runner import load_config
 from experiments.vllm.run import ENGINE_COLUMNS, run_engine_bench
 
 

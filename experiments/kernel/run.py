@@ -1,5 +1,11 @@
-"""The timing core as a plain function: config -> rows on disk. Hydra only drives it (experiments/*.py);
-tests and notebooks call `run_experiment(load_config(...))` without the Hydra runtime.
+"""The kernel experiments' runner (kernel_decode, kernel_spec) as a plain function: config -> rows on disk.
+Hydra only drives it (experiments/kernel_decode.py, kernel_spec.py through harness/entry.hydra_entry); tests
+and notebooks call `run_experiment(load_config(...))` without the Hydra runtime:
+
+    from experiments.harness.entry import load_config
+    from experiments.kernel.run import run_experiment
+    result = run_experiment(load_config("kernel_decode", ["sweep=cpu", "sweep.batch=[1]"]))
+    result.rows, result.run_dir
 
 Per point: skip if the method cannot run here; correctness gate against the float64 oracle
 (status=wrong, no time, when it fails); build a stack of layers, each with its own cache pool (GPU, cold
@@ -11,23 +17,27 @@ and the sweep goes on.
 
 from __future__ import annotations
 
+import csv
 import math
 import statistics
 import time
-import traceback
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from experiments.harness import memory, timing
+from experiments.harness.bandwidth import cold_point
 from experiments.harness.budget import Budget
 from experiments.harness.check import gate
+from experiments.harness.entry import config_dict
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.methods import REGISTRY, Method, MethodUnavailable
 from experiments.harness.points import CONF_DIR, Plan, Point, device_sweep, expand
-from experiments.harness.store import COLUMNS, RunStore, RunTable, parse_shard, run_pending, shard_of
+from experiments.harness.store import COLUMNS, RunStore, RunTable, failure, parse_shard, run_pending, shard_of
 from experiments.harness.workload import Workload
+from experiments.published import CLAIMS
 from replayssm.checks import interpreter_active
 
 
@@ -38,41 +48,6 @@ class RunResult:
     rows: list[dict]                 # the rows this invocation wrote
     resumed_skipped: int = 0         # points already in the run directory (resume)
     env: dict = field(default_factory=dict)
-
-
-def load_config(config_name: str = "kernel_decode", overrides=(), return_hydra_config: bool = False):
-    """Compose conf/<config_name>.yaml with Hydra's compose API (no Hydra runtime, no output dirs)."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR), job_name="replayssm_bench"):
-        return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
-
-
-def failure(exc: BaseException) -> tuple[str, str]:
-    """(status, message) of a point that raised: `oom` for an allocator failure, else `error` with where it was
-    raised. Every runner records a failing point this way and goes on with the sweep."""
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or _cpu_alloc_failure(exc):
-        return "oom", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    frames = traceback.extract_tb(exc.__traceback__)        # empty for an exception that was never raised
-    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    return "error", f"{type(exc).__name__}: {str(exc)[:300]}{where}"
-
-
-def _cpu_alloc_failure(exc: BaseException) -> bool:
-    """torch's CPU allocator raises a plain RuntimeError (`DefaultCPUAllocator: can't allocate memory: ...
-    Error code 12 (Cannot allocate memory)`), not OutOfMemoryError: it is an oom all the same."""
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "Cannot allocate memory" in text)
-
-
-def config_dict(cfg) -> dict:
-    if isinstance(cfg, dict):
-        return {k: v for k, v in cfg.items() if k != "hydra"}
-    from omegaconf import OmegaConf
-
-    data = OmegaConf.to_container(cfg, resolve=True)
-    data.pop("hydra", None)
-    return data
 
 
 @dataclass
@@ -98,8 +73,6 @@ def run_experiment(cfg, *, progress: bool | None = None) -> RunResult:
 
 
 def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
-    from omegaconf import OmegaConf
-
     settings = plan.timing
     shard, shards = parse_shard(data)
     hardware = resolve_hardware(data.get("hardware") or {}, plan.device, CONF_DIR)
@@ -108,7 +81,7 @@ def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
     done = store.done_hashes()
     budget = Budget.of(data)
     mine = [p for p in plan.points if shard_of(p.config_hash(), shards) == shard]
-    todo = budget.order([p for p in mine if p.config_hash() not in done])
+    todo = budget.order([p for p in mine if p.config_hash() not in done], CLAIMS)
     skipped = len(mine) - len(todo)
     if not todo:                                   # nothing to run: no provenance file, no bandwidth probe
         return RunResult(run_dir=store.run_dir, run_id=store.run_id, rows=[], resumed_skipped=skipped)
@@ -162,8 +135,6 @@ def cold_stack_bytes(hardware: dict, settings: dict) -> dict | None:
     knee: hardware["l2_bytes"] becomes cold_bytes / l2_factor, so the stack rule (layers x layer bytes >=
     l2_factor x l2_bytes) reaches cold_bytes. The sysfs LLC stays in hardware["llc_bytes"] and env.json.
     timing.cpu_cold_probe: cached (default) | fresh | off (off: the sysfs LLC sizes the stack, as before)."""
-    from experiments.harness.bandwidth import cold_point
-
     probe = cold_point(mode=str(settings.get("cpu_cold_probe", "cached")), llc_bytes=hardware.get("llc_bytes"))
     if probe is None:
         return None
@@ -183,8 +154,6 @@ HOST_COLUMNS = ["config_hash", "experiment", "model", "method", "batch", "gate_s
 def host_summary(path: Path) -> dict:
     """Median host seconds per timed point of a run's host_costs.csv: gate, build, capture (warm-up + graph
     capture: GPU), the whole timing call, and build + gate + capture."""
-    import csv
-
     with open(path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["timing_s"]]
     if not rows:
@@ -211,8 +180,6 @@ def blank_row(p: Point, run_id: str) -> dict:
 def geometry_label(geometry) -> str:
     """A point's geometry (Point.geometry: sorted (key, value) pairs, or a geometry dataclass) as one cell."""
     if hasattr(geometry, "__dataclass_fields__"):
-        from dataclasses import asdict
-
         geometry = sorted(asdict(geometry).items())
     return " ".join(f"{k}={v}" for k, v in geometry)
 
@@ -483,70 +450,3 @@ def _fmt(v) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return ""
     return f"{v:.4g}"
-
-
-# ------------------------------------------------------------------------------------------ Hydra driver
-
-def hydra_entry(cfg) -> str:
-    """What the Hydra entry points run: an explicit `model=...` on the command line narrows a sweep that
-    lists its own models to that model; then run, print the summary, return the run directory."""
-    import time
-
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
-
-    task = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    if cfg.sweep.get("models") is not None and any(o.startswith("model=") for o in task) \
-            and not any(o.startswith("sweep.models=") for o in task):
-        with open_dict(cfg):
-            cfg.sweep.models = None
-            if cfg.sweep.get("on_cpu") and "models" in cfg.sweep.on_cpu:
-                del cfg.sweep.on_cpu["models"]        # the explicit model wins on a CPU too
-    from experiments.harness.sweeps import check_sweep
-
-    check_sweep(cfg.experiment.name)
-    keep_user_overrides(cfg, task)
-    t0 = time.perf_counter()
-    result = run_experiment(cfg)
-    elapsed = time.perf_counter() - t0
-    print(summarize(result.rows))
-    extra = f" ({result.resumed_skipped} points already done)" if result.resumed_skipped else ""
-    print(f"{cfg.experiment.name}: {len(result.rows)} rows in {elapsed:.1f} s{extra} -> {result.run_dir}")
-    exit_if_nothing_measured(result.rows, cfg.experiment.name, result.run_dir)
-    host = result.env.get("host_per_point_s") if result.env else None
-    if host:
-        print(f"host per timed point (median of {host['points']}): gate {host['gate_s']:.3f} s + build "
-              f"{host['build_s']:.3f} s + capture {host['capture_s']:.3f} s = {host['host_s']:.3f} s; whole timing "
-              f"call {host['timing_s']:.3f} s (host_costs.csv)")
-    return str(result.run_dir)
-
-
-def keep_user_overrides(cfg, overrides: list[str]) -> list[str]:
-    """A sweep key the user typed (`sweep.batch=[2]`) wins over the sweep's `on_cpu` block, which would
-    otherwise replace it on a CPU: the key is taken out of `on_cpu`, so the typed value is applied (and
-    validated like any other: a bad one is refused). Returns the keys taken out."""
-    from omegaconf import open_dict
-
-    on_cpu = cfg.sweep.get("on_cpu")
-    if not on_cpu:
-        return []
-    typed = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
-    taken = [k for k in list(on_cpu) if f"sweep.{k}" in typed]
-    with open_dict(cfg):
-        for k in taken:
-            del cfg.sweep.on_cpu[k]
-    return taken
-
-
-def exit_if_nothing_measured(rows: list[dict], experiment: str, run_dir) -> None:
-    """A run in which every point it ran failed (error / oom / wrong) exits non-zero with one line saying
-    so; rows are kept on disk. Skipped points (a method unavailable here) are not failures."""
-    failed = [r for r in rows if r.get("status") in ("error", "oom", "wrong")]
-    if rows and len(failed) == len(rows):
-        counts: dict[str, int] = {}
-        for r in failed:
-            counts[r["status"]] = counts.get(r["status"], 0) + 1
-        first = str(failed[0].get("message") or "")[:200]
-        raise SystemExit(f"{experiment}: every one of the {len(rows)} points failed "
-                         f"({', '.join(f'{k}={v}' for k, v in sorted(counts.items()))}); first: {first} "
-                         f"(rows kept in {run_dir})")
