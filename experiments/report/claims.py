@@ -361,13 +361,27 @@ ACCURACY_CLAIMS = {"bf16_state_accuracy": accuracy_claim, "fp8_checkpoint_drift"
                    "fp8_checkpoint_logprob": fp8_claims}
 
 
-def render(runs: list[Run]) -> str:
+def claims_table(runs: list[Run]) -> tuple[pd.DataFrame, list[dict]]:
+    """Every claim of CLAIMS (in order) answered from the runs' rows: the table REPORT.md shows (#, claim,
+    published, conditions, measured here, byte-model bound, gap) and the per-claim details behind it."""
     ratios = pd.concat([summarize(r.rows).ratios for r in runs], ignore_index=True)
     whole = [hybrid_ratios(r.path) for r in runs]            # e2e_rows.csv / serving_rows.csv, where present
     ratios = pd.concat([ratios] + [w for w in whole if not w.empty], ignore_index=True)
     concurrency = [c for c in CLAIMS if c.metric == "concurrency"]
     if concurrency:                                  # analytic, at the claim's conditions (hybrid_summary)
         ratios = pd.concat([ratios, concurrency_claim_rows(concurrency[0])], ignore_index=True)
+    cpu = any(describe_env(r.env, r.path)["kind"] == "cpu" for r in runs)
+    evaluated = [ACCURACY_CLAIMS[c.metric](c, runs, cpu) if c.metric in ACCURACY_CLAIMS
+                 else evaluate(whole_model_claim(c, ratios), ratios, cpu) for c in CLAIMS]
+    table = pd.DataFrame([{"#": i + 1, "claim": ("**" + e["claim"] + "**") if e["claim_obj"].headline else e["claim"],
+                           "published": e["published"], "conditions": e["conditions"],
+                           "measured here": e["measured"], "byte-model bound": e.get("bound", "-"),
+                           "gap": e["gap"]}
+                          for i, e in enumerate(evaluated)])
+    return table, evaluated
+
+
+def render(runs: list[Run]) -> str:
     envs = [describe_env(r.env, r.path) for r in runs]
     cpu = any(e["kind"] == "cpu" for e in envs)
     lines = ["# ReplaySSM Bench: published claims vs this run", ""]
@@ -392,13 +406,7 @@ def render(runs: list[Run]) -> str:
               "Every measured speedup stands beside its byte-model bound (the traffic model's bytes ratio for the "
               "same pairs). A pair more than 10% above its bound (not bandwidth-bound) or timed from a "
               "cache-resident stack never answers a claim; the details name it.", ""]
-    evaluated = [ACCURACY_CLAIMS[c.metric](c, runs, cpu) if c.metric in ACCURACY_CLAIMS
-                 else evaluate(whole_model_claim(c, ratios), ratios, cpu) for c in CLAIMS]
-    table = pd.DataFrame([{"#": i + 1, "claim": ("**" + e["claim"] + "**") if e["claim_obj"].headline else e["claim"],
-                           "published": e["published"], "conditions": e["conditions"],
-                           "measured here": e["measured"], "byte-model bound": e.get("bound", "-"),
-                           "gap": e["gap"]}
-                          for i, e in enumerate(evaluated)])
+    table, evaluated = claims_table(runs)
     lines += [markdown_table(table), "## Conditions, sources and the rows behind each value", ""]
     for i, e in enumerate(evaluated):
         c = e["claim_obj"]

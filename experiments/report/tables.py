@@ -224,23 +224,60 @@ def _present(df: pd.DataFrame, cols: list[str]) -> list[str]:
     return [c for c in cols if c in df]
 
 
+KEYS = ["model", "tp", "batch", "context_len"]
+
+
+def _whole_ratios(run: Run) -> pd.DataFrame:
+    ratios = hybrid.hybrid_ratios(run.path)
+    if not ratios.empty and "verdict" in ratios:
+        ratios = ratios.assign(verdict=ratios["verdict"].fillna(""))
+    return ratios
+
+
+def e2e_table(run: Run, ratios: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The e2e_decode rows (ok) as reported: ms/step and its phases, tokens/s, the SSM shares, and the same-run
+    speedup beside ReplaySSM's rows; empty when the run has no e2e_rows.csv."""
+    e2e = hybrid.load(run.path, "e2e_rows.csv").copy()
+    if e2e.empty:
+        return e2e
+    ratios = _whole_ratios(run) if ratios is None else ratios
+    t = e2e[KEYS + ["method", "buffer_len", "composed"] + _present(e2e, PHASE_COLUMNS)].copy()
+    sp = ratios[ratios["metric"] == "ar_speedup"] if not ratios.empty else pd.DataFrame(columns=KEYS + ["value"])
+    t = t.merge(sp[KEYS + ["value"]].assign(method="replay_ar").rename(columns={"value": "speedup"}),
+                on=KEYS + ["method"], how="left")
+    return t.sort_values(KEYS + ["method"])
+
+
+def serving_table(run: Run, ratios: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The serving rows (ok) as reported: per mode ms/step and its phases, tokens/s, max concurrency, and
+    ReplaySSM's same-run ratios over native spec and AR (none for a cache-resident pair); empty without
+    serving_rows.csv."""
+    sv = hybrid.load(run.path, "serving_rows.csv").copy()
+    if sv.empty:
+        return sv
+    ratios = _whole_ratios(run) if ratios is None else ratios
+    t = sv[KEYS + ["mode", "spec_T", "mean_accepted"] + _present(sv, ["draft_us"] + PHASE_COLUMNS)
+           + ["max_concurrency", "at_max_concurrency"]].copy()
+    for metric, name in (("spec_vs_native", "vs native"), ("spec_vs_ar", "vs ar"),
+                         ("concurrency", "concurrency vs native")):
+        r = ratios[ratios["metric"] == metric] if not ratios.empty else pd.DataFrame(columns=KEYS + ["value"])
+        if "verdict" in r:
+            r = r[r["verdict"].fillna("") == ""]          # cache-resident pairs: no speedup shown
+        r = r[KEYS + ["value"]].drop_duplicates(KEYS).rename(columns={"value": name})
+        t = t.merge(r.assign(mode="replayssm"), on=KEYS + ["mode"], how="left")
+    return t.sort_values(KEYS + ["mode"])
+
+
 def whole_model_tables(run: Run) -> list[str]:
     """The e2e_decode and serving sections (e2e_rows.csv / serving_rows.csv of the run; none when absent):
     per row ms/step, tokens/s and the SSM layers' share, with the same-run ratio beside ReplaySSM's rows
     (experiments/report/hybrid.py pairs them)."""
-    ratios = hybrid.hybrid_ratios(run.path)
-    if not ratios.empty and "verdict" in ratios:
-        ratios = ratios.assign(verdict=ratios["verdict"].fillna(""))
-    keys = ["model", "tp", "batch", "context_len"]
+    ratios = _whole_ratios(run)
     parts = []
-    e2e = hybrid.load(run.path, "e2e_rows.csv").copy()
+    e2e = e2e_table(run, ratios)
     if not e2e.empty:
-        t = e2e[keys + ["method", "buffer_len", "composed"] + _present(e2e, PHASE_COLUMNS)].copy()
-        sp = ratios[ratios["metric"] == "ar_speedup"] if not ratios.empty else pd.DataFrame(columns=keys + ["value"])
-        t = t.merge(sp[keys + ["value"]].assign(method="replay_ar").rename(columns={"value": "speedup"}),
-                    on=keys + ["method"], how="left")
         parts.append(_section("Whole model: decode step (e2e_decode, random weights)", run,
-                              markdown_table(t.sort_values(keys + ["method"]), PHASE_FORMATS | {"speedup": ".2f"}),
+                              markdown_table(e2e, PHASE_FORMATS | {"speedup": ".2f"}),
                               "ms/step of the whole decode step (SSM mixers, attention over the KV cache, MLP/MoE, "
                               "LM head) = verify (the forward) + commit (cursor / state advance), in ms; ssm_share = "
                               "the SSM layers' share of the time, ssm_bytes = their share of the step's analytic "
@@ -248,19 +285,10 @@ def whole_model_tables(run: Run) -> list[str]:
                               "replay_ar ms/step of this run, left empty for a cache-resident pair (its SSM states "
                               "sat in the last-level cache: no measure of the bandwidth argument). composed = the "
                               "step is built from one block per layer kind and scaled by the pattern's counts."))
-    sv = hybrid.load(run.path, "serving_rows.csv").copy()
+    sv = serving_table(run, ratios)
     if not sv.empty:
-        t = sv[keys + ["mode", "spec_T", "mean_accepted"] + _present(sv, ["draft_us"] + PHASE_COLUMNS)
-               + ["max_concurrency", "at_max_concurrency"]].copy()
-        for metric, name in (("spec_vs_native", "vs native"), ("spec_vs_ar", "vs ar"),
-                             ("concurrency", "concurrency vs native")):
-            r = ratios[ratios["metric"] == metric] if not ratios.empty else pd.DataFrame(columns=keys + ["value"])
-            if "verdict" in r:
-                r = r[r["verdict"].fillna("") == ""]          # cache-resident pairs: no speedup shown
-            r = r[keys + ["value"]].drop_duplicates(keys).rename(columns={"value": name})
-            t = t.merge(r.assign(mode="replayssm"), on=keys + ["mode"], how="left")
         parts.append(_section("Whole model: speculative serving (serving, random weights)", run,
-                              markdown_table(t.sort_values(keys + ["mode"]),
+                              markdown_table(sv,
                                              PHASE_FORMATS | {"mean_accepted": ".2f", "draft_ms": ".3f",
                                                               "vs native": ".2f", "vs ar": ".2f",
                                                               "concurrency vs native": ".2f"}),

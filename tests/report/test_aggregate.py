@@ -149,3 +149,13 @@ def test_describe_env_tolerates_key_names_and_falls_back_to_the_directory(tmp_pa
         ("NVIDIA H200", "gpu", "2.11.0", "3.6.0", "abc")
     run_dir = syn.write_run(tmp_path, syn.ar_rows(), hardware="h100", env={})
     assert aggregate.load_run(run_dir).hardware == "h100"
+
+
+def test_the_reader_uses_the_writers_columns():
+    """rows.csv is read with the store's own column list; every numeric, key and summary column the report
+    names is one of them (a renamed column in the store fails here, not in a report)."""
+    from experiments.harness.store import COLUMNS
+
+    assert aggregate.ROW_COLUMNS == tuple(COLUMNS)
+    for names in (aggregate.NUMERIC_COLUMNS, aggregate.POINT_KEYS, aggregate.AR_STRICT[2:], aggregate.SPEC_WILD):
+        assert set(names) <= set(COLUMNS), set(names) - set(COLUMNS)

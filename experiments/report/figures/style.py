@@ -23,6 +23,7 @@ A figure of another script (e.g. a tokens/s vs tree-shape figure) gets the same 
 
 from __future__ import annotations
 
+import io
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,3 +264,25 @@ class FigureSet:
         path = self.out_dir / name
         path.write_text("\n".join(lines))
         return path
+
+
+@dataclass
+class InlineFigures(FigureSet):
+    """A FigureSet that writes nothing: each figure is kept as PNG bytes with its title and caption, for a
+    notebook to show inline (`figures`: (stem, title, caption, png) in drawing order). The same drawing code
+    as the files of plots.py / paper.py, so the notebook shows exactly what they write."""
+
+    out_dir: Path | None = None
+    dpi: int = 110                           # screen resolution: the files keep DPI (300)
+    figures: list[tuple[str, str, str, bytes]] = field(default_factory=list)
+
+    def save(self, fig, stem: str, title: str, caption: str) -> Path:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=self.dpi, bbox_inches="tight", pad_inches=0.02)
+        plt.close(fig)
+        self.entries.append((stem, title, caption))
+        self.figures.append((stem, title, caption, buf.getvalue()))
+        return Path(f"{stem}.png")           # a name only: no file is written
+
+    def write_index(self, name: str = "FIGURES.md") -> Path:
+        raise NotImplementedError("InlineFigures writes no files: show self.figures instead")
