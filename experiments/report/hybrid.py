@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -127,8 +128,6 @@ CLAIM_MODELS = {"headline_spec": ("qwen35_122b_a10b",)}
 def whole_model_claim(claim, ratios: pd.DataFrame):
     """The claim pointed at the whole-model rows when the run has rows of its metric there, else unchanged
     (the SSM-layer proxy answers it, labelled so)."""
-    from dataclasses import replace
-
     experiment = WHOLE_MODEL_CLAIMS.get(claim.key)
     if experiment == "footprint":
         return replace(claim, experiment=experiment,

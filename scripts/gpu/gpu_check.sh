@@ -248,7 +248,8 @@ import importlib, sys
 bundle, site = sys.argv[1], sys.argv[2]
 NEEDED = ["torch", "triton", "numpy", "pandas", "matplotlib", "yaml", "tqdm", "pynvml", "packaging", "einops",
           "hydra", "omegaconf", "antlr4", "pytest", "pytest_benchmark",
-          "experiments.harness.runner", "experiments.hybrid.run", "experiments.accuracy", "replayssm.traffic"]
+          "experiments.harness.runner", "experiments.hybrid.run", "experiments.accuracy", "replayssm.traffic",
+          "experiments.report.claims", "experiments.report.figures.plots"]
 missing = []
 for name in NEEDED:
     try:

@@ -1,6 +1,6 @@
-"""SYNTHETIC run directories for the scripts' tests: made-up rows in tmp_path, never results.
+"""SYNTHETIC run directories for the report's tests: made-up rows in tmp_path, never results.
 
-Times follow simple formulas so every ratio the scripts compute is known exactly:
+Times follow simple formulas so every ratio the report computes is known exactly:
     AR: baseline_ar median = 10 + batch us; replay_ar median = baseline / AR_SPEEDUP[buffer_len]
     spec: step time = base_step * T for baseline_spec, base_step * (1 + T / 4) for replay_spec,
           base_step * (1 + T / 2) for commit_replay_spec; tokens/s = batch * mean_accepted / step time

@@ -1,4 +1,4 @@
-"""scripts/aggregate.py on SYNTHETIC run directories (tests/scripts/synthetic_runs.py, written to tmp_path):
+"""experiments/report/runs.py on SYNTHETIC run directories (tests/report/synthetic_runs.py, written to tmp_path):
 ratios only within one run and matching point keys; non-ok rows excluded from ratios but counted."""
 
 from __future__ import annotations

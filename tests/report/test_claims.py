@@ -1,4 +1,4 @@
-"""scripts/published.py and scripts/claims.py on SYNTHETIC runs: every claim row is reported, headline rows
+"""experiments/published.py and report/claims.py on SYNTHETIC runs: every claim row is reported, headline rows
 first; "not measured in this run" where the run has no matching rows; CPU runs labelled as such."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def test_published_claims_are_complete_data():
         assert c.kind in ("up_to", "range", "point", "argmax"), c.key
         assert c.lo is None or c.lo <= c.hi, c.key
     published = {(c.lo, c.hi) for c in CLAIMS}
-    # the numbers of the published numbers, scripts/published.py / scripts/published.py
+    # the numbers of the published numbers, experiments/published.py
     for pair in [(1.43, 1.84), (1.43, 1.64), (None, 1.48), (1.87, 1.96), (None, 2.14), (None, 2.10),
                  (3.0, 3.3), (None, 1.8), (None, 2.1)]:
         assert pair in published, pair

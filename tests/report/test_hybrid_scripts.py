@@ -1,4 +1,4 @@
-"""scripts/hybrid_summary.py, claims.py and plots.py on SYNTHETIC whole-model rows: the e2e and serving
+"""experiments/report/hybrid.py, claims.py and figures/ on SYNTHETIC whole-model rows: the e2e and serving
 claims are answered from e2e_rows.csv / serving_rows.csv (labelled whole model), ratios pair rows of one
 run, and without those files the SSM-layer proxy (or "not measured") answers as before."""
 

@@ -24,6 +24,7 @@ A figure of another script (e.g. a tokens/s vs tree-shape figure) gets the same 
 from __future__ import annotations
 
 import io
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -247,8 +248,6 @@ class FigureSet:
         """The folder's captions index: FIGURES.md (readable) and figures.json (stem -> title, caption). Entries
         another script wrote into the same folder are kept while their PNG exists, so plots.py,
         hybrid_plots.py and paper_figures.py share one index per run."""
-        import json
-
         sidecar = self.out_dir / "figures.json"
         known = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
         known = {k: v for k, v in known.items() if (self.out_dir / f"{k}.png").is_file()}

@@ -34,7 +34,9 @@ from experiments.report.kernels.aot import (
     compile_options,
 )
 from replayssm.checks import interpreter_active
+from replayssm.gdn import inputs as gdn_inputs
 from replayssm.geometry import GDN_MODELS, MAMBA2_MODELS, GDNGeometry, Mamba2Geometry, get_geometry
+from replayssm.mamba2 import inputs as m2_inputs
 
 BATCH = 2
 
@@ -74,18 +76,14 @@ def _slots(device) -> torch.Tensor:
 
 
 def _mamba2_inputs(geom: Mamba2Geometry, device, window: int | None = None) -> dict[str, Any]:
-    from replayssm.mamba2.inputs import random_params, random_step
-
-    p = random_params(geom, device=device)
-    step = random_step(geom, BATCH, act_dtype=ACT, device=device, window=window)
+    p = m2_inputs.random_params(geom, device=device)
+    step = m2_inputs.random_step(geom, BATCH, act_dtype=ACT, device=device, window=window)
     return dict(x=step["x"], dt=step["dt"], A=p.A, B=step["B"], C=step["C"], D=p.D, z=step["z"],
                 dt_bias=p.dt_bias, dt_softplus=True, slots=_slots(device))
 
 
 def _gdn_inputs(geom: GDNGeometry, device, window: int | None = None) -> dict[str, Any]:
-    from replayssm.gdn.inputs import random_step
-
-    step = random_step(geom, BATCH, act_dtype=ACT, device=device, window=window)
+    step = gdn_inputs.random_step(geom, BATCH, act_dtype=ACT, device=device, window=window)
     return dict(step, slots=_slots(device))
 
 

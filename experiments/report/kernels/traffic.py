@@ -37,10 +37,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from replayssm import traffic as tr
+from replayssm.gdn import inputs as gdn_inputs
 from replayssm.geometry import GDN_MODELS, MAMBA2_MODELS, GDNGeometry, Mamba2Geometry, get_geometry
+from replayssm.mamba2 import inputs as m2_inputs
 from replayssm.testing_traffic import TrafficCounter
 
 STATE, ACT = torch.float32, torch.float16
@@ -129,17 +132,13 @@ SLOT = torch.tensor([1], dtype=torch.int32)          # slot 1 of a 2-slot pool: 
 
 
 def _mamba2_args(geom, window=None):
-    from replayssm.mamba2.inputs import random_params, random_step
-
-    p, x = random_params(geom), random_step(geom, 1, act_dtype=ACT, window=window, with_z=False)
+    p, x = m2_inputs.random_params(geom), m2_inputs.random_step(geom, 1, act_dtype=ACT, window=window, with_z=False)
     return dict(x=x["x"], dt=x["dt"], A=p.A, B=x["B"], C=x["C"], D=p.D, z=None, dt_bias=p.dt_bias,
                 dt_softplus=True, slots=SLOT, backend="triton")
 
 
 def _gdn_args(geom, window=None):
-    from replayssm.gdn.inputs import random_step
-
-    return dict(random_step(geom, 1, act_dtype=ACT, window=window), slots=SLOT, backend="triton")
+    return dict(gdn_inputs.random_step(geom, 1, act_dtype=ACT, window=window), slots=SLOT, backend="triton")
 
 
 def _args(geom, window=None):
@@ -357,8 +356,6 @@ def main(argv=None) -> int:
     print(format_table(rows, args.tolerance))
     print("\nNot counted (the model leaves them out): " + "; ".join(f"{k} ({v})" for k, v in EXCLUDED.items()))
     if args.csv:
-        import pandas as pd
-
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         pd.DataFrame([r.__dict__ for r in rows]).to_csv(args.csv, index=False)
     bad = [r for r in rows if not r.ok(args.tolerance)]
