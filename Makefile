@@ -39,10 +39,10 @@ bench-cpu: $(STAMP)
 
 # Ahead-of-time build of every Triton kernel for sm_90 and sm_100: registers, spills, load widths.
 kernel-report: $(STAMP)
-	$(VENV)/bin/python scripts/kernel_report.py
+	$(VENV)/bin/python scripts/kernels/kernel_report.py
 
 kernel-traffic: $(STAMP)
-	TRITON_INTERPRET=1 $(VENV)/bin/python scripts/kernel_traffic.py
+	TRITON_INTERPRET=1 $(VENV)/bin/python scripts/kernels/kernel_traffic.py
 
 # GPU box: `make reproduce PY=python` uses the python (and CUDA torch) you have and builds no CPU venv.
 reproduce:

@@ -2,10 +2,10 @@
 
 Sources: the ReplaySSM blog (Liou and Dao, 2026; dao-lab.ai/blog/2026/replayssm/) and the vLLM RFC / PRs
 named in each claim's `source`.
-`scripts/claims.py` reads CLAIMS in order (the two headline rows first) and finds, for each claim, the rows of
-one run's summary.csv nearest to its conditions. Nothing here is a measurement of ours.
+`experiments/report/claims.py` reads CLAIMS in order (the two headline rows first) and finds, for each claim,
+the rows of one run's summary.csv nearest to its conditions. Nothing here is a measurement of ours.
 
-A claim's `metric` names a summary.csv metric (see scripts/aggregate.py):
+A claim's `metric` names a summary.csv metric (see experiments/report/runs.py):
     ar_speedup        baseline_ar median / replay_ar median (same point)            kernel_decode, e2e_decode
     spec_vs_native    replay_spec tokens/s / baseline_spec tokens/s                 kernel_spec
     spec_vs_ar        replay_spec tokens/s / baseline_ar tokens/s (standard decode) kernel_spec + AR rows
@@ -14,7 +14,7 @@ A claim's `metric` names a summary.csv metric (see scripts/aggregate.py):
     best_buffer_len   the buffer_len with the highest ar_speedup (the bell curve's peak)
     byte_model        analytic: replayssm.traffic baseline bytes / ReplaySSM bytes (not a measurement)
     bf16_state_accuracy  baseline_ar / replay_ar output error vs float64 with a bf16 state  accuracy.csv
-                         (experiments/accuracy.py; verdict by scripts/accuracy.py claim_verdict)
+                         (experiments/accuracy.py; verdict by experiments/report/accuracy.py claim_verdict)
     fp8_checkpoint_drift    fp8-checkpoint replay_ar state error vs flushes  accuracy.csv (fp8_claim_verdict)
     fp8_checkpoint_logprob  end-to-end logprob deltas: never measured by this harness (single layers)
 """
@@ -203,7 +203,7 @@ CLAIMS += (
 )
 
 # The third-party FP8 variant's accuracy numbers (zz774ever/fp8-replayssm-gdn-kernel): drift from accuracy.csv's
-# experimental fp8-checkpoint rows (scripts/accuracy.py fp8_claim_verdict); the logprob one needs a model.
+# experimental fp8-checkpoint rows (experiments/report/accuracy.py fp8_claim_verdict); the logprob one needs a model.
 CLAIMS += (
     Claim(
         key="fp8_checkpoint_drift", kind="point", hi=0.01, family="gdn",

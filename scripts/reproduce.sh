@@ -31,6 +31,9 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+# the report programs (scripts/report/*.py) import the experiments package: importable from here even when
+# PY is a python without this checkout installed (a GPU box with PY=python)
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PY:-.venv/bin/python}"
 RESULTS="${RESULTS:-results}"
 SHA="$(git rev-parse --short=7 HEAD 2>/dev/null || echo nogit)"
@@ -200,7 +203,7 @@ if [[ "$GPU" != "True" ]]; then
             "$PY" -m experiments.kernel_tree sweep=tree_cpu "out_dir=${RESULTS}" "run_id=${RUN_ID}-tree" \
                 "hydra.run.dir=outputs/reproduce/${RUN_ID}/kernel_tree"
         fi
-        "$PY" scripts/tree_plots.py "$TREE_DIR"
+        "$PY" scripts/report/tree_plots.py "$TREE_DIR"
     else
         skip_missing "tree speculation" "module experiments.kernel_tree"
     fi
@@ -240,8 +243,8 @@ if have_module "experiments.vllm_bench"; then
         printf '!!!! engine stage failed (see %s); the report is written without it\n' "$ENGINE_LOG" >&2
     fi
     if [[ -n "$ENGINE_DIR" ]]; then
-        "$PY" scripts/aggregate.py "$ENGINE_DIR"
-        "$PY" scripts/tables.py "$ENGINE_DIR" --quiet
+        "$PY" scripts/report/aggregate.py "$ENGINE_DIR"
+        "$PY" scripts/report/tables.py "$ENGINE_DIR" --quiet
     fi
 else
     skip_missing "engine benchmarks" "module experiments.vllm_bench"
@@ -249,15 +252,15 @@ fi
 
 # ----------------------------------------------------------------------------- results -> report
 stage "aggregate: ${RUN_DIR}/summary.csv"
-"$PY" scripts/aggregate.py "$RUN_DIR"
+"$PY" scripts/report/aggregate.py "$RUN_DIR"
 stage "whole-model ratios: ${RUN_DIR}/hybrid_summary.csv"
-"$PY" scripts/hybrid_summary.py "$RUN_DIR"
+"$PY" scripts/report/hybrid_summary.py "$RUN_DIR"
 stage "tables: ${RUN_DIR}/TABLES.md"
-"$PY" scripts/tables.py "$RUN_DIR"
+"$PY" scripts/report/tables.py "$RUN_DIR"
 stage "plots: ${RUN_DIR}/plots/"
-"$PY" scripts/plots.py "$RUN_DIR"
+"$PY" scripts/report/plots.py "$RUN_DIR"
 stage "claims: ${RUN_DIR}/REPORT.md"
-"$PY" scripts/claims.py "$RUN_DIR" ${ENGINE_DIR:+"$ENGINE_DIR"}     # engine rows answer e2e/serving claims
+"$PY" scripts/report/claims.py "$RUN_DIR" ${ENGINE_DIR:+"$ENGINE_DIR"}     # engine rows answer e2e/serving claims
 
 echo
 echo "run directory: ${RUN_DIR}"

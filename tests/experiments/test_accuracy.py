@@ -1,14 +1,12 @@
 """experiments/accuracy.py on short runs with known answers (tiny geometries, torch backend, tens of steps):
 fp32 state stays within the oracles' fp32 tolerance for every method and workload, a bf16 state shows its
 rounding, a method that drops the D term is caught on its outputs (its state stays right), bad sweeps fail
-before any work, resume skips what is done; scripts/accuracy.py recovers a known growth exponent and the
+before any work, resume skips what is done; experiments/report/accuracy.py recovers a known growth exponent and the
 claim verdict follows the rows."""
 
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -17,10 +15,8 @@ import torch
 from experiments import accuracy, accuracy_series
 from experiments.harness import methods
 from experiments.harness.entry import load_config
+from experiments.report import accuracy as accuracy_report
 from replayssm.testing import tolerance
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import accuracy as accuracy_report  # noqa: E402  (scripts/accuracy.py)
 
 SHORT = ["sweep.models=[tiny_mamba2,tiny_gdn]", "sweep.heads=2", "sweep.rows=2", "sweep.steps=24",
          "sweep.checkpoints=4", "sweep.buffer_len=[4]", "sweep.spec_T=2", "sweep.history_len=4",

@@ -1,10 +1,9 @@
 """The experimental fp8 checkpoint in the accuracy study: planned for replay_ar only, rows marked experimental,
 errors within the fp8 tolerance on a short run (and far above fp32's, so the rounding is really there), bad
-sweeps refused before any work; scripts/accuracy.py's drift verdict follows the rows."""
+sweeps refused before any work; experiments/report/accuracy.py's drift verdict follows the rows."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +13,8 @@ import torch
 
 from experiments import accuracy
 from experiments.harness.entry import load_config
+from experiments.report import accuracy as accuracy_report
 from replayssm.testing import tolerance
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import accuracy as accuracy_report  # noqa: E402  (scripts/accuracy.py)
 
 SHORT = ["sweep.models=[tiny_mamba2,tiny_gdn]", "sweep.heads=2", "sweep.rows=2", "sweep.steps=24",
          "sweep.checkpoints=4", "sweep.buffer_len=[4]", "sweep.spec_T=2", "sweep.history_len=4",

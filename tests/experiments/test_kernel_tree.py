@@ -1,5 +1,5 @@
 """kernel_tree plumbing on a tiny grid: rows per shape and method, the ratios, failing input refused before
-any run directory exists, and scripts/tree_plots.py on the result. Timings are not checked (CPU noise)."""
+any run directory exists, and experiments/report/figures/tree.py on the result. Timings are not checked (CPU noise)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_run_tree_rows_and_plots(tmp_path, backend):
     assert ring_vs_native.isna().all() if backend == "cpu" else ring_vs_native.notna().all()   # never cross-backend
     assert (df[df.method == "replay_tree"].byte_ratio_native_over_method > 1.0).all()
     assert (df.accepted_per_step >= 1).all()
-    from scripts.tree_plots import main
+    from experiments.report.figures.tree import main
 
     assert main([str(run_dir)]) == 0
     text = (run_dir / "tree_table.md").read_text()

@@ -1,5 +1,5 @@
 """The interpreter traffic counter (replayssm/testing_traffic.py) held against the kernels' defining properties,
-and scripts/kernel_traffic.py against replayssm/traffic.py at the small geometries.
+and experiments/report/kernels/traffic.py against replayssm/traffic.py at the small geometries.
 
 State bytes per slot: a non-flush ReplaySSM step stores none, a flush stores one state, native spec stores T
 snapshots, commit replay's commit reads and writes one state; no kernel loads the state twice in a launch.
@@ -7,9 +7,6 @@ Run with the GPU launch tables forced (several programs per head) and with the i
 """
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,7 +28,6 @@ from replayssm.mamba2.inputs import random_step as m2_step
 from replayssm.testing_traffic import TrafficCounter
 
 pytestmark = pytest.mark.skipif(not interpreter_active(), reason="the counter hooks the Triton interpreter")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 GDN = GDNGeometry(H=1, HV=2, K=32, V=40)                      # GPU tables: three V-tile programs per head
 M2 = Mamba2Geometry(nheads=2, headdim=48, dstate=32, ngroups=1)
@@ -154,7 +150,7 @@ def test_counter_attributes_masked_bytes_to_tensors():
 
 
 def test_kernel_traffic_script_agrees_with_the_model_at_small_geometries(capsys):
-    import kernel_traffic
+    from experiments.report.kernels import traffic as kernel_traffic
 
     assert kernel_traffic.main(["--geometry", "small"]) == 0
     out = capsys.readouterr().out

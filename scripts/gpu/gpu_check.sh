@@ -1,0 +1,393 @@
+#!/usr/bin/env bash
+# scripts/gpu/gpu_check.sh [--plan | --dry-run] OUT_DIR: GPU first contact in one command, <= 8 minutes on one
+# H100/H200 with Triton's compiles included. --plan prints the stages and their limits (and `total: N s`) and
+# runs nothing; --dry-run runs every stage that needs no GPU on this machine (a CPU box) and prints the exact
+# GPU commands it skips, so a broken script is caught before it meets the GPU.
+#
+# Stages, most valuable first; each one is time-boxed (its process group is killed at its limit, 5 s grace)
+# and writes its results the moment it ends, so a kill keeps everything before it:
+#   env       nvidia-smi, NVML, torch / triton / CUDA versions, the measured device copy bandwidth -> env.json
+#   wheels    only with WHEELS=DIR (scripts/gpu/gpu_bundle.sh): verify DIR/MANIFEST.tsv (sha256, size), install
+#             offline into a site dir that later stages import first, then import every module the harness
+#             needs; a missing one fails the stage naming `gpu_bundle.sh DIR --full`
+#   tests     the GPU-only tests (bf16 Triton, graph capture: pytest -k "$TEST_SELECT"), bounded: no new test
+#             starts after T_TESTS - 15 s; tests.log gets a line when each test starts and ends (a kill
+#             leaves the one that hung), plus pytest.xml at the end
+#   headline  AR decode at batch 64/256/512 for Nemotron-3-Super-120B (L = 8, 16) and Qwen3.5-122B (L = 16)
+#             at TP1, fp32 state, bf16 activations, both routes, baseline + ReplaySSM + installed peers; spec
+#             verify+commit at T = 4 (batch 128, 512) and T = 6 (batch 128) for the three spec methods
+#   e2e       whole-model decode step of Nemotron-3-Nano-4B and Qwen3.5-4B at batch 256, and serving at T = 4
+#             for Nemotron-3-Nano-4B (batch 128): the same run directory
+#   dram      DRAM bytes read/written per kernel from the hardware counters (ncu), one point per method, beside
+#             replayssm/traffic.py's bytes (scripts/kernels/dram_traffic.py) -> dram.csv; unreadable counters: said, on
+#   report    aggregate, tables, plots and the claims report over what ran
+# OUT_DIR ends up with at most 8 files: summary.txt (stages, claims table, DRAM table), stages.tsv, env.json,
+# tests.log, dram.csv, results.tar.gz (the run directory + pytest.xml), logs.tar.gz (every stage's log) and
+# stage.log (the running stage's log, live; gone once packed). They are refreshed after every stage.
+# A failing or timed-out stage is recorded and the next one still runs; the exit code is 1 if any failed.
+# The kernel report (registers, spills: scripts/kernels/kernel_report.py) is an AOT build that runs on a CPU: no stage.
+#
+# Environment: PY (default python), STAGES (subset), T_<STAGE> (seconds; e.g. T_TESTS=90), WHEELS, TEST_SELECT,
+# PYTEST_ARGS, HEADLINE_ARGS / E2E_ARGS (extra Hydra overrides), WORK (scratch dir, default a mktemp dir).
+set -uo pipefail
+
+MODE=run
+case "${1:-}" in
+    --plan) MODE=plan; shift ;;
+    --dry-run) MODE=dry; shift ;;
+esac
+if [[ $MODE != plan && $# -ne 1 ]]; then
+    echo "usage: bash scripts/gpu/gpu_check.sh [--plan | --dry-run] OUT_DIR" >&2
+    exit 2
+fi
+cd "$(dirname "$0")/../.."
+STAGES="${STAGES:-env wheels tests headline e2e dram report}"
+GRACE=5
+declare -A LIMIT=([env]="${T_ENV:-25}" [wheels]="${T_WHEELS:-45}" [tests]="${T_TESTS:-95}"
+                  [headline]="${T_HEADLINE:-120}" [e2e]="${T_E2E:-55}" [dram]="${T_DRAM:-40}"
+                  [report]="${T_REPORT:-25}")
+declare -A WHAT=([env]="nvidia-smi, NVML, versions, measured device copy bandwidth"
+                 [wheels]="offline install of WHEELS=DIR + import check (only with WHEELS)"
+                 [tests]="GPU-only tests (bf16 Triton, graph capture), per-test record"
+                 [headline]="AR decode b64/256/512 Super-120B L8/16 + Qwen3.5-122B L16; spec T4 b128/512, T6 b128"
+                 [e2e]="e2e decode Nano-4B + Qwen3.5-4B b256; serving T4 Nano-4B b128"
+                 [dram]="ncu DRAM bytes read/written, one point per method, vs the byte model"
+                 [report]="aggregate, tables, plots, claims report")
+PACK_S=5           # packing after each stage: small tar/gzip of text files
+if [[ $MODE == dry ]]; then        # a shared CPU box runs the CPU forms of the sweeps: wider limits unless given
+    LIMIT[wheels]="${T_WHEELS:-90}" LIMIT[headline]="${T_HEADLINE:-300}" LIMIT[e2e]="${T_E2E:-240}"
+    LIMIT[report]="${T_REPORT:-150}"
+fi
+
+if [[ $MODE == plan ]]; then
+    total=0
+    printf '%-9s %8s  %s\n' stage limit_s what
+    for s in $STAGES; do
+        [[ -n "${LIMIT[$s]:-}" ]] || { echo "unknown stage $s" >&2; exit 2; }
+        printf '%-9s %8s  %s\n' "$s" "${LIMIT[$s]}" "${WHAT[$s]}"
+        total=$((total + LIMIT[$s] + GRACE + PACK_S))
+    done
+    echo "(each stage: its limit + ${GRACE} s kill grace + ${PACK_S} s packing)"
+    echo "total: ${total} s"
+    exit 0
+fi
+
+mkdir -p "$1"
+OUT="$(cd "$1" && pwd)"
+WORK="${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")}"
+mkdir -p "$WORK/logs" "$WORK/results"
+PY="${PY:-python}"
+RUN_ID="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)"
+TEST_SELECT="${TEST_SELECT:-gpu or bf16 or graph or capture}"
+PYTEST_ARGS="${PYTEST_ARGS:--q -x}"
+SKIPPED_GPU=()
+FAILED=()
+DRY_RUN=$([[ $MODE == dry ]] && echo 1 || echo 0)
+if (( DRY_RUN )); then
+    # a dry run: no interpreter (the CPU sweeps time the torch backend), no CUDA test device
+    export TRITON_INTERPRET=0 PYTHONHASHSEED=0
+    unset REPLAYSSM_TEST_DEVICE
+else
+    export TRITON_INTERPRET=0 REPLAYSSM_TEST_DEVICE=cuda PYTHONHASHSEED=0
+fi
+export PYTHONPATH="$PWD:$PWD/scripts/gpu${PYTHONPATH:+:$PYTHONPATH}"
+export OUT WORK PY RUN_ID TEST_SELECT PYTEST_ARGS DRY_RUN SITE="$WORK/site" T_TESTS="${LIMIT[tests]}"
+export HEADLINE_ARGS="${HEADLINE_ARGS:-}" E2E_ARGS="${E2E_ARGS:-}"
+printf 'stage\tstatus\tseconds\tlimit_s\n' > "$OUT/stages.tsv"
+: > "$OUT/tests.log"
+
+want() { [[ " $STAGES " == *" $1 "* ]]; }
+
+# pack: OUT's <= 8 files from WORK, after every stage (a kill keeps what the finished stages wrote)
+pack() {
+    [[ -d "$WORK/results" ]] && tar -C "$WORK" -czf "$OUT/results.tar.gz.tmp" results $(cd "$WORK" && ls pytest.xml 2>/dev/null) \
+        && mv "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"
+    tar -C "$WORK" -czf "$OUT/logs.tar.gz.tmp" logs && mv "$OUT/logs.tar.gz.tmp" "$OUT/logs.tar.gz"
+    [[ -f "$WORK/env.json" ]] && cp "$WORK/env.json" "$OUT/env.json"
+    [[ -f "$WORK/dram.csv" ]] && cp "$WORK/dram.csv" "$OUT/dram.csv"
+    {
+        echo "gpu_check $RUN_ID ($(date -u +%FT%TZ)), mode $MODE"
+        column -t -s $'\t' "$OUT/stages.tsv" 2>/dev/null || cat "$OUT/stages.tsv"
+        [[ -f "$WORK/env.json" ]] && grep -E '"(gpu_name|torch|triton|cuda|copy_GBps|driver)"' "$WORK/env.json"
+        echo "tests: $(grep -c $'\tpassed' "$OUT/tests.log") passed, $(grep -c $'\tfailed' "$OUT/tests.log") failed," \
+            "$(grep -c $'\tskipped' "$OUT/tests.log") skipped"
+        run_dir="$(ls -d "$WORK"/results/*/"$RUN_ID" 2>/dev/null | head -n 1)"
+        [[ -n "$run_dir" && -f "$run_dir/REPORT.md" ]] && grep '^|' "$run_dir/REPORT.md"
+        [[ -f "$WORK/dram.csv" ]] && { echo; column -t -s, "$WORK/dram.csv" 2>/dev/null || cat "$WORK/dram.csv"; }
+        (( ${#SKIPPED_GPU[@]} )) && printf 'skipped (GPU): %s\n' "${SKIPPED_GPU[@]}"
+    } > "$OUT/summary.txt" 2>/dev/null
+    return 0
+}
+
+# run_stage NAME CMD...: time-boxed (the whole process group is killed), logged live to OUT/stage.log,
+# recorded in stages.tsv, then archived into logs.tar.gz with the rest.
+run_stage() {
+    local name=$1 limit=${LIMIT[$1]} t0=$SECONDS rc status
+    shift
+    printf '\n==== [%s] limit %ss: %s\n' "$name" "$limit" "$*"
+    timeout -k "$GRACE" "$limit" bash -c "$(declare -f env_stage wheels_stage tests_stage sweep headline_stage \
+        e2e_stage dram_stage report_stage run_dir); \"\$@\"" stage "$@" 2>&1 | tee "$OUT/stage.log"
+    rc=${PIPESTATUS[0]}
+    case $rc in
+        0) status=ok ;;
+        124|137) status=timeout ;;
+        *) status="failed(rc=$rc)" ;;
+    esac
+    mv "$OUT/stage.log" "$WORK/logs/$name.log"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - t0))" "$limit" >> "$OUT/stages.tsv"
+    [[ $rc -eq 0 ]] || FAILED+=("$name:$status")
+    pack
+}
+
+# skip_gpu NAME CMD: --dry-run's record of a GPU-only command: printed, in stages.tsv and summary.txt
+skip_gpu() {
+    local name=$1
+    shift
+    SKIPPED_GPU+=("[$name] $*")
+    printf '\n==== [%s] skipped (needs a GPU): %s\n' "$name" "$*"
+    printf '%s\t%s\t%s\t%s\n' "$name" "skipped-gpu" 0 0 >> "$OUT/stages.tsv"
+}
+
+run_dir() { ls -d "$WORK"/results/*/"$RUN_ID" 2>/dev/null | head -n 1; }
+
+env_stage() {
+    nvidia-smi || echo "nvidia-smi not available"
+    "$PY" - "$WORK/env.json" <<'PYEOF'
+import importlib, json, platform, sys
+info = {"python": sys.version.split()[0], "platform": platform.platform()}
+try:
+    import torch
+    info.update(torch=torch.__version__, cuda=torch.version.cuda, cuda_available=torch.cuda.is_available())
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(gpu_name=p.name, compute_capability=f"{p.major}.{p.minor}", sm_count=p.multi_processor_count,
+                    gpu_memory_bytes=p.total_memory, l2_bytes=getattr(p, "L2_cache_size", None))
+        from experiments.harness.timing import measure_copy_GBps
+        info["copy_GBps"] = measure_copy_GBps("cuda", 1 << 30)     # 1 GiB device copy, read + write counted
+except Exception as exc:  # noqa: BLE001 - report whatever is broken
+    info["torch_error"] = repr(exc)
+try:
+    import pynvml
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    clock = pynvml.nvmlDeviceGetMaxClockInfo
+    info["nvml"] = {"driver": pynvml.nvmlSystemGetDriverVersion(), "name": pynvml.nvmlDeviceGetName(h),
+                    "memory_total": pynvml.nvmlDeviceGetMemoryInfo(h).total,
+                    "max_sm_clock_mhz": clock(h, pynvml.NVML_CLOCK_SM),
+                    "max_mem_clock_mhz": clock(h, pynvml.NVML_CLOCK_MEM)}
+except Exception as exc:  # noqa: BLE001
+    info["nvml"] = f"unavailable: {type(exc).__name__}: {exc}"
+modules = {}
+for name in ("triton", "hydra", "omegaconf", "pandas", "numpy", "matplotlib", "tqdm", "pynvml", "pytest",
+             "pytest_benchmark", "xdist", "einops", "mamba_ssm", "fla", "flashinfer"):
+    try:
+        mod = importlib.import_module(name)
+        modules[name] = getattr(mod, "__version__", "present")
+    except Exception as exc:  # noqa: BLE001
+        modules[name] = f"absent: {type(exc).__name__}"
+info["modules"] = modules
+json.dump(info, open(sys.argv[1], "w"), indent=2, default=str)
+print(json.dumps(info, indent=2, default=str))
+PYEOF
+}
+
+wheels_stage() {   # wheels_stage DIR: check every file of DIR/MANIFEST.tsv, install offline into $SITE, import
+    "$PY" - "$1" "$SITE" "$DRY_RUN" <<'PYEOF' || return 1
+import hashlib, subprocess, sys
+from pathlib import Path
+try:
+    from packaging.tags import sys_tags
+    from packaging.utils import parse_wheel_filename
+except ImportError:                       # pip vendors packaging
+    from pip._vendor.packaging.tags import sys_tags
+    from pip._vendor.packaging.utils import parse_wheel_filename
+bundle, site, dry = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "1"
+manifest = bundle / "MANIFEST.tsv"
+if not manifest.is_file():
+    sys.exit(f"wheels: {manifest} not found (make the bundle with scripts/gpu/gpu_bundle.sh DIR)")
+lines = [ln for ln in manifest.read_text().splitlines() if ln and not ln.startswith("#")]
+header, rows = lines[0].split("\t"), [dict(zip(lines[0].split("\t"), ln.split("\t"))) for ln in lines[1:]]
+if header[:5] != ["name", "version", "sha256", "size", "file"]:
+    sys.exit(f"wheels: unexpected manifest header {header}")
+here, install, checked, bad = set(sys_tags()), [], [], []
+listed = {r["file"] for r in rows}
+extra = sorted(p.name for p in bundle.glob("*.whl") if p.name not in listed)
+if extra:
+    bad.append(f"wheels in {bundle} but not in the manifest: {extra}")
+for r in rows:
+    path = bundle / r["file"]
+    if not path.is_file():
+        bad.append(f"{r['file']}: missing")
+        continue
+    data = path.read_bytes()
+    if len(data) != int(r["size"]) or hashlib.sha256(data).hexdigest() != r["sha256"]:
+        bad.append(f"{r['file']}: size/sha256 differ from the manifest")
+        continue
+    tags = parse_wheel_filename(r["file"])[3]
+    if tags & here:
+        install.append(path)
+    elif dry and all(t.interpreter == "cp312" and "x86_64" in t.platform for t in tags):
+        checked.append(r["file"])          # for the GPU box's CPython 3.12: hash and tag checked only
+    else:
+        bad.append(f"{r['file']}: no tag this Python can install ({sorted(map(str, tags))[:2]} ...)")
+if bad:
+    sys.exit("wheels: " + "; ".join(bad))
+print(f"wheels: {len(rows)} manifest entries verified (sha256, size)")
+for name in checked:
+    print(f"  checked only (cp312 binary, not installable on this Python): {name}")
+if install:
+    cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--disable-pip-version-check",
+           "--target", str(site), "--upgrade", *map(str, install)]
+    print("  " + " ".join(cmd))
+    subprocess.run(cmd, check=True)
+print(f"wheels: installed {len(install)} into {site}")
+PYEOF
+    # every module the harness imports, from the bundle's site first: a gap names the bundle that has it
+    PYTHONPATH="$SITE:$PYTHONPATH" "$PY" - "$1" "$SITE" <<'PYEOF'
+import importlib, sys
+bundle, site = sys.argv[1], sys.argv[2]
+NEEDED = ["torch", "triton", "numpy", "pandas", "matplotlib", "yaml", "tqdm", "pynvml", "packaging", "einops",
+          "hydra", "omegaconf", "antlr4", "pytest", "pytest_benchmark",
+          "experiments.kernel.run", "experiments.hybrid.run", "experiments.accuracy", "replayssm.traffic",
+          "experiments.report.claims", "experiments.report.figures.plots"]
+missing = []
+for name in NEEDED:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001
+        missing.append(f"{name} ({type(exc).__name__}: {str(exc)[:80]})")
+try:                                      # the peers as the harness imports them (mamba_ssm: its Triton op only)
+    from baselines.peers import peer_status
+    for name, status in peer_status().items():
+        print(f"wheels: peer {name}: {status}")
+except Exception as exc:  # noqa: BLE001
+    missing.append(f"baselines.peers ({type(exc).__name__}: {str(exc)[:80]})")
+hydra = importlib.import_module("hydra") if "hydra" not in " ".join(missing) else None
+if hydra is not None and "site-packages" in hydra.__file__ and not hydra.__file__.startswith(site):
+    print(f"wheels: note: hydra from {hydra.__file__}, not the bundle")
+if missing:
+    sys.exit(f"wheels: the harness needs modules this box lacks: {'; '.join(missing)}. Make the bundle with "
+             f"`bash scripts/gpu/gpu_bundle.sh {bundle} --full` (every dependency beyond torch/triton) and rerun.")
+print(f"wheels: all {len(NEEDED)} harness modules import")
+PYEOF
+}
+
+tests_stage() {
+    local extra=() args
+    read -r -a args <<< "$PYTEST_ARGS"
+    # pyproject's addopts name --benchmark-disable, which needs pytest-benchmark: drop them when it is absent
+    "$PY" -c "import pytest_benchmark" 2>/dev/null || extra+=(-o "addopts=-ra")
+    GPU_CHECK_TEST_LOG="$OUT/tests.log" GPU_CHECK_TEST_BUDGET_S="$((T_TESTS - 15))" GPU_CHECK_TEST_T0="$(date +%s)" \
+        "$PY" -m pytest tests -p no:randomly -p no:cacheprovider -p gpu_check_testlog -k "$TEST_SELECT" \
+        --junitxml="$WORK/pytest.xml" ${extra[@]+"${extra[@]}"} ${args[@]+"${args[@]}"}
+}
+
+# sweep EXPERIMENT ARGS...: the first sweep creates the run, the later ones join it (resume=)
+sweep() {
+    local experiment=$1 where dir
+    shift
+    dir="$(run_dir)"
+    if [[ -n "$dir" ]]; then where="resume=$dir"; else where="run_id=$RUN_ID"; fi
+    "$PY" -m "experiments.$experiment" "out_dir=$WORK/results" "$where" progress=false \
+        "hydra.run.dir=$WORK/hydra/$experiment" "$@"
+}
+
+headline_stage() {
+    local extra
+    read -r -a extra <<< "$HEADLINE_ARGS"
+    if (( DRY_RUN )); then       # CPU: the smoke sweep (tiny models, torch backend: conf/sweep/smoke.yaml on_cpu)
+        sweep kernel_decode sweep=smoke ${extra[@]+"${extra[@]}"} && \
+            sweep kernel_spec sweep=smoke ${extra[@]+"${extra[@]}"}
+        return
+    fi
+    # short timing windows: 20 headline points must fit with their compiles; rows record the settings
+    local common=(sweep=paper timing.warmup_ms=10 timing.rep_ms=40 "sweep.state_dtype=[float32]"
+                  "sweep.act_dtype=[bfloat16]")
+    sweep kernel_decode "${common[@]}" "sweep.models=[nemotron3_super_120b]" "sweep.batch=[64,256,512]" \
+        "sweep.buffer_len=[8,16]" method=all ${extra[@]+"${extra[@]}"} || return 1
+    sweep kernel_decode "${common[@]}" "sweep.models=[qwen35_122b_a10b]" "sweep.batch=[64,256,512]" \
+        "sweep.buffer_len=[16]" method=all ${extra[@]+"${extra[@]}"} || return 1
+    sweep kernel_spec "${common[@]}" "sweep.models=[nemotron3_super_120b,qwen35_122b_a10b]" \
+        "sweep.batch=[128,512]" "sweep.spec_T=[4]" "sweep.acceptance=[{kind: rate, p: 0.8}]" \
+        "method.names=[baseline_spec,replay_spec,commit_replay_spec]" ${extra[@]+"${extra[@]}"} || return 1
+    sweep kernel_spec "${common[@]}" "sweep.models=[nemotron3_super_120b,qwen35_122b_a10b]" \
+        "sweep.batch=[128]" "sweep.spec_T=[6]" "sweep.acceptance=[{kind: rate, p: 0.8}]" \
+        "method.names=[baseline_spec,replay_spec,commit_replay_spec]" ${extra[@]+"${extra[@]}"}
+}
+
+e2e_stage() {
+    local extra
+    read -r -a extra <<< "$E2E_ARGS"
+    if (( DRY_RUN )); then       # CPU: the e2e / serving CPU sweeps, one tiny model, one batch
+        sweep e2e_decode sweep=e2e_cpu "sweep.models=[tiny_mamba2]" "sweep.batch=[1]" ${extra[@]+"${extra[@]}"} && \
+            sweep serving sweep=serving_cpu "sweep.models=[tiny_mamba2]" "sweep.batch=[1]" ${extra[@]+"${extra[@]}"}
+        return
+    fi
+    sweep e2e_decode sweep=paper_e2e "sweep.models=[nemotron3_nano_4b,qwen35_4b]" "sweep.batch=[256]" \
+        "sweep.context_len=[1024]" timing.warmup_ms=10 timing.rep_ms=40 ${extra[@]+"${extra[@]}"} || return 1
+    sweep serving sweep=paper_serving "sweep.models=[nemotron3_nano_4b]" "sweep.batch=[128]" "sweep.spec_T=[4]" \
+        "sweep.acceptance=[{kind: rate, p: 0.8}]" sweep.at_concurrency=false timing.warmup_ms=10 timing.rep_ms=40 \
+        ${extra[@]+"${extra[@]}"}
+}
+
+dram_stage() { "$PY" scripts/kernels/dram_traffic.py --out "$WORK/dram.csv" --timeout 12; }
+
+report_stage() {
+    local dir
+    dir="$(run_dir)"
+    if [[ -z "$dir" ]]; then
+        echo "no run directory under $WORK/results (did the sweeps run?)"
+        return 1
+    fi
+    "$PY" scripts/report/aggregate.py "$dir" && "$PY" scripts/report/hybrid_summary.py "$dir" \
+        && "$PY" scripts/report/tables.py "$dir" --quiet && "$PY" scripts/report/claims.py "$dir" \
+        && "$PY" scripts/report/plots.py "$dir" || return 1
+    grep '^|' "$dir/REPORT.md"       # the claims table: what this GPU measured against the paper
+}
+
+want env && run_stage env env_stage
+if want wheels && [[ -n "${WHEELS:-}" ]]; then
+    WHEELS="$(cd "$WHEELS" && pwd)"
+    run_stage wheels wheels_stage "$WHEELS"
+    [[ -d "$SITE" ]] && export PYTHONPATH="$SITE:$PYTHONPATH"
+fi
+if want tests; then
+    if (( DRY_RUN )); then
+        skip_gpu tests "TRITON_INTERPRET=0 REPLAYSSM_TEST_DEVICE=cuda $PY -m pytest tests -p gpu_check_testlog" \
+            "-k '$TEST_SELECT' --junitxml=pytest.xml $PYTEST_ARGS"
+    else
+        run_stage tests tests_stage
+    fi
+fi
+if want headline; then
+    (( DRY_RUN )) && skip_gpu headline_gpu "sweep=paper: Super-120B / Qwen3.5-122B, b64/256/512, L8/16, T4/T6 (the" \
+        "GPU commands are headline_stage in this script); here: sweep=smoke on the CPU"
+    run_stage headline headline_stage
+fi
+if want e2e; then
+    (( DRY_RUN )) && skip_gpu e2e_gpu "sweep=paper_e2e Nano-4B + Qwen3.5-4B b256; sweep=paper_serving Nano-4B T4" \
+        "b128; here: the CPU sweeps on tiny_mamba2"
+    run_stage e2e e2e_stage
+fi
+if want dram; then
+    if (( DRY_RUN )); then
+        skip_gpu dram "$PY scripts/kernels/dram_traffic.py --out dram.csv (ncu, one point per method)"
+    else
+        run_stage dram dram_stage
+    fi
+fi
+want report && run_stage report report_stage
+pack
+
+if (( ${#SKIPPED_GPU[@]} )); then
+    printf '\n==== dry run: GPU commands skipped here (run them on the GPU box: bash scripts/gpu/gpu_check.sh OUT)\n'
+    printf '  %s\n' "${SKIPPED_GPU[@]}"
+fi
+printf '\n==== summary (%s)\n' "$OUT/summary.txt"
+cat "$OUT/summary.txt"
+echo "files: $(cd "$OUT" && ls | tr '\n' ' ')"
+if (( ${#FAILED[@]} )); then
+    echo "FAILED: ${FAILED[*]}"
+    exit 1
+fi
+echo "all stages passed"

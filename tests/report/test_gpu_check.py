@@ -1,0 +1,162 @@
+"""scripts/gpu/gpu_check.sh on this CPU box: --plan's stages and total; --dry-run with a local FAKE bundle (no
+network): the env stage runs, the wheels stage verifies the manifest, installs offline into WORK/site and imports
+every harness module, a cp312 binary is only checked, the GPU stages are printed as skipped, OUT holds at most
+8 files; a tampered bundle fails the wheels stage. The per-test log plugin and the ncu CSV parser."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from experiments.report.kernels import dram as dram_traffic
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu" / "gpu_check.sh"
+
+
+def _wheel(directory: Path, dist: str, version: str, tag: str, module: str, body: str) -> Path:
+    """A minimal valid wheel (module + dist-info with METADATA, WHEEL, RECORD)."""
+    path = directory / f"{dist}-{version}-{tag}.whl"
+    info = f"{dist}-{version}.dist-info"
+    files = {f"{module}.py": body,
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n",
+             f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n"}
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(text.encode())}")
+    files[f"{info}/RECORD"] = "\n".join(record + [f"{info}/RECORD,,"]) + "\n"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+    return path
+
+
+def _bundle(tmp_path: Path) -> Path:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    pure = _wheel(bundle, "replayssm_fake_dep", "0.1", "py3-none-any", "replayssm_fake_dep", "VALUE = 42\n")
+    binary = _wheel(bundle, "replayssm_fake_ext", "0.1", "cp312-cp312-manylinux_2_17_x86_64", "replayssm_fake_ext",
+                    "VALUE = 1\n")
+    lines = ["# fake bundle", "name\tversion\tsha256\tsize\tfile"]
+    for whl in (pure, binary):
+        data = whl.read_bytes()
+        lines.append(f"{whl.name.split('-')[0]}\t0.1\t{hashlib.sha256(data).hexdigest()}\t{len(data)}\t{whl.name}")
+    (bundle / "MANIFEST.tsv").write_text("\n".join(lines) + "\n")
+    return bundle
+
+
+def _run(out: Path, bundle: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PY=sys.executable, WHEELS=str(bundle), STAGES="env wheels tests", T_ENV="60",
+               T_WHEELS="120", WORK=str(out.parent / "work"))
+    return subprocess.run(["bash", str(SCRIPT), "--dry-run", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=180)
+
+
+@pytest.mark.skipif(sys.version_info[:2] == (3, 12), reason="the fake cp312 wheel would be installable here")
+def test_dry_run_installs_the_bundle_offline_and_prints_the_gpu_commands(tmp_path):
+    out = tmp_path / "out"
+    proc = _run(out, _bundle(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    stages = dict(line.split("\t")[:2] for line in (out / "stages.tsv").read_text().splitlines()[1:])
+    assert stages == {"env": "ok", "wheels": "ok", "tests": "skipped-gpu"}
+    assert (out / "env.json").is_file()
+    site = out.parent / "work" / "site"
+    assert (site / "replayssm_fake_dep.py").is_file()                       # the pure wheel: installed
+    assert not (site / "replayssm_fake_ext.py").exists()                    # the cp312 binary: checked only
+    assert "checked only (cp312 binary" in proc.stdout and "harness modules import" in proc.stdout
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and "summary.txt" in files and "logs.tar.gz" in files, files
+    assert "GPU commands skipped here" in proc.stdout and "REPLAYSSM_TEST_DEVICE=cuda" in proc.stdout
+
+
+def test_a_tampered_bundle_fails_the_wheels_stage(tmp_path):
+    bundle = _bundle(tmp_path)
+    whl = next(bundle.glob("replayssm_fake_dep-*.whl"))
+    whl.write_bytes(whl.read_bytes() + b"\0")                                # size and sha256 now differ
+    out = tmp_path / "out"
+    proc = _run(out, bundle)
+    assert proc.returncode == 1
+    assert "wheels\tfailed" in (out / "stages.tsv").read_text()
+    assert "size/sha256 differ" in proc.stdout and not (out.parent / "work" / "site").exists()
+
+
+def test_usage_error_without_out_dir():
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+def test_plan_lists_every_stage_within_eight_minutes():
+    proc = subprocess.run(["bash", str(SCRIPT), "--plan"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    rows = [ln.split() for ln in proc.stdout.splitlines()[1:] if not ln.startswith(("total", "("))]
+    stages = [r[0] for r in rows]
+    assert stages == ["env", "wheels", "tests", "headline", "e2e", "dram", "report"]
+    total = int(proc.stdout.strip().splitlines()[-1].removeprefix("total: ").removesuffix(" s"))
+    limits = sum(int(r[1]) for r in rows)
+    assert limits < total <= 480                       # the limits plus kill grace and packing per stage
+
+
+def test_a_missing_harness_module_fails_the_wheels_stage_naming_full(tmp_path):
+    out = tmp_path / "out"
+    bundle = _bundle(tmp_path)
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "einops.py").write_text("raise ImportError('hidden by the test')\n")   # shadows the installed one
+    env = dict(os.environ, PY=sys.executable, WHEELS=str(bundle), STAGES="wheels", T_WHEELS="120",
+               WORK=str(tmp_path / "work"), PYTHONPATH=str(hide))
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 1
+    assert "einops" in proc.stdout and "--full" in proc.stdout
+
+
+def test_the_per_test_log_records_each_test_and_the_time_budget(tmp_path):
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "test_x.py").write_text("import time\n\ndef test_a():\n    time.sleep(0.3)\n\n"
+                                     "def test_b():\n    assert False\n\ndef test_c():\n    pass\n")
+    log = tmp_path / "tests.log"
+    env = dict(os.environ, GPU_CHECK_TEST_LOG=str(log), GPU_CHECK_TEST_BUDGET_S="0.2",
+               PYTHONPATH=str(ROOT / "scripts" / "gpu"))
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(tests), "-p", "gpu_check_testlog", "-p", "no:randomly",
+                           "-o", "addopts=", "-q", "--rootdir", str(tests)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    lines = log.read_text().splitlines()
+    assert lines[0].endswith("test_a\tstarted") and "test_a\tpassed" in lines[1], lines
+    assert lines[-1].startswith("# time budget 0.2 s spent: 2 tests not started"), (lines, proc.stdout[-800:])
+
+
+def test_ncu_csv_is_summed_per_metric_and_a_missing_ncu_is_reported(tmp_path, monkeypatch):
+    text = "\n".join(['==PROF== Connected', '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"',
+                      '"0","k1","dram__bytes_read.sum","Mbyte","1.5"',
+                      '"0","k1","dram__bytes_write.sum","Kbyte","2"',
+                      '"1","k2","dram__bytes_read.sum","byte","1,000"',
+                      '"1","k2","dram__bytes_write.sum","byte","0"'])
+    assert dram_traffic.parse_ncu_csv(text) == (2, 1.5e6 + 1000, 2e3)
+    monkeypatch.setattr(dram_traffic.shutil, "which", lambda name: None)
+    out = tmp_path / "dram.csv"
+    assert dram_traffic.main(["--out", str(out), "--methods", "baseline_ar,replay_ar"]) == 0
+    text = out.read_text()
+    assert text.count("unavailable") == 2 and "ncu not found" in text
+
+
+def test_each_dram_point_is_a_valid_gpu_config():
+    """The ncu stage's points compose and expand as on the GPU (CUDA only pretended; nothing runs)."""
+    from unittest import mock
+
+    import torch
+
+    args = argparse.Namespace(model="nemotron3_super_120b", batch=256, buffer_len=16, spec_T=4, route="output_only")
+    with mock.patch.object(torch.cuda, "is_available", return_value=True):
+        for method in dram_traffic.AR_METHODS + dram_traffic.SPEC_METHODS:
+            _, p = dram_traffic._point(args, method)
+            assert p.method == method and p.batch == 256 and p.device == "cuda" and p.backend == "triton"
