@@ -75,7 +75,9 @@ test-gpu-stack: $(GS_STAMP)
 			--csv $(GS_VENV)/reports/aot_sm$$t.csv > $(GS_VENV)/reports/aot_sm$$t.log 2>&1 & pids="$$pids $$!"; \
 	done; \
 	for p in $$pids; do wait $$p || rc=1; done; \
-	for t in 90 100; do echo "AOT sm_$$t (triton $(GS_TRITON)): $$(grep ' rows in ' $(GS_VENV)/reports/aot_sm$$t.log)"; done; \
+	for t in 90 100; do \
+		echo "AOT sm_$$t (triton $(GS_TRITON)): $$(grep ' rows in ' $(GS_VENV)/reports/aot_sm$$t.log)"; \
+	done; \
 	if [ $$rc -ne 0 ]; then grep -h -A 40 '^FAIL' $(GS_VENV)/reports/aot_sm*.log; exit 1; fi
 	TRITON_INTERPRET=1 $(GS_PY) -m pytest -n 2 --dist loadfile -q $(GS_SELECT)
 
