@@ -20,11 +20,13 @@ first call, so the JIT compiles and Triton 3.6's C launcher builds (gcc, one per
 Triton's on-disk cache at once, and the timing process finds them built.
 
 Output (`--out DIR`): DIR/launch_floor.csv, one row per (name, mode) with the columns of COLUMNS (ms_* per
-step, `launches` = Triton launches per step, counted once outside timing), and DIR/launch_floor.json: the
-rows plus the torch / Triton versions and the first-launch cost (compile_s: the first call of each entry,
-which pays Triton's JIT compile and, under Triton 3.6, the C launcher it builds per kernel signature;
-launcher_builds / launcher_s: those launcher builds counted and timed). A per-step time model reads
-`ms_median` of mode graph or host (a CUDA-graph engine or an eager one) for its method, times the layers.
+step, `launches` = Triton launches per step, counted once outside timing, `compile_s` = the entry's first call,
+in its warm-up process: Triton's JIT compile and, under Triton 3.6, the C launcher it builds per kernel
+signature), and DIR/launch_floor.json: the rows plus the torch / Triton versions, `warm` (per entry: first_call_s,
+launcher_builds, launcher_s: the C modules Triton built there and their gcc seconds), their totals
+warm_launcher_builds / warm_launcher_s and warm_s (the warm-up's wall time), and launcher_builds / launcher_s of
+the timing process (0 once warm). A per-step time model reads `ms_median` of mode graph or host (a CUDA-graph
+engine or an eager one) for its method, times the layers.
 
     python -m experiments.launch_floor --out DIR        # on the GPU (scripts/gpu_check.sh, stage `launch`)
     python -m experiments.launch_floor --plan           # list the entries and whether each can run here
@@ -195,8 +197,9 @@ def host_ms(fn: Callable[[], None], sync: Callable[[], None], min_s: float = 0.0
     return out
 
 
-def measure(e: Entry, device: str, rep_ms: int) -> list[dict]:
-    """Rows for one entry: every mode this device has (graph and eager need CUDA), or one `skipped` row."""
+def measure(e: Entry, device: str, rep_ms: int, first_call_s: float | None = None) -> list[dict]:
+    """Rows for one entry: every mode this device has (graph and eager need CUDA), or one `skipped` row.
+    first_call_s: the entry's first call in a warm-up process (the compiles), else this process's first call."""
     base = {"name": e.name, "family": e.family or "", "model": e.model or "", "method": e.method or "minimal",
             "route": e.route or "", "batch": 1}
     try:
@@ -208,7 +211,8 @@ def measure(e: Entry, device: str, rep_ms: int) -> list[dict]:
     with launch_counter() as launches:
         fn()                                  # the first call: JIT compile (+ Triton 3.6's C launcher build)
     sync()
-    first = {"launches": launches[0], "compile_s": round(time.perf_counter() - t0, 3)}
+    here = round(time.perf_counter() - t0, 3)
+    first = {"launches": launches[0], "compile_s": here if first_call_s is None else first_call_s}
     # the interpreter (a CPU check of the entries, not a floor) takes ~0.1-1 s a call: 3 samples there
     timers: dict[str, Callable[[], list[float]]] = {"host": lambda: host_ms(fn, sync, samples=5 if device == "cuda"
                                                                             else 3)}
@@ -307,10 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     if warmed:
         print(f"launch_floor: first launches in {args.jobs} processes: {meta['warm_s']:.1f} s, Triton built "
               f"{meta['warm_launcher_builds']} C modules ({meta['warm_launcher_s']:.1f} s of gcc)", flush=True)
+    first_call = {w["name"]: w["first_call_s"] for w in warmed if "first_call_s" in w}
     rows: list[dict] = []
     with launcher_builds() as builds:
         for e in todo:
-            rows += measure(e, args.device, args.rep_ms)
+            rows += measure(e, args.device, args.rep_ms, first_call.get(e.name))
             write(args.out, rows, {**meta, "launcher_builds": len(builds), "launcher_s": round(sum(builds), 3)})
             r = rows[-1]
             print(f"{e.name:<40} {r['status']:<8} " + "  ".join(
