@@ -13,7 +13,7 @@ relative L2 error per (row, head) of
     state_err_*  the committed state at the checkpoint (materialised for the replay caches);
 as median, p99 and max. `step` is tokens committed (AR: the step; spec: the median over rows at that
 window, `window` = verify steps). The growth exponent of error vs steps is fitted from these rows by
-scripts/accuracy.py (log-log least squares), not here.
+experiments/report/accuracy.py (log-log least squares), not here.
 
 Rows: <run dir>/accuracy.csv (experiments/harness/store.RunTable), beside the kernel sweeps' rows.csv in the
 same run directory, with the same env.json / config.yaml provenance. A failing series is one row with

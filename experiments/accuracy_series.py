@@ -112,7 +112,7 @@ def few_heads(spec: ModelSpec, heads: int) -> ModelSpec:
 
 def checkpoints(n_steps: int, count: int) -> list[int]:
     """`count` log-spaced step indices in 1..n_steps (1-based, unique, n_steps always included), plus 1,000
-    and 10,000 when in range (the bf16 table of scripts/accuracy.py reads those)."""
+    and 10,000 when in range (the bf16 table of experiments/report/accuracy.py reads those)."""
     pts = np.unique(np.round(np.geomspace(1, n_steps, max(count, 2))).astype(int))
     return sorted(set(int(p) for p in pts) | {n_steps} | {t for t in (1000, 10000) if t <= n_steps})
 

@@ -11,7 +11,7 @@ commit) and stree (STree's activation replay: the ring flushing every step), bas
 sweep.backend (torch or cpu) is what the ring methods (replay_tree, replay_chain, stree) run on: cpu = the
 fused C/OpenMP kernels (replayssm/cpu), as the CPU sweeps of the other experiments. The two baselines have no
 CPU kernels and always run on torch; every row says the backend it ran, and a ratio never pairs two backends
-(as scripts/aggregate.py keys its pairings on backend): under backend=cpu the ring's ratio to the native tree
+(as scripts/report/aggregate.py keys its pairings on backend): under backend=cpu the ring's ratio to the native tree
 is left empty. sweep=tree_cpu therefore keeps torch, the like-for-like comparison with the baselines.
 
 Acceptance is per node: at each depth the children of the last accepted node are tried in order, each

@@ -34,7 +34,7 @@ def interpreter_active() -> bool:
 
 
 def aot_capture_active() -> bool:
-    """True while scripts/kernel_report.py captures launches to compile them ahead of time: kernels are
+    """True while scripts/kernels/kernel_report.py captures launches to compile them ahead of time: kernels are
     not run, so CPU tensors may be passed to the Triton backend without the interpreter."""
     return os.environ.get("REPLAYSSM_AOT_CAPTURE", "0") == "1"
 

@@ -13,7 +13,7 @@ tensor it records
 
 A gap between the two on the state is a kernel that reads (or writes) the state twice within a launch, which
 the model then has to count. No GPU counter is involved: this is what ties the byte model to the kernels on a
-CPU. The suite (tests/replayssm/test_kernel_traffic.py) and scripts/kernel_traffic.py share this hook.
+CPU. The suite (tests/replayssm/test_kernel_traffic.py) and scripts/kernels/kernel_traffic.py share this hook.
 
     with TrafficCounter() as counter:
         replay_step(cache, ..., backend="triton")

@@ -384,7 +384,7 @@ def gdn_baseline_ar(geom: GDNGeometry, state_bytes: int = FP32, act_bytes: int =
 def gdn_replay_ar(geom: GDNGeometry, L: int, h: int, state_bytes: int = FP32, act_bytes: int = HALF) -> Traffic:
     """ReplaySSM GDN AR step at fill h: as `mamba2_replay_ar` with the (u, k, g) entry; h == L-1 flushes.
     The kernel folds the rebuilt S_h tile it still holds in registers, so a flush reads the state once too
-    (scripts/kernel_traffic.py checks issued against unique state loads)."""
+    (scripts/kernels/kernel_traffic.py checks issued against unique state loads)."""
     _check_geometry(geom, GDNGeometry)
     _check_dtypes(state_bytes, act_bytes)
     _check_int("L", L, 1)

@@ -258,7 +258,11 @@ def _move_kernel(f_ptr, path_ptr, num_accepted_ptr, slots_ptr, write_pos_ptr, or
         ww = tl.arange(0, BLOCK_W)[None, :]
         m = (hh < heads) & (ww < width)
         off = s * stride_slot + hh * stride_head + ww
-        for i in range(1, depth):
+        # a while loop, not `range(1, depth)`: Triton 3.6.0's interpreter (the GPU box's Triton) turns a loop
+        # bound taken from a runtime argument into int() of a 1-element array, a TypeError under numpy >= 2.4;
+        # a while condition takes bool() of it, which every version does (compiled: one scf.while for every depth)
+        i = 1
+        while i < depth:
             node = tl.load(path_ptr + row * depth + i)
             if (i < a) & (node != i):
                 src = ((base + node) & (ring_len - 1)).to(tl.int64)
@@ -266,6 +270,7 @@ def _move_kernel(f_ptr, path_ptr, num_accepted_ptr, slots_ptr, write_pos_ptr, or
                 vals = tl.load(f_ptr + off + src * stride_row, mask=m)
                 tl.store(f_ptr + off + dst * stride_row, vals, mask=m)
             tl.debug_barrier()                              # move i is stored before move i + 1 loads
+            i += 1
 
 
 @functools.cache

@@ -17,7 +17,7 @@
 # Resume: `RUN_ID=<id> make reproduce` after a kill continues the run results/*/<id>/ (every experiment with
 # resume=: points already in it are skipped, none is written twice; the run directory is locked while a
 # process writes it), then rewrites the report from all its rows.
-# Time: on a GPU the estimate of the paper sweep (experiments/harness/budget.py) is printed first;
+# Time: on a GPU the estimate of the paper sweep (experiments/budget_estimate.py) is printed first;
 # BUDGET_MIN=N runs each experiment's points that answer the published claims first and stops before the next
 # point once N minutes (less 2 for the report) have passed, then writes the report over what ran.
 # Several GPUs: GPUS=N (local, Hydra's joblib launcher, one process per GPU) or SHARDS=N LAUNCHER=slurm

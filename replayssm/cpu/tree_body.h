@@ -5,7 +5,7 @@
  * replaced by the ancestor mask of a draft tree and the window's prefix sums by tree prefix sums
  * cum[s] = cum[parent[s]] + dt[s] (parent -1: the committed history). Node s sits at logical position h + s,
  * ring row (origin + h + s) & (R - 1), exactly where a chain's window token s goes; the protocol is in
- * replayssm/tree_ring.py, the float64 oracles in replayssm/{mamba2,gdn}/tree_ref.py. For a chain tree every
+ * replayssm/tree_ring.py, the float64 oracles in replayssm/{mamba2,gdn}/spec_ref.py (parents=). For a chain tree every
  * mask and prefix sum is the chain kernel's, term for term in the same order.
  *
  * parents int32 [batch, N] (validated in Python: parents[0] = -1, 0 <= parents[s] < s on live rows). The

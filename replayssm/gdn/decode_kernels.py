@@ -52,7 +52,7 @@ def replay_launch_config(K: int, V: int, state_dtype: torch.dtype, arch: int) ->
     arch 0 (interpreter): one program per (row, value head), the interpreter costs per program and per op,
     not per FLOP. GPU: BV rows so that a tile holds 2048 fp32 values ([16, 128] at K = 128, 16 per thread
     over 4 warps; [16, 256] over 8 warps at K = 256). Built ahead of time for sm_90 and sm_100 at the
-    production geometries (scripts/kernel_report.py) with no spills. A K walk in [32, 64] tiles needed 103
+    production geometries (scripts/kernels/kernel_report.py) with no spills. A K walk in [32, 64] tiles needed 103
     registers but re-read the state and the buffer's keys on every flush. tf32x3 dots keep fp32 parity
     (plain tf32 drifts ~1e-3).
     """

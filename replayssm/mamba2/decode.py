@@ -64,7 +64,7 @@ def launch_config(geometry: Mamba2Geometry, buffer_len: int, route: str, arch: i
     """The launch table. arch 0 = Triton interpreter: biggest legal blocks, so the grid is tiny (it costs
     per program). GPU (sm_90 / sm_100 alike): the official fork's BLOCK_M for fp32 state, output_only 16
     and state_and_output 32 (BLOCK_M 64 spills at fp32 with dstate 128). Warps from the AOT kernel report
-    (scripts/kernel_report.py, dstate 128, bf16 activations, triton 3.6 / 3.7 / 3.9): 4 warps everywhere.
+    (scripts/kernels/kernel_report.py, dstate 128, bf16 activations, triton 3.6 / 3.7 / 3.9): 4 warps everywhere.
     output_only at 4 warps: 64-80 registers, no spill. Fewer warps sit at the edge, because the flush branch's
     tf32x3 dot sets the count: 1 warp uses 247-255 registers and spills 8 B (fp32 state, sm_90, triton 3.6);
     2 warps spill 16 B (fp32 state, sm_90, triton 3.9). state_and_output and materialize: 1 warp spills 300+

@@ -298,7 +298,7 @@ class SpecLaunchConfig:
 
 # The tile space a GPU tuning run searches (replayssm/mamba2/spec_tuning.py), per geometry and architecture:
 # dstate chunk x warps x window padding, with the headdim tile of the default rule. Every candidate is built
-# ahead of time for sm_90 and sm_100 at the three Mamba-2 production geometries (scripts/kernel_report.py
+# ahead of time for sm_90 and sm_100 at the three Mamba-2 production geometries (scripts/kernels/kernel_report.py
 # --spec-tiles, triton 3.7.1); a candidate that spills there is left out of the space, with the reason. Verify
 # registers (the same at the three geometries): chunk 16: 148-240 on sm_90, 125-202 on sm_100 (2 warps with a
 # 32-row window padding are the most); chunk 32: 165-193 / 178-221; chunk 64: 255 on sm_90 at every warp count.
@@ -365,7 +365,7 @@ def launch_config(headdim: int, dstate: int, ring_len: int, arch: int, window: i
 
     Interpreter: one program per (row, head) and one dstate chunk: it costs per program and per op, not
     per FLOP. GPU (sm_90 / sm_100): a 32-row headdim tile, 16-wide dstate chunks, 4 warps and 2 stages:
-    scripts/kernel_report.py at history 16 / window 4 (Nemotron-3 Nano, Super, Ultra; triton 3.6, 3.7, 3.9)
+    scripts/kernels/kernel_report.py at history 16 / window 4 (Nemotron-3 Nano, Super, Ultra; triton 3.6, 3.7, 3.9)
     gives the verify kernel 125-150 registers and no spill. 32-wide chunks use 168-185 registers since the
     dstate loop has a constexpr trip count, and triton 3.6's build for sm_90 spills 4 B there; 64-wide
     chunks spill (255 registers + local memory), and so does a whole 128-wide dstate. A 64-row ring

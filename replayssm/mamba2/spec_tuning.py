@@ -11,7 +11,7 @@ cursors) and puts it back afterwards, so the ring is bit-for-bit what it was whe
 A trial first checks its outputs and folded checkpoint against the default config's (relative error within
 the fp32 tolerance: a tile that computes something else is rejected, not timed), then times verify with
 `timer` (default: triton.testing.do_bench, milliseconds; repeated runs refold flush rows, the same work).
-scripts/tune_spec_tiles.py runs it on a GPU for every production geometry.
+scripts/kernels/tune_spec_tiles.py runs it on a GPU for every production geometry.
 """
 
 from __future__ import annotations

@@ -17,9 +17,15 @@
 # 4.9.3 exists only as an sdist, so its (pure Python) wheel is built here with `pip wheel`.
 # DIR/MANIFEST.tsv: name, version, sha256, size, file of every wheel; the script fails if DIR ends up
 # larger than BUNDLE_LIMIT_MIB (default 64).
+# The box's torch / Triton pair: the bundle is made for the pair make test-gpu-stack tests (torch 2.11.0+cu130
+# with triton 3.6.0: the `# gpu-box:` line of constraints-gpustack.txt), written into MANIFEST.tsv as a
+# `# box-stack:` line that gpu_check.sh's wheels stage compares with the box's. BOX_STACK="torch==X triton==Y"
+# (what the box prints for `python -c 'import torch, triton; print(torch.__version__, triton.__version__)'`)
+# checks it here first; a box with another pair is said loudly, and the bundle is still made.
 #
 # Environment: PY (python whose pip runs; default .venv/bin/python, else python3), GPU_PYTHON (3.12),
-# GPU_PLATFORMS ("manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_28_x86_64"), BUNDLE_LIMIT_MIB (64).
+# GPU_PLATFORMS ("manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_28_x86_64"), BUNDLE_LIMIT_MIB (64),
+# BOX_STACK (the box's pair, to check), TESTED_STACK (the pair to expect; default from constraints-gpustack.txt).
 set -euo pipefail
 
 usage() { echo "usage: bash scripts/gpu/gpu_bundle.sh DIR [--full]" >&2; exit 2; }
@@ -40,6 +46,23 @@ GPU_PYTHON="${GPU_PYTHON:-3.12}"
 ABI="cp${GPU_PYTHON/./}"
 read -r -a PLATFORMS <<< "${GPU_PLATFORMS:-manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_28_x86_64}"
 LIMIT_MIB="${BUNDLE_LIMIT_MIB:-64}"
+TESTED_STACK="${TESTED_STACK:-$(sed -n 's/^# gpu-box: *//p' constraints-gpustack.txt 2>/dev/null | head -n 1)}"
+[[ -n "$TESTED_STACK" ]] || { echo "gpu_bundle: no '# gpu-box:' line in constraints-gpustack.txt" >&2; exit 2; }
+export TESTED_STACK
+
+# the box's torch/Triton pair against the tested one (versions compared as written, `==`-separated pairs)
+check_box_stack() {
+    local want have
+    want="$(tr ' ' '\n' <<< "$TESTED_STACK" | grep -E '^(torch|triton)==' | sort | tr '\n' ' ')"
+    have="$(tr ' ' '\n' <<< "$1" | grep -E '^(torch|triton)==' | sort | tr '\n' ' ')"
+    if [[ "$want" == "$have" ]]; then
+        echo "gpu_bundle: the box's pair ${have% } is the one tested here (make test-gpu-stack)"
+    else
+        echo "gpu_bundle: WARNING: NOT THE TESTED PAIR: the box has '${1}', make test-gpu-stack tests" \
+            "'${TESTED_STACK}'. The default set leaves torch / triton to the box: its kernels were built and" \
+            "tested here only with the tested pair (and triton 3.7.1)." >&2
+    fi
+}
 
 MISSING_PKGS=(hydra-core omegaconf antlr4-python3-runtime hydra-submitit-launcher submitit hydra-joblib-launcher
               joblib fla-core==0.6.0)
@@ -63,6 +86,12 @@ for pkg in "${PKGS[@]}"; do
 done
 
 echo "gpu_bundle: $MODE set for CPython $GPU_PYTHON ($ABI, ${PLATFORMS[*]}) -> $DIR"
+echo "gpu_bundle: for a box with $TESTED_STACK (the pair make test-gpu-stack tests)"
+if [[ -n "${BOX_STACK:-}" ]]; then
+    check_box_stack "$BOX_STACK"
+else
+    echo "gpu_bundle: BOX_STACK unset: the box's pair is checked there (gpu_check.sh: env and wheels stages)"
+fi
 # 1. antlr4: sdist only on PyPI; a pure-Python wheel built here serves every Python 3. mamba_ssm: its sdist,
 #    built here without the CUDA extension (needs this venv's torch: --no-build-isolation) -> a py3-none-any
 #    wheel of its Python sources, which imports on any CPython 3 with torch + triton (the box has both).
@@ -86,6 +115,7 @@ fi
 "$PY" - "$DIR" "$LIMIT_MIB" "$MODE" "${EXCLUDE[@]+"${EXCLUDE[@]}"}" <<'PYEOF'
 """Drop excluded packages, write MANIFEST.tsv, enforce the size limit."""
 import hashlib
+import os
 import re
 import sys
 from pathlib import Path
@@ -108,6 +138,7 @@ if leftovers:
     sys.exit(f"gpu_bundle: not wheels (an sdist slipped in?): {leftovers}")
 with open(out / "MANIFEST.tsv", "w") as f:
     f.write(f"# gpu_bundle {mode} set: {len(rows)} wheels, {total} bytes ({total / 2**20:.2f} MiB)\n")
+    f.write(f"# box-stack: {os.environ['TESTED_STACK']}\n")
     f.write("name\tversion\tsha256\tsize\tfile\n")
     for r in rows:
         f.write("\t".join(map(str, r)) + "\n")

@@ -6,10 +6,17 @@
 #
 # Stages, most valuable first; each one is time-boxed (its process group is killed at its limit, 5 s grace)
 # and writes its results the moment it ends, so a kill keeps everything before it:
-#   env       nvidia-smi, NVML, torch / triton / CUDA versions, the measured device copy bandwidth -> env.json
+#   env       nvidia-smi, NVML, torch / triton / CUDA versions, the measured device copy bandwidth -> env.json;
+#             says clearly whether torch / triton are the pair make test-gpu-stack tests (constraints-gpustack.txt,
+#             its `# gpu-box:` line: torch 2.11.0+cu130 with triton 3.6.0) -> env.json "stack"
 #   wheels    only with WHEELS=DIR (scripts/gpu/gpu_bundle.sh): verify DIR/MANIFEST.tsv (sha256, size), install
 #             offline into a site dir that later stages import first, then import every module the harness
 #             needs; a missing one fails the stage naming `gpu_bundle.sh DIR --full`
+#   launch    the launch floor at batch 1 (python -m experiments.launch_floor): a minimal Triton kernel and each
+#             method's step on the headline geometries, under CUDA graphs (do_bench_cudagraph), eager
+#             (do_bench) and back-to-back on the host clock -> launch_floor.csv (+ launch_floor.json in
+#             results.tar.gz). It pays first launches first, in 8 parallel processes: Triton's JIT compiles and,
+#             under Triton 3.6.0, the C launcher it builds with gcc per kernel signature (3.7 builds none)
 #   tests     the GPU-only tests (bf16 Triton, graph capture: pytest -k "$TEST_SELECT"), bounded: no new test
 #             starts after T_TESTS - 15 s; tests.log gets a line when each test starts and ends (a kill
 #             leaves the one that hung), plus pytest.xml at the end
@@ -22,12 +29,19 @@
 #             replayssm/traffic.py's bytes (scripts/kernels/dram_traffic.py) -> dram.csv; unreadable counters: said, on
 #   report    aggregate, tables, plots and the claims report over what ran
 # OUT_DIR ends up with at most 8 files: summary.txt (stages, claims table, DRAM table), stages.tsv, env.json,
-# tests.log, dram.csv, results.tar.gz (the run directory + pytest.xml), logs.tar.gz (every stage's log) and
-# stage.log (the running stage's log, live; gone once packed). They are refreshed after every stage.
+# tests.log, dram.csv, launch_floor.csv, results.tar.gz (the run directory + pytest.xml + launch_floor.json),
+# logs.tar.gz (every stage's log); while a stage runs also stage.log (its log, live; gone once packed).
+# They are refreshed after every stage.
+# Triton 3.6.0 builds a C launcher (gcc, ~1.5 s each on a 2-core CPU) for each kernel signature at its first
+# launch: the launch stage builds those of batch 1, in parallel, and every later stage's limit holds its own.
+# stages.tsv's `launchers` column counts the launchers each stage built (new __triton_launcher*.so files in
+# Triton's cache, TRITON_CACHE_DIR or ~/.triton/cache): the figure to resize the limits with after first contact.
 # A failing or timed-out stage is recorded and the next one still runs; the exit code is 1 if any failed.
 # The kernel report (registers, spills: scripts/kernels/kernel_report.py) is an AOT build that runs on a CPU: no stage.
 #
 # Environment: PY (default python), STAGES (subset), T_<STAGE> (seconds; e.g. T_TESTS=90), WHEELS, TEST_SELECT,
+# LAUNCH_ARGS (extra experiments.launch_floor arguments, e.g. --jobs 4), TESTED_STACK (the pair to expect;
+# default the `# gpu-box:` line of constraints-gpustack.txt),
 # PYTEST_ARGS, HEADLINE_ARGS / E2E_ARGS (extra Hydra overrides), WORK (scratch dir, default a mktemp dir).
 set -uo pipefail
 
@@ -41,13 +55,16 @@ if [[ $MODE != plan && $# -ne 1 ]]; then
     exit 2
 fi
 cd "$(dirname "$0")/../.."
-STAGES="${STAGES:-env wheels tests headline e2e dram report}"
+STAGES="${STAGES:-env wheels launch tests headline e2e dram report}"
 GRACE=5
-declare -A LIMIT=([env]="${T_ENV:-25}" [wheels]="${T_WHEELS:-45}" [tests]="${T_TESTS:-95}"
-                  [headline]="${T_HEADLINE:-120}" [e2e]="${T_E2E:-55}" [dram]="${T_DRAM:-40}"
+# 8 stages x (limit + 5 s grace + 5 s packing) <= 480 s: the launch stage's 35 s came out of env (-5), wheels
+# (-5), tests (-10: fewer tests start), headline (-5), e2e (-5) and dram (-10: a slow ncu leaves points unmeasured)
+declare -A LIMIT=([env]="${T_ENV:-20}" [wheels]="${T_WHEELS:-40}" [launch]="${T_LAUNCH:-35}"
+                  [tests]="${T_TESTS:-85}" [headline]="${T_HEADLINE:-115}" [e2e]="${T_E2E:-50}" [dram]="${T_DRAM:-30}"
                   [report]="${T_REPORT:-25}")
 declare -A WHAT=([env]="nvidia-smi, NVML, versions, measured device copy bandwidth"
                  [wheels]="offline install of WHEELS=DIR + import check (only with WHEELS)"
+                 [launch]="launch floor b1: minimal kernel + each method, graph/eager/host; 3.6 launcher builds"
                  [tests]="GPU-only tests (bf16 Triton, graph capture), per-test record"
                  [headline]="AR decode b64/256/512 Super-120B L8/16 + Qwen3.5-122B L16; spec T4 b128/512, T6 b128"
                  [e2e]="e2e decode Nano-4B + Qwen3.5-4B b256; serving T4 Nano-4B b128"
@@ -55,7 +72,8 @@ declare -A WHAT=([env]="nvidia-smi, NVML, versions, measured device copy bandwid
                  [report]="aggregate, tables, plots, claims report")
 PACK_S=5           # packing after each stage: small tar/gzip of text files
 if [[ $MODE == dry ]]; then        # a shared CPU box runs the CPU forms of the sweeps: wider limits unless given
-    LIMIT[wheels]="${T_WHEELS:-90}" LIMIT[headline]="${T_HEADLINE:-300}" LIMIT[e2e]="${T_E2E:-240}"
+    LIMIT[env]="${T_ENV:-60}" LIMIT[wheels]="${T_WHEELS:-90}" LIMIT[launch]="${T_LAUNCH:-240}"
+    LIMIT[headline]="${T_HEADLINE:-300}" LIMIT[e2e]="${T_E2E:-240}"
     LIMIT[report]="${T_REPORT:-150}"
 fi
 
@@ -92,23 +110,33 @@ else
 fi
 export PYTHONPATH="$PWD:$PWD/scripts/gpu${PYTHONPATH:+:$PYTHONPATH}"
 export OUT WORK PY RUN_ID TEST_SELECT PYTEST_ARGS DRY_RUN SITE="$WORK/site" T_TESTS="${LIMIT[tests]}"
-export HEADLINE_ARGS="${HEADLINE_ARGS:-}" E2E_ARGS="${E2E_ARGS:-}"
-printf 'stage\tstatus\tseconds\tlimit_s\n' > "$OUT/stages.tsv"
+export HEADLINE_ARGS="${HEADLINE_ARGS:-}" E2E_ARGS="${E2E_ARGS:-}" LAUNCH_ARGS="${LAUNCH_ARGS:-}"
+# the torch/Triton pair make test-gpu-stack tests for the GPU box (constraints-gpustack.txt, `# gpu-box:` line)
+TESTED_STACK="${TESTED_STACK:-$(sed -n 's/^# gpu-box: *//p' constraints-gpustack.txt 2>/dev/null | head -n 1)}"
+export TESTED_STACK
+# where Triton caches its builds: each stage counts the C launchers it built there (Triton 3.6.0)
+TRITON_CACHE="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+printf 'stage\tstatus\tseconds\tlimit_s\tlaunchers\n' > "$OUT/stages.tsv"
 : > "$OUT/tests.log"
 
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 
 # pack: OUT's <= 8 files from WORK, after every stage (a kill keeps what the finished stages wrote)
 pack() {
-    [[ -d "$WORK/results" ]] && tar -C "$WORK" -czf "$OUT/results.tar.gz.tmp" results $(cd "$WORK" && ls pytest.xml 2>/dev/null) \
+    [[ -d "$WORK/results" ]] && tar -C "$WORK" -czf "$OUT/results.tar.gz.tmp" results \
+        $(cd "$WORK" && ls pytest.xml launch_floor.json 2>/dev/null) \
         && mv "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"
     tar -C "$WORK" -czf "$OUT/logs.tar.gz.tmp" logs && mv "$OUT/logs.tar.gz.tmp" "$OUT/logs.tar.gz"
     [[ -f "$WORK/env.json" ]] && cp "$WORK/env.json" "$OUT/env.json"
     [[ -f "$WORK/dram.csv" ]] && cp "$WORK/dram.csv" "$OUT/dram.csv"
+    [[ -f "$WORK/launch_floor.csv" ]] && cp "$WORK/launch_floor.csv" "$OUT/launch_floor.csv"
     {
         echo "gpu_check $RUN_ID ($(date -u +%FT%TZ)), mode $MODE"
         column -t -s $'\t' "$OUT/stages.tsv" 2>/dev/null || cat "$OUT/stages.tsv"
-        [[ -f "$WORK/env.json" ]] && grep -E '"(gpu_name|torch|triton|cuda|copy_GBps|driver)"' "$WORK/env.json"
+        [[ -f "$WORK/env.json" ]] && \
+            grep -E '"(gpu_name|torch|triton|cuda|copy_GBps|driver|stack_note)"' "$WORK/env.json"
+        [[ -f "$WORK/launch_floor.csv" ]] && { echo "launch floor (ms per call, batch 1):"; \
+            awk -F, 'NR > 1 && $14 == "ok" {printf "  %-36s %-6s %9.4f\n", $1, $7, $8}' "$WORK/launch_floor.csv"; }
         echo "tests: $(grep -c $'\tpassed' "$OUT/tests.log") passed, $(grep -c $'\tfailed' "$OUT/tests.log") failed," \
             "$(grep -c $'\tskipped' "$OUT/tests.log") skipped"
         run_dir="$(ls -d "$WORK"/results/*/"$RUN_ID" 2>/dev/null | head -n 1)"
@@ -122,19 +150,21 @@ pack() {
 # run_stage NAME CMD...: time-boxed (the whole process group is killed), logged live to OUT/stage.log,
 # recorded in stages.tsv, then archived into logs.tar.gz with the rest.
 run_stage() {
-    local name=$1 limit=${LIMIT[$1]} t0=$SECONDS rc status
+    local name=$1 limit=${LIMIT[$1]} t0=$SECONDS rc status launchers
     shift
     printf '\n==== [%s] limit %ss: %s\n' "$name" "$limit" "$*"
-    timeout -k "$GRACE" "$limit" bash -c "$(declare -f env_stage wheels_stage tests_stage sweep headline_stage \
-        e2e_stage dram_stage report_stage run_dir); \"\$@\"" stage "$@" 2>&1 | tee "$OUT/stage.log"
+    touch "$WORK/stage.stamp"
+    timeout -k "$GRACE" "$limit" bash -c "$(declare -f env_stage wheels_stage launch_stage tests_stage sweep \
+        headline_stage e2e_stage dram_stage report_stage run_dir); \"\$@\"" stage "$@" 2>&1 | tee "$OUT/stage.log"
     rc=${PIPESTATUS[0]}
+    launchers=$(find "$TRITON_CACHE" -name '__triton_launcher*.so' -newer "$WORK/stage.stamp" 2>/dev/null | wc -l)
     case $rc in
         0) status=ok ;;
         124|137) status=timeout ;;
         *) status="failed(rc=$rc)" ;;
     esac
     mv "$OUT/stage.log" "$WORK/logs/$name.log"
-    printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - t0))" "$limit" >> "$OUT/stages.tsv"
+    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - t0))" "$limit" "$launchers" >> "$OUT/stages.tsv"
     [[ $rc -eq 0 ]] || FAILED+=("$name:$status")
     pack
 }
@@ -145,7 +175,7 @@ skip_gpu() {
     shift
     SKIPPED_GPU+=("[$name] $*")
     printf '\n==== [%s] skipped (needs a GPU): %s\n' "$name" "$*"
-    printf '%s\t%s\t%s\t%s\n' "$name" "skipped-gpu" 0 0 >> "$OUT/stages.tsv"
+    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "skipped-gpu" 0 0 0 >> "$OUT/stages.tsv"
 }
 
 run_dir() { ls -d "$WORK"/results/*/"$RUN_ID" 2>/dev/null | head -n 1; }
@@ -153,7 +183,7 @@ run_dir() { ls -d "$WORK"/results/*/"$RUN_ID" 2>/dev/null | head -n 1; }
 env_stage() {
     nvidia-smi || echo "nvidia-smi not available"
     "$PY" - "$WORK/env.json" <<'PYEOF'
-import importlib, json, platform, sys
+import importlib, json, os, platform, sys
 info = {"python": sys.version.split()[0], "platform": platform.platform()}
 try:
     import torch
@@ -186,9 +216,31 @@ for name in ("triton", "hydra", "omegaconf", "pandas", "numpy", "matplotlib", "t
     except Exception as exc:  # noqa: BLE001
         modules[name] = f"absent: {type(exc).__name__}"
 info["modules"] = modules
+# the torch/Triton pair: the one make test-gpu-stack tests (AOT builds + interpreter), or said clearly it is not
+tested = dict(item.split("==", 1) for item in os.environ.get("TESTED_STACK", "").split() if "==" in item)
+box = {"torch": info.get("torch", "absent"), "triton": modules.get("triton")}
+match = bool(tested) and all(box.get(k) == v for k, v in tested.items())
+pair = lambda d: f"torch {d.get('torch')} with triton {d.get('triton')}"
+info["stack"] = {"tested_pair": pair(tested), "box_pair": pair(box), "match": match}
+info["stack_note"] = (f"{pair(box)}: the pair tested here (make test-gpu-stack)" if match else
+                      f"NOT THE TESTED PAIR: this box has {pair(box)}; make test-gpu-stack tests {pair(tested)} "
+                      "(constraints-gpustack.txt). Kernels may build or run differently: results are still recorded")
 json.dump(info, open(sys.argv[1], "w"), indent=2, default=str)
 print(json.dumps(info, indent=2, default=str))
+print(f"stack: {info['stack_note']}")
 PYEOF
+}
+
+launch_stage() {
+    local extra
+    read -r -a extra <<< "$LAUNCH_ARGS"
+    if (( DRY_RUN )); then       # CPU: the entries it would time, then every one of them on the tiny models
+        "$PY" -m experiments.launch_floor --plan && \
+            TRITON_INTERPRET=1 "$PY" -m experiments.launch_floor --device cpu --jobs 1 --out "$WORK" \
+            ${extra[@]+"${extra[@]}"}
+        return
+    fi
+    "$PY" -m experiments.launch_floor --out "$WORK" ${extra[@]+"${extra[@]}"}
 }
 
 wheels_stage() {   # wheels_stage DIR: check every file of DIR/MANIFEST.tsv, install offline into $SITE, import
@@ -269,6 +321,19 @@ if missing:
     sys.exit(f"wheels: the harness needs modules this box lacks: {'; '.join(missing)}. Make the bundle with "
              f"`bash scripts/gpu/gpu_bundle.sh {bundle} --full` (every dependency beyond torch/triton) and rerun.")
 print(f"wheels: all {len(NEEDED)} harness modules import")
+# the pair the bundle was made for (MANIFEST.tsv's `# box-stack:` line, gpu_bundle.sh) against this box's
+import pathlib
+made_for = [ln.split(":", 1)[1].split() for ln in (pathlib.Path(bundle) / "MANIFEST.tsv").read_text().splitlines()
+            if ln.startswith("# box-stack:")]
+if made_for and "torch" not in " ".join(missing) and "triton" not in " ".join(missing):
+    import torch, triton
+    want = dict(x.split("==", 1) for x in made_for[0] if "==" in x)
+    have = {"torch": torch.__version__, "triton": triton.__version__}
+    if all(have.get(k) == v for k, v in want.items()):
+        print(f"wheels: the bundle was made for this box's pair (torch {have['torch']}, triton {have['triton']})")
+    else:
+        print(f"wheels: NOT THE TESTED PAIR: the bundle was made for {' '.join(made_for[0])}, this box has "
+              f"torch=={have['torch']} triton=={have['triton']} (the bundle installs neither; results are recorded)")
 PYEOF
 }
 
@@ -350,6 +415,11 @@ if want wheels && [[ -n "${WHEELS:-}" ]]; then
     WHEELS="$(cd "$WHEELS" && pwd)"
     run_stage wheels wheels_stage "$WHEELS"
     [[ -d "$SITE" ]] && export PYTHONPATH="$SITE:$PYTHONPATH"
+fi
+if want launch; then
+    (( DRY_RUN )) && skip_gpu launch_gpu "$PY -m experiments.launch_floor --out WORK (CUDA: graph, eager, host" \
+        "at batch 1 on the headline geometries); here: --plan, then the host mode on the tiny models (interpreter)"
+    run_stage launch launch_stage
 fi
 if want tests; then
     if (( DRY_RUN )); then

@@ -5,6 +5,7 @@ not installed."""
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -18,6 +19,24 @@ from replayssm.geometry import GDNGeometry, Mamba2Geometry
 from replayssm.mamba2.inputs import random_params, random_state, random_step
 from replayssm.mamba2.ref import ssm_step_ref
 from replayssm.testing import nan_like, rel_err, tolerance
+
+
+def _interpreter_loop_bug() -> bool:
+    """Triton 3.6's interpreter takes int() of a loop bound that is a runtime argument, a 1-element array: a
+    TypeError under numpy >= 2.4. FLA's fused recurrent KDA kernel loops so (ours do not: replayssm/tree_ring.py);
+    `make test-gpu-stack` pins numpy 2.3 beside Triton 3.6 (constraints-gpustack.txt), where it runs."""
+    import numpy
+    import triton
+
+    version = lambda v: tuple(int(x) for x in v.split(".")[:2])
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") and version(triton.__version__) < (3, 7) \
+        and version(numpy.__version__) >= (2, 4)
+
+
+# a peer's code, not ours: marked, not worked around
+fla_interpreter_loop_bug = pytest.mark.xfail(_interpreter_loop_bug(), strict=True,
+                                             reason="Triton < 3.7 interpreter with numpy >= 2.4: FLA's KDA kernel "
+                                                    "loops to a runtime bound (int() of a 1-element array)")
 
 
 def _adapter_or_skip(factory):
@@ -66,6 +85,7 @@ def test_mamba_ssm_adapter_matches_ref(gen, device):
     assert torch.isnan(out[1]).all() and torch.equal(state[0], before[0])
 
 
+@fla_interpreter_loop_bug
 def test_fla_adapter_matches_ref(gen, device):
     """One launch, GVA (HV = 2 H), in-kernel q/k normalisation, our K-last state; row 1 padded."""
     step = _adapter_or_skip(peers.fla_fused_recurrent_gated_delta_rule)
@@ -82,6 +102,7 @@ def test_fla_adapter_matches_ref(gen, device):
     assert torch.isnan(out[1]).all() and torch.equal(state[0], before[0])
 
 
+@fla_interpreter_loop_bug
 @pytest.mark.parametrize("with_slots", [True, False])
 def test_fla_adapter_runs_on_the_pool_in_place_without_host_sync(with_slots, gen, device, monkeypatch):
     """Permuted slots with padding rows between them (or none): the pool itself goes to FLA with its slot

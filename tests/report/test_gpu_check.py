@@ -99,7 +99,7 @@ def test_plan_lists_every_stage_within_eight_minutes():
     assert proc.returncode == 0, proc.stderr
     rows = [ln.split() for ln in proc.stdout.splitlines()[1:] if not ln.startswith(("total", "("))]
     stages = [r[0] for r in rows]
-    assert stages == ["env", "wheels", "tests", "headline", "e2e", "dram", "report"]
+    assert stages == ["env", "wheels", "launch", "tests", "headline", "e2e", "dram", "report"]
     total = int(proc.stdout.strip().splitlines()[-1].removeprefix("total: ").removesuffix(" s"))
     limits = sum(int(r[1]) for r in rows)
     assert limits < total <= 480                       # the limits plus kill grace and packing per stage
@@ -160,3 +160,80 @@ def test_each_dram_point_is_a_valid_gpu_config():
         for method in dram_traffic.AR_METHODS + dram_traffic.SPEC_METHODS:
             _, p = dram_traffic._point(args, method)
             assert p.method == method and p.batch == 256 and p.device == "cuda" and p.backend == "triton"
+
+
+def test_plan_lists_the_launch_stage_after_the_wheels_and_a_subset_plans_alone():
+    proc = subprocess.run(["bash", str(SCRIPT), "--plan"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    rows = {ln.split()[0]: ln.split() for ln in proc.stdout.splitlines()[1:] if not ln.startswith(("total", "("))}
+    assert int(rows["launch"][1]) > 0 and "launch floor" in " ".join(rows["launch"])
+    env = dict(os.environ, STAGES="launch", T_LAUNCH="50")
+    proc = subprocess.run(["bash", str(SCRIPT), "--plan"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("total: 60 s"), proc.stdout
+
+
+def _dry_launch(tmp_path: Path, **extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path / "out"
+    env = dict(os.environ, PY=sys.executable, STAGES="env launch", T_ENV="120", T_LAUNCH="240",
+               WORK=str(tmp_path / "work"), LAUNCH_ARGS="--only minimal --only gdn/baseline_ar")
+    env.update(extra)
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=400)
+    return proc, out
+
+
+def test_dry_run_plans_the_launch_floor_and_times_it_on_the_cpu(tmp_path):
+    """The launch stage on a CPU: --plan of every entry, then the host mode of the chosen ones under the
+    interpreter -> launch_floor.csv in OUT, launch_floor.json in results.tar.gz; the GPU command is printed."""
+    import csv
+    import json
+    import tarfile
+
+    proc, out = _dry_launch(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    stages = dict(line.split("\t")[:2] for line in (out / "stages.tsv").read_text().splitlines()[1:])
+    assert stages == {"env": "ok", "launch_gpu": "skipped-gpu", "launch": "ok"}
+    assert "gdn/peer:fla" in proc.stdout and "14 entries" in proc.stdout          # the plan: every entry
+    with open(out / "launch_floor.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["name"], r["mode"], r["status"]) for r in rows] == [("minimal", "host", "ok"),
+                                                                   ("gdn/baseline_ar", "host", "ok")]
+    assert all(float(r["ms_median"]) > 0 and int(r["launches"]) >= 1 for r in rows)
+    with tarfile.open(out / "results.tar.gz") as tar:
+        meta = json.load(tar.extractfile("launch_floor.json"))
+    assert meta["device"] == "cpu" and len(meta["rows"]) == 2 and "launcher_builds" in meta
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and "launch_floor.csv" in files and "stage.log" not in files, files
+    assert "experiments.launch_floor --out" in proc.stdout and "launch floor (ms per call" in proc.stdout
+
+
+def test_the_env_stage_says_whether_the_box_has_the_tested_torch_triton_pair(tmp_path):
+    import json
+
+    import torch
+    import triton
+
+    proc, out = _dry_launch(tmp_path, STAGES="env")                 # this box: not the GPU box's pair
+    stack = json.loads((out / "env.json").read_text())["stack"]
+    assert stack["match"] is False and stack["tested_pair"] == "torch 2.11.0+cu130 with triton 3.6.0"
+    assert "NOT THE TESTED PAIR" in proc.stdout and "NOT THE TESTED PAIR" in (out / "summary.txt").read_text()
+    here = f"torch=={torch.__version__} triton=={triton.__version__}"
+    proc, out = _dry_launch(tmp_path / "again", STAGES="env", TESTED_STACK=here)
+    assert json.loads((out / "env.json").read_text())["stack"]["match"] is True
+    assert "the pair tested here" in proc.stdout and "NOT THE TESTED PAIR" not in proc.stdout
+
+
+@pytest.mark.skipif(sys.version_info[:2] == (3, 12), reason="the fake cp312 wheel would be installable here")
+def test_the_wheels_stage_says_when_the_bundle_was_made_for_another_torch_triton_pair(tmp_path):
+    import torch
+    import triton
+
+    bundle = _bundle(tmp_path)
+    manifest = bundle / "MANIFEST.tsv"
+    lines = manifest.read_text().splitlines()
+    manifest.write_text("\n".join([lines[0], "# box-stack: torch==2.11.0+cu130 triton==3.6.0", *lines[1:]]) + "\n")
+    proc = _run(tmp_path / "out", bundle)
+    stages = dict(line.split("\t")[:2] for line in (tmp_path / "out" / "stages.tsv").read_text().splitlines()[1:])
+    assert stages["wheels"] == "ok", proc.stdout[-3000:]                 # said, not failed: results still count
+    assert "NOT THE TESTED PAIR: the bundle was made for torch==2.11.0+cu130 triton==3.6.0" in proc.stdout
+    assert f"this box has torch=={torch.__version__} triton=={triton.__version__}" in proc.stdout

@@ -404,7 +404,7 @@ def test_materialize_bad_input(gen):
 # -------------------------------------------------------------------------------------------- GPU only
 
 def cuda_only(fn):
-    """GPU-only test: marked `gpu` (scripts/gpu_check.sh runs `-m gpu` with the interpreter off)."""
+    """GPU-only test: marked `gpu` (scripts/gpu/gpu_check.sh runs `-m gpu` with the interpreter off)."""
     skip = pytest.mark.skipif(not torch.cuda.is_available() or interpreter_active(), reason="needs a CUDA device")
     return pytest.mark.gpu(skip(fn))
 
