@@ -83,10 +83,12 @@ MAMBA2_MODELS: dict[str, Mamba2Geometry] = {
     "nemotron3_nano_4b": Mamba2Geometry(nheads=96, headdim=80, dstate=128, ngroups=8),
     "nemotron3_super_120b": Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8),
     "nemotron3_ultra_550b": Mamba2Geometry(nheads=256, headdim=64, dstate=128, ngroups=8),
+    "nemotron3_nano_30b_a3b": Mamba2Geometry(nheads=64, headdim=64, dstate=128, ngroups=8),   # conf/model sources
 }
 GDN_MODELS: dict[str, GDNGeometry] = {
     "qwen35_4b": GDNGeometry(H=16, HV=32, K=128, V=128),
     "qwen35_122b_a10b": GDNGeometry(H=16, HV=64, K=128, V=128),
+    "qwen3_next_80b_a3b": GDNGeometry(H=16, HV=32, K=128, V=128),   # conf/model sources (config.json)
 }
 
 

@@ -23,7 +23,7 @@ Two concurrency models:
             the activation peak of the profiling run.
 
 CLI (the paper's concurrency table at (B = 16, T = 4), max_model_len 2048, beside vLLM PR #47576's values):
-    python -m experiments.hybrid.footprint                         # Super-120B and Qwen3.5-122B on hardware=b300
+    python -m experiments.hybrid.footprint                         # TABLE_MODELS on hardware=b300
     python -m experiments.hybrid.footprint model=qwen35_122b_a10b hardware=b200 T=6
 """
 
@@ -40,7 +40,7 @@ from omegaconf import OmegaConf
 
 from experiments.harness.methods import REGISTRY
 from experiments.harness.points import CONF_DIR, load_model_config
-from experiments.hybrid.spec import HybridSpec, hybrid_spec
+from experiments.hybrid.spec import SSM_KINDS, HybridSpec, hybrid_spec
 from replayssm import traffic
 
 MODE_METHOD = {"ar": "baseline_ar", "ar_replay": "replay_ar", "native": "baseline_spec",
@@ -60,6 +60,9 @@ GROUP_MERGE_RATIO = 1.25
 # max_model_len 2048, 1x B300, NVFP4 checkpoints with MTP.
 PUBLISHED_CONCURRENCY = {"nemotron3_super_120b": {"native": 213, "replayssm": 694},
                          "qwen35_122b_a10b": {"native": 233, "replayssm": 702}}
+# The CLI's default table: the published pair, then the hybrids added from their configs (no published count;
+# BF16 checkpoints): Kimi-Linear (KDA + MLA), Qwen3-Next (GDN), Nemotron-3-Nano-30B (Mamba-2).
+TABLE_MODELS = [*PUBLISHED_CONCURRENCY, "kimi_linear_48b_a3b", "qwen3_next_80b_a3b", "nemotron3_nano_30b_a3b"]
 
 
 def _nb(dtype: torch.dtype) -> int:
@@ -67,10 +70,28 @@ def _nb(dtype: torch.dtype) -> int:
 
 
 def conv_dim(spec: HybridSpec) -> int:
+    """Channels of the causal conv (Mamba-2: x, B, C; GDN and KDA: q, k, v; Kimi's three short convs)."""
     g = spec.geometry
     if spec.family == "mamba2":
         return g.nheads * g.headdim + 2 * g.ngroups * g.dstate
     return 2 * g.H * g.K + g.HV * g.V
+
+
+def kda_proj_widths(spec: HybridSpec) -> dict[str, int]:
+    """Output widths of a KDA mixer's projections from the hidden state (vLLM's KimiGatedDeltaNetAttention):
+    q, k [H x K], v [HV x V], the decay's low-rank leg f_a [K] (f_b: K -> HV x K, per key channel), beta [HV],
+    the output gate's low-rank leg g_a [V] (g_b: V -> HV x V). f_a / g_a are replicated under TP."""
+    g = spec.geometry
+    return {"q": g.H * g.K, "k": g.H * g.K, "v": g.HV * g.V, "f_a": g.K, "b": g.HV, "g_a": g.V}
+
+
+def attention_weights(a) -> int:
+    """Linear weights of one attention sub-layer on one rank, without the hidden size factor (x d)."""
+    if a.kind == "mla":
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        return a.num_heads * qk + (a.kv_lora_rank + a.qk_rope_head_dim) + a.num_heads * a.v_head_dim
+    q = a.num_heads * a.head_dim * (2 if a.output_gate else 1)
+    return q + 2 * a.num_kv_heads * a.head_dim + a.num_heads * a.head_dim
 
 
 def layer_weights(spec: HybridSpec, kind: str) -> dict[str, int]:
@@ -86,10 +107,22 @@ def layer_weights(spec: HybridSpec, kind: str) -> dict[str, int]:
         proj = conv_dim(spec) + inner + 2 * g.HV
         return {"ssm_proj": d * proj + inner * d, "conv1d": conv_dim(spec) * (spec.conv_kernel + 1),
                 "norm": inner + d, "vector": 2 * g.HV}
+    if kind == "K":
+        inner = g.HV * g.V
+        lowrank = g.K * g.HV * g.K + g.V * inner                          # f_b, g_b
+        return {"ssm_proj": d * sum(kda_proj_widths(spec).values()) + lowrank + inner * d,
+                "conv1d": conv_dim(spec) * spec.conv_kernel, "norm": g.V + d, "vector": g.HV + g.HV * g.K}
     if kind == "*":
         a = spec.attention
-        q = a.num_heads * a.head_dim * (2 if a.output_gate else 1)
-        return {"attention": d * (q + 2 * a.num_kv_heads * a.head_dim) + a.num_heads * a.head_dim * d, "norm": d}
+        out = {"attention": d * attention_weights(a), "norm": d}
+        if a.kind == "mla":       # kv_b_proj (latent -> per-head k_nope, v), the latent's norm, q's low rank
+            out["attention"] += a.kv_lora_rank * a.num_heads * (a.qk_nope_head_dim + a.v_head_dim)
+            out["norm"] += a.kv_lora_rank
+            if a.q_lora_rank:
+                qk = a.num_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim)
+                out["attention"] += a.q_lora_rank * (d + qk) - d * qk
+                out["norm"] += a.q_lora_rank
+        return out
     m = spec.mlp
     up = 2 if m.act == "swiglu" else 1
     if kind == "-":
@@ -171,8 +204,7 @@ def footprint(spec: HybridSpec, mode: str, *, act_dtype: torch.dtype, state_dtyp
     attn = spec.attention_layers + (spec.mtp_pattern.count("*") if with_mtp else 0)
     kv = 0
     if attn:
-        a = spec.attention
-        kv = attn * 2 * max_model_len * a.num_kv_heads * a.head_dim * _nb(act_dtype)
+        kv = attn * max_model_len * spec.attention.kv_token_elems * _nb(act_dtype)
     return Footprint(weights=weight_bytes(spec, model_weights(spec, with_mtp), fmt), kv_per_seq=kv,
                      ssm_per_seq=spec.ssm_layers * (fp.total + conv), weight_format=fmt)
 
@@ -229,7 +261,7 @@ def step_bytes(spec: HybridSpec, method: str, call, *, batch: int, context_len: 
     head = spec.vocab * spec.hidden
     weights = (_pass_weights(spec, spec.pattern, batch * T) + head) * ab
     a = spec.attention
-    token_kv = 2 * a.num_kv_heads * a.head_dim * ab if a else 0
+    token_kv = a.kv_token_elems * ab if a else 0
     kv = spec.attention_layers * batch * (context_len + T) * token_kv
     if with_mtp and T > 1:
         drafts = T - 1
@@ -272,7 +304,7 @@ def vllm_plan(spec: HybridSpec, mode: str, *, hbm_bytes: float, gpu_memory_utili
     with_mtp = mode not in ("ar", "ar_replay")
     n_attn = spec.attention_layers + (spec.mtp_pattern.count("*") if with_mtp else 0)
     a = spec.attention
-    token_bytes = 2 * a.num_kv_heads * a.head_dim * _nb(act_dtype)
+    token_bytes = a.kv_token_elems * _nb(act_dtype)
     block = math.ceil(ssm_page / token_bytes / kv_block_align) * kv_block_align
     page = block * token_bytes
     counts = [n for n in (n_attn, spec.ssm_layers) if n]
@@ -294,7 +326,7 @@ def activation_reserve(spec: HybridSpec, max_num_batched_tokens: int, act_dtype=
     d, nb = spec.hidden, _nb(act_dtype)
     widest = 0
     for ch in set(spec.pattern) | set(spec.mtp_pattern):
-        if ch in ("M", "G"):
+        if ch in SSM_KINDS:
             w = layer_weights(spec, ch)["ssm_proj"] // d      # in_proj + out_proj widths
         elif ch == "*":
             w = layer_weights(spec, ch)["attention"] // d
@@ -377,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=[f"hardware={chosen.get('hardware', 'b300')}"])
         hardware = OmegaConf.to_container(cfg.hardware, resolve=True)
-        models = [chosen["model"]] if "model" in chosen else list(PUBLISHED_CONCURRENCY)
+        models = [chosen["model"]] if "model" in chosen else TABLE_MODELS
         rows = concurrency_table(models, hardware, options)
     except (ValueError, FileNotFoundError, HydraException) as exc:
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)

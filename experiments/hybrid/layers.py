@@ -5,14 +5,15 @@ speculative verify) and returns its update; `advance(accepted)` moves its per-se
 by `accepted` [batch] tokens (AR: 1). Rows map to cache slots 0..batch-1 (identity; the slot pool itself
 is exercised by the kernel experiments).
 
-    SSMMixer   in_proj GEMM -> causal conv1d over (conv state ++ window) -> the SSM method under test (the
-               harness registry's step / verify+commit) -> gated RMSNorm -> out_proj. The conv state keeps
-               the last conv_kernel-1 inputs; a verify does not touch it, `advance` shifts in the accepted
-               prefix (the rejected tokens are never written: rollback is free).
+    SSMMixer   (Mamba-2, GDN, KDA) in_proj GEMM -> causal conv1d over (conv state ++ window) -> the SSM
+               method under test (the harness registry's step / verify+commit) -> gated RMSNorm -> out_proj.
+               The conv state keeps the last conv_kernel-1 inputs; a verify does not touch it, `advance`
+               shifts in the accepted prefix (the rejected tokens are never written: rollback is free).
     Attention  fused QKV GEMM -> write K, V at each row's length cursor -> SDPA over the cache (causal in
                the window) -> out_proj. Contiguous KV cache [slots, capacity, kv_heads, head_dim]; the
                rejected tokens' entries are rolled back by not advancing the cursor. No RoPE (Nemotron-H's
                attention has none; for Qwen it is an elementwise op on q, k, left out of every method alike).
+               MLA (multi-head latent attention, Kimi-Linear) is experiments/hybrid/mla.py: a compressed cache.
     MLP        relu2 (up -> relu^2 -> down) or SwiGLU (gate_up -> silu(gate) * up -> down).
     MoE        router -> top-k (renormalised softmax) -> experts by torch.nn.functional.grouped_mm over
                expert-sorted tokens when torch has it, else an honest per-expert loop (`impl` says which);
@@ -79,7 +80,9 @@ class SSMCall:
 
 
 class SSMMixer:
-    """One Mamba-2 or GDN mixer layer with its conv state and the SSM cache of `method` for `num_slots` rows."""
+    """One Mamba-2, GDN or KDA mixer layer with its conv state and the SSM cache of `method` for `num_slots` rows.
+    KDA (Kimi-Linear) differs from GDN in its projections only: the decay g [batch, T, HV, K] is per key channel,
+    from a low-rank leg (f_a -> f_b) plus dt_bias [HV x K], and the output gate is a sigmoid after the norm."""
 
     def __init__(self, spec: HybridSpec, method: str, call: SSMCall, num_slots: int, gen: torch.Generator,
                  device: str, cursor=None):
@@ -101,11 +104,17 @@ class SSMMixer:
         else:
             self.inner = g.HV * g.V
             self.conv_dim = 2 * g.H * g.K + self.inner                   # q, k, v go through the conv
-            self.split = [self.conv_dim, self.inner, g.HV, g.HV]           # qkv | z | b | a
             self.A_log = torch.empty(g.HV).uniform_(0.0, 2.77, generator=gen).log().to(device)
-            self.dt_bias = torch.randn(g.HV, generator=gen).to(device)
             self.A = None
             self.norm_groups = g.HV
+            if spec.family == "gdn":
+                self.split = [self.conv_dim, self.inner, g.HV, g.HV]       # qkv | z | b | a
+                self.dt_bias = torch.randn(g.HV, generator=gen).to(device)
+            else:   # KDA (vLLM's KimiGatedDeltaNetAttention): qkv | f_a [K] | b [HV] | g_a [V], low-rank legs
+                self.split = [self.conv_dim, g.K, g.HV, g.V]
+                self.dt_bias = torch.randn(g.HV * g.K, generator=gen).to(device)          # per key channel
+                self.w_fb = _w(gen, g.HV * g.K, g.K, fan_in=g.K, dtype=act, device=device)   # decay, [HV, K]
+                self.w_gb = _w(gen, self.inner, g.V, fan_in=g.V, dtype=act, device=device)  # output gate
         self.w_in = _w(gen, sum(self.split), d, fan_in=d, dtype=act, device=device)
         self.conv_w = _w(gen, self.conv_dim, spec.conv_kernel, fan_in=spec.conv_kernel, dtype=act, device=device)
         self.conv_b = torch.zeros(self.conv_dim, dtype=act, device=device)
@@ -130,7 +139,9 @@ class SSMMixer:
         return int(self.method.footprint(self.cache)) + self.conv_state.numel() * self.conv_state.element_size()
 
     def weight_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.w_in, self.conv_w, self.conv_b, self.norm_w, self.w_out))
+        ts = [self.w_in, self.conv_w, self.conv_b, self.norm_w, self.w_out]
+        ts += [self.w_fb, self.w_gb] if self.spec.family == "kda" else []
+        return sum(t.numel() * t.element_size() for t in ts)
 
     def _conv(self, xbc: torch.Tensor) -> torch.Tensor:
         """Causal depthwise conv over (conv state ++ window) [batch, K-1+T, conv_dim] -> SiLU [batch, T, conv_dim]."""
@@ -154,6 +165,17 @@ class SSMMixer:
                       z=z.reshape(b, T, g.nheads, g.headdim) if spec.has_z else None, dt_bias=self.dt_bias,
                       dt_softplus=spec.dt_softplus)
             out_shape = (g.nheads, g.headdim)
+        elif spec.family == "kda":
+            qkv, f_a, beta_raw, z = parts
+            self.pending = qkv
+            qkv = self._conv(qkv)
+            q, k, v = torch.split(qkv, [g.H * g.K, g.H * g.K, self.inner], dim=-1)
+            f = F.linear(f_a, self.w_fb).float().reshape(b, T, g.HV, g.K) + self.dt_bias.reshape(g.HV, g.K)
+            gate = -torch.exp(self.A_log)[:, None] * F.softplus(f)          # FLA's KDA gate, [batch, T, HV, K]
+            z = F.linear(z, self.w_gb)                                      # the output gate (sigmoid, below)
+            kw = dict(q=q.reshape(b, T, g.H, g.K), k=k.reshape(b, T, g.H, g.K), v=v.reshape(b, T, g.HV, g.V),
+                      g=gate, beta=torch.sigmoid(beta_raw.float()), scale=None, use_qk_l2norm=spec.use_qk_l2norm)
+            out_shape = (g.HV, g.V)
         else:
             qkv, z, beta_raw, a = parts
             self.pending = qkv
@@ -175,6 +197,9 @@ class SSMMixer:
             out = torch.full((b, T, *out_shape), float("nan"), dtype=self.call.act_dtype, device=h.device)
             y = self.method.verify(self.fns, self.cache, self.call, kw, None, out)
         y = (out if y is None else y).reshape(b, T, self.inner)
+        if spec.family == "kda":      # Kimi's o_norm: RMSNorm per head, then the sigmoid output gate
+            y = rms_norm(y.reshape(b, T, g.HV, -1), None).reshape(b, T, self.inner) * self.norm_w
+            return F.linear(y * torch.sigmoid(z), self.w_out)
         zg = z if spec.family == "gdn" or not spec.has_z else None     # with has_z the SSM already gated
         if zg is not None:
             y = y * F.silu(zg)

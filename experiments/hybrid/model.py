@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from experiments.hybrid.layers import MLP, Attention, MoE, SSMCall, SSMMixer, _w, rms_norm
-from experiments.hybrid.spec import HybridSpec
+from experiments.hybrid.mla import MLAAttention
+from experiments.hybrid.spec import SSM_CHAR, SSM_KINDS, HybridSpec
 from replayssm.ring_cursors import DecodeCursor, SpecCursor
 
 
@@ -64,10 +65,11 @@ class HybridModel:
         # ReplaySSM keeps one cursor per row for all its layers, moved once per step (replayssm/ring_cursors.py)
         self.ssm_cursor = _shared_cursor(ssm_method, call, num_slots, device)
         for ch in pattern:
-            if ch in ("M", "G"):
+            if ch in SSM_KINDS:
                 layer = SSMMixer(spec, ssm_method, call, num_slots, gen, device, cursor=self.ssm_cursor)
             elif ch == "*":
-                layer = Attention(spec, num_slots, capacity, self.lengths, self.bound, gen, act, device)
+                cls = MLAAttention if spec.attention.kind == "mla" else Attention
+                layer = cls(spec, num_slots, capacity, self.lengths, self.bound, gen, act, device)
             elif ch == "-":
                 layer = MLP(spec, gen, act, device)
             else:
@@ -88,7 +90,7 @@ class HybridModel:
         for ch, _, layer in self.layers:
             if ch == "*":
                 layer.reset(gen, context)
-            elif ch in ("M", "G"):
+            elif ch in SSM_KINDS:
                 layer.reset(gen)
 
     def set_lengths(self, context: int) -> None:
@@ -98,7 +100,7 @@ class HybridModel:
     def cache_bytes(self) -> dict[str, int]:
         """Allocated persistent bytes: KV cache, SSM caches (states, buffers/rings, cursors) + conv states."""
         kv = sum(lay.nbytes() for ch, _, lay in self.layers if ch == "*")
-        ssm = sum(lay.nbytes() for ch, _, lay in self.layers if ch in ("M", "G"))
+        ssm = sum(lay.nbytes() for ch, _, lay in self.layers if ch in SSM_KINDS)
         return {"kv": kv, "ssm": ssm}
 
     def weight_bytes(self) -> int:
@@ -145,10 +147,10 @@ class HybridModel:
         """Commit `accepted` [batch] tokens of the last window in every layer; KV cursor += accepted.
         `max_accepted` (host int, >= every entry) keeps the host-side bound without a device sync."""
         for ch, _, layer in self.layers:
-            if ch in ("M", "G"):
+            if ch in SSM_KINDS:
                 self._timed(ch, layer.advance, accepted)
         if self.ssm_cursor is not None:
-            self._timed("M" if self.spec.family == "mamba2" else "G", self._move_cursor, accepted)
+            self._timed(SSM_CHAR[self.spec.family], self._move_cursor, accepted)
         self.lengths[: accepted.shape[0]] += accepted.to(self.lengths.dtype)
         self.bound[0] += max_accepted
 

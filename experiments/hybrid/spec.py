@@ -1,8 +1,13 @@
 """HybridSpec: one model's layer pattern and the dims one tensor-parallel rank sees, from conf/model/<name>.yaml.
 
-Pattern characters (Nemotron-H's `hybrid_override_pattern` notation, extended with G for Gated DeltaNet):
+Pattern characters (Nemotron-H's `hybrid_override_pattern` notation, extended with G for Gated DeltaNet and K
+for Kimi Delta Attention):
 
-    M  Mamba-2 mixer      G  Gated DeltaNet mixer      *  attention      -  dense MLP      E  MoE
+    M  Mamba-2 mixer   G  Gated DeltaNet mixer   K  KDA mixer   *  attention   -  dense MLP   E  MoE
+
+The attention kind comes from conf/model `attention.kind`: gqa (default: K and V heads over a KV cache) or mla
+(DeepSeek-style multi-head latent attention, Kimi-Linear: one compressed cache entry of kv_lora_rank +
+qk_rope_head_dim elements per token and layer, not split by TP).
 
 Every character is one residual sub-layer (pre-norm, x + f(norm(x))). Qwen3.5 decoder layers are a mixer
 followed by an MLP/MoE, written as two characters ("G-" / "*E"). Under TP=N the heads, the MLP/expert
@@ -18,13 +23,18 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from experiments.harness.points import model_spec
 from replayssm.geometry import GDNGeometry, Mamba2Geometry
 
-KINDS = {"M": "mamba2", "G": "gdn", "*": "attention", "-": "mlp", "E": "moe"}
-SSM_KINDS = ("M", "G")
-KIND_GROUP = {"M": "ssm", "G": "ssm", "*": "attention", "-": "mlp", "E": "mlp"}   # the breakdown's bars
+if TYPE_CHECKING:
+    from replayssm.geometry import KDAGeometry
+
+KINDS = {"M": "mamba2", "G": "gdn", "K": "kda", "*": "attention", "-": "mlp", "E": "moe"}
+SSM_KINDS = ("M", "G", "K")
+SSM_CHAR = {"mamba2": "M", "gdn": "G", "kda": "K"}                                    # family -> pattern char
+KIND_GROUP = {"M": "ssm", "G": "ssm", "K": "ssm", "*": "attention", "-": "mlp", "E": "mlp"}   # the breakdown's bars
 
 
 def parse_pattern(pattern: str, key: str = "model.layers.pattern") -> tuple[str, ...]:
@@ -40,10 +50,27 @@ def parse_pattern(pattern: str, key: str = "model.layers.pattern") -> tuple[str,
 
 @dataclass(frozen=True)
 class AttentionDims:
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
+    num_heads: int                    # per rank
+    num_kv_heads: int                 # per rank (MLA: 1, the latent cache every head reads)
+    head_dim: int                     # the q.k head dim (MLA: qk_nope_head_dim + qk_rope_head_dim)
     output_gate: bool = False         # Qwen3.5: q_proj also emits a per-head gate, out = attn * sigmoid(gate)
+    kind: str = "gqa"                 # gqa | mla
+    # MLA only (DeepSeek-V2/V3, Kimi-Linear): q from a full (q_lora_rank None) or low-rank projection; the
+    # cache holds the normed latent c [kv_lora_rank] and the shared rope key [qk_rope_head_dim] per token.
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    use_rope: bool = True             # Kimi-Linear: mla_use_nope (no rotation; an elementwise op either way)
+
+    @property
+    def kv_token_elems(self) -> int:
+        """Cache elements one token takes in one attention layer on one rank: K and V of every KV head (GQA), or
+        the compressed latent + rope key (MLA: replicated on every TP rank, as vLLM's MLA backends keep it)."""
+        if self.kind == "mla":
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.num_kv_heads * self.head_dim
 
 
 @dataclass(frozen=True)
@@ -62,7 +89,7 @@ class HybridSpec:
     name: str
     family: str
     tp: int
-    geometry: Mamba2Geometry | GDNGeometry
+    geometry: Mamba2Geometry | GDNGeometry | KDAGeometry
     has_z: bool
     dt_softplus: bool
     use_qk_l2norm: bool
@@ -120,18 +147,41 @@ def _split(value: int, tp: int, key: str) -> int:
     return value // tp
 
 
+def _attention(cfg: dict, tp: int, key: str) -> AttentionDims:
+    """The attention dims one rank sees: GQA (heads split, KV heads split or replicated) or MLA (heads split, the
+    latent cache whole on every rank)."""
+    a = cfg.get("attention") or {}
+    kind = a.get("kind") or "gqa"
+    if kind not in ("gqa", "mla"):
+        raise ValueError(f"{key}.attention.kind: expected gqa or mla, got {kind!r}")
+    heads = _split(int(_need(cfg, "attention.num_heads", key)), tp, f"{key}.attention.num_heads")
+    if kind == "mla":
+        dims = {n: int(_need(cfg, f"attention.{n}", key))
+                for n in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
+        q_lora = a.get("q_lora_rank")
+        return AttentionDims(heads, 1, dims["qk_nope_head_dim"] + dims["qk_rope_head_dim"],
+                             output_gate=bool(a.get("output_gate")), kind="mla",
+                             q_lora_rank=int(q_lora) if q_lora else None, use_rope=a.get("use_rope") is not False,
+                             **dims)
+    kv = int(_need(cfg, "attention.num_kv_heads", key))
+    kv = max(1, kv // tp)                   # fewer KV heads than ranks: each rank keeps a replica
+    if heads % kv:
+        raise ValueError(f"{key}.attention: {heads} query heads per rank not a multiple of {kv} KV heads")
+    return AttentionDims(heads, kv, int(_need(cfg, "attention.head_dim", key)), output_gate=bool(a.get("output_gate")))
+
+
 def hybrid_spec(cfg: dict, tp: int | None = None, key: str = "model") -> HybridSpec:
     """Validate a conf/model dict for the e2e step and split it for TP. Raises ValueError naming the key."""
     base = model_spec(cfg, tp, key)           # family, geometry (checked against replayssm.geometry), TP split
     tp = base.tp
     pattern = parse_pattern(_need(cfg, "layers.pattern", key), f"{key}.layers.pattern")
-    ssm_char = "M" if base.family == "mamba2" else "G"
-    wrong = {"M": "G", "G": "M"}[ssm_char]
-    if wrong in pattern:
-        raise ValueError(f"{key}.layers.pattern: layer kind {wrong!r} does not match family {base.family!r}")
+    ssm_char = SSM_CHAR[base.family]
+    for wrong in set(SSM_KINDS) - {ssm_char}:
+        if wrong in pattern:
+            raise ValueError(f"{key}.layers.pattern: layer kind {wrong!r} does not match family {base.family!r}")
     layers = cfg.get("layers") or {}
     counts = Counter(pattern)
-    for name, chars in (("ssm", "MG"), ("attention", "*"), ("mlp", "-E")):
+    for name, chars in (("ssm", "".join(SSM_KINDS)), ("attention", "*"), ("mlp", "-E")):
         want = layers.get(name)
         got = sum(counts[c] for c in chars)
         if want is not None and want != got:
@@ -140,13 +190,7 @@ def hybrid_spec(cfg: dict, tp: int | None = None, key: str = "model") -> HybridS
     vocab = _split(int(_need(cfg, "vocab_size", key)), tp, f"{key}.vocab_size")
     attention = None
     if "*" in pattern or "*" in (cfg.get("mtp") or {}).get("pattern", ""):
-        heads = _split(int(_need(cfg, "attention.num_heads", key)), tp, f"{key}.attention.num_heads")
-        kv = int(_need(cfg, "attention.num_kv_heads", key))
-        kv = max(1, kv // tp)                   # fewer KV heads than ranks: each rank keeps a replica
-        if heads % kv:
-            raise ValueError(f"{key}.attention: {heads} query heads per rank not a multiple of {kv} KV heads")
-        attention = AttentionDims(heads, kv, int(_need(cfg, "attention.head_dim", key)),
-                                  output_gate=bool((cfg.get("attention") or {}).get("output_gate")))
+        attention = _attention(cfg, tp, key)
     mlp_cfg = cfg.get("mlp") or {}
     mlp = None
     uses_mlp = {"-", "E"} & (set(pattern) | set((cfg.get("mtp") or {}).get("pattern", "")))

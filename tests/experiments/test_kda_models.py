@@ -1,0 +1,191 @@
+"""The hybrids added with the KDA family (issue 25): Kimi-Linear-48B-A3B (KDA + MLA), Qwen3-Next-80B-A3B (GDN)
+and Nemotron-3-Nano-30B-A3B (Mamba-2) from their configs; the MLA layer's compressed cache and its decode
+against a float64 hand computation; the footprint table. Analytic or tiny; no production-sized model is built."""
+
+import math
+
+import pytest
+import torch
+import yaml
+
+from experiments.harness.points import CONF_DIR, load_model_config, model_spec
+from experiments.hybrid import footprint as fpm
+from experiments.hybrid.generate import greedy_ar, greedy_speculative
+from experiments.hybrid.layers import SSMCall
+from experiments.hybrid.mla import MLAAttention
+from experiments.hybrid.model import HybridModel
+from experiments.hybrid.spec import SSM_CHAR, hybrid_spec
+from replayssm import geometry
+
+NEW = ["qwen3_next_80b_a3b", "nemotron3_nano_30b_a3b"]
+# every key the e2e step and the footprint read (dotted paths), present in each new config with a value or null
+KEYS = ["name", "hf_id", "family", "geometry", "tp", "has_z", "dt_softplus", "use_qk_l2norm", "hidden_size",
+        "layers.total", "layers.ssm", "layers.attention", "layers.mlp", "layers.pattern", "attention.num_heads",
+        "mlp.kind", "mlp.act", "mlp.num_experts", "mlp.experts_per_token", "mlp.moe_intermediate_size",
+        "mlp.shared_expert_intermediate_size", "vocab_size", "conv_kernel", "mtp.pattern", "replayssm.buffer_len",
+        "replayssm.history_len", "weights.dtype", "assumed"]
+# the values the sources give (conf/model comments name each source)
+EXPECTED = {
+    "qwen3_next_80b_a3b": dict(hidden=2048, counts={"G": 36, "*": 12, "E": 48}, heads=(16, 2, 256), experts=(512, 10),
+                               expert_width=512, shared=512, vocab=151936),
+    "nemotron3_nano_30b_a3b": dict(hidden=2688, counts={"M": 23, "*": 6, "E": 23}, heads=(32, 2, 128),
+                                   experts=(128, 6), expert_width=1856, shared=3712, vocab=131072),
+}
+
+
+def _get(cfg: dict, path: str):
+    node = cfg
+    for part in path.split("."):
+        assert isinstance(node, dict) and part in node, f"{cfg['name']}: {path} missing"
+        node = node[part]
+    return node
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_new_configs_load_with_every_key_and_the_sourced_values(name):
+    cfg = load_model_config(name)
+    for key in KEYS:
+        _get(cfg, key)
+    text = (CONF_DIR / "model" / f"{name}.yaml").read_text()
+    assert "Sources" in text and "[HF-" in text
+    spec = hybrid_spec(cfg)
+    table = geometry.GDN_MODELS if spec.family == "gdn" else geometry.MAMBA2_MODELS
+    assert spec.geometry == table[name] == model_spec(cfg, None).geometry
+    want = EXPECTED[name]
+    assert spec.hidden == want["hidden"] and spec.vocab == want["vocab"]
+    assert {k: spec.counts[k] for k in want["counts"]} == want["counts"]
+    assert len(spec.pattern) == sum(want["counts"].values()) and spec.pattern.count(SSM_CHAR[spec.family])
+    a, m = spec.attention, spec.mlp
+    assert (a.num_heads, a.num_kv_heads, a.head_dim) == want["heads"] and a.kind == "gqa"
+    assert (m.num_experts, m.top_k, m.expert_intermediate, m.shared_intermediate) == (
+        *want["experts"], want["expert_width"], want["shared"])
+    assert set(spec.assumed) <= {"mtp.pattern"}
+
+
+def test_new_models_split_for_tp8():
+    qn = hybrid_spec(load_model_config("qwen3_next_80b_a3b"), 8)
+    assert (qn.geometry.H, qn.geometry.HV, qn.attention.num_heads, qn.attention.num_kv_heads) == (2, 4, 2, 1)
+    nn = hybrid_spec(load_model_config("nemotron3_nano_30b_a3b"), 8)
+    assert (nn.geometry.nheads, nn.geometry.ngroups, nn.mlp.expert_intermediate) == (8, 1, 232)
+
+
+# ------------------------------------------------------------------------------------------------------- MLA
+
+def _mla_spec(**over):
+    cfg = load_model_config("tiny_gdn")
+    cfg["attention"] = dict(kind="mla", num_heads=2, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8,
+                            qk_rope_head_dim=8, v_head_dim=12, use_rope=False, **over)
+    return hybrid_spec(cfg)
+
+
+def _hand_mla(lay, h, lengths):
+    """Un-absorbed MLA in float64: per head k = [c W_uk^T, k_pe], v = c W_uv^T over the cache up to each token."""
+    a = lay.a
+    r, nope = a.kv_lora_rank, a.qk_nope_head_dim
+    b, T, _ = h.shape
+    out = torch.empty(b, T, lay.w_out.shape[0], dtype=torch.float64)
+    for i in range(b):
+        for t in range(T):
+            n = int(lengths[i]) + t + 1                      # causal: the cache up to and including token t
+            c, k_pe = lay.cache[i, :n, :r], lay.cache[i, :n, r:]
+            x = h[i, t]
+            if lay.w_qa is not None:
+                x = torch.nn.functional.rms_norm(lay.w_qa @ x, (a.q_lora_rank,), lay.q_norm, 1e-5)
+            q = (lay.w_q @ x).reshape(a.num_heads, -1)
+            heads = []
+            for hd in range(a.num_heads):
+                scores = (c @ lay.w_uk[hd].T @ q[hd, :nope] + k_pe @ q[hd, nope:]) / math.sqrt(a.head_dim)
+                heads.append(torch.softmax(scores, 0) @ (c @ lay.w_uv[hd].T))
+            out[i, t] = lay.w_out @ torch.cat(heads)
+    return out
+
+
+@pytest.mark.parametrize("q_lora_rank", [None, 24])
+def test_mla_step_matches_a_float64_hand_computation(q_lora_rank):
+    cfg = load_model_config("tiny_gdn")
+    cfg["attention"] = dict(kind="mla", num_heads=2, q_lora_rank=q_lora_rank, kv_lora_rank=16, qk_nope_head_dim=8,
+                            qk_rope_head_dim=8, v_head_dim=12)
+    spec = hybrid_spec(cfg)
+    gen = torch.Generator().manual_seed(3)
+    lengths, bound = torch.tensor([5, 3, 6]), [6]                 # desynchronised rows; bound = the max cursor
+    lay = MLAAttention(spec, 3, 12, lengths, bound, gen, torch.float64, "cpu")
+    lay.reset(gen, 6)
+    for T in (1, 3):                                             # a decode step, then a verify window
+        h = torch.randn(3, T, spec.hidden, generator=gen, dtype=torch.float64)
+        torch.testing.assert_close(lay(h), _hand_mla(lay, h, lengths), rtol=1e-10, atol=1e-12)
+    # the window's entries sit at each row's cursor (row 1 at 3..5), nothing is written past the window
+    assert lay.cache[1, 6:].abs().sum() == 0 and lay.cache[2, 9:].abs().sum() == 0
+    r = spec.attention.kv_lora_rank                                # the latent part is stored normed
+    torch.testing.assert_close(lay.cache[0, :8, :r].pow(2).mean(-1), torch.ones(8, dtype=torch.float64), atol=1e-3,
+                               rtol=0)                        # rms_norm eps 1e-5
+
+
+def test_mla_cache_bytes_are_latent_plus_rope_per_token():
+    spec = _mla_spec()
+    a = spec.attention
+    assert a.kv_token_elems == 16 + 8
+    lay = MLAAttention(spec, 3, 12, torch.zeros(3, dtype=torch.long), [0], torch.Generator(), torch.bfloat16, "cpu")
+    assert lay.nbytes() == 3 * 12 * (16 + 8) * 2
+    assert lay.weight_bytes() == fpm.layer_weights(spec, "*")["attention"] * 2 + 16 * 2    # + the latent's norm
+    fp = fpm.footprint(spec, "ar", act_dtype=torch.bfloat16, state_dtype=torch.float32, max_model_len=100)
+    assert fp.kv_per_seq == spec.attention_layers * 100 * 24 * 2
+    with pytest.raises(ValueError, match="attention.kind"):
+        cfg = load_model_config("tiny_gdn")
+        cfg["attention"]["kind"] = "sparse"
+        hybrid_spec(cfg)
+
+
+def test_mla_tp_splits_heads_and_keeps_the_latent_whole():
+    cfg = load_model_config("tiny_gdn")
+    cfg["attention"] = dict(kind="mla", num_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+                            v_head_dim=12)
+    a = hybrid_spec(cfg, 2).attention
+    assert (a.num_heads, a.kv_lora_rank, a.kv_token_elems) == (2, 16, 24)
+
+
+# ------------------------------------------------------------------------------------------------ footprint
+
+def test_the_concurrency_table_lists_the_new_models():
+    assert {"kimi_linear_48b_a3b", *NEW} <= set(fpm.TABLE_MODELS)
+    b300 = yaml.safe_load((CONF_DIR / "hardware" / "b300.yaml").read_text())
+    options = {"B": "16", "T": "4", "max_model_len": "2048", "gpu_memory_utilization": "0.9",
+               "max_num_batched_tokens": "8192", "activation_reserve_gb": "", "tp": "", "weights": "checkpoint"}
+    rows = fpm.concurrency_table(NEW, b300, options)
+    assert [(r["model"], r["mode"]) for r in rows] == [(m, mode) for m in NEW for mode in ("native", "replayssm")]
+    for r in rows:
+        assert r["published"] is None and r["weight_format"] == "bfloat16" and r["vllm"] > 0
+        assert r["mode"] == "native" or r["ratio_vllm"] > 1.5            # ReplaySSM's smaller SSM cache
+    weights = {r["model"]: r["weights_GB"] for r in rows}
+    assert 150 < weights["qwen3_next_80b_a3b"] < 175 and 60 < weights["nemotron3_nano_30b_a3b"] < 70   # bf16
+
+
+@pytest.mark.parametrize("method", ["baseline_spec", "replay_spec"])
+def test_a_model_with_mla_attention_verifies_and_rolls_back_as_ar(method, gen):
+    """A tiny GDN hybrid with MLA attention: greedy speculative decoding (drafts the AR continuation, corrupted
+    at random, so windows accept 1..T and rejected latent entries must be rolled back) emits the AR tokens."""
+    spec, T, n, batch = _mla_spec(), 3, 12, 2
+    seed = int(torch.randint(0, 2**30, (1,), generator=gen))
+
+    def build(m, window=None):
+        call = SSMCall(spec.family, "torch", spec.geometry, torch.float32, torch.float32, buffer_len=spec.buffer_len,
+                       spec_T=window, history_len=spec.history_len)
+        model = HybridModel(spec, ssm_method=m, call=call, num_slots=batch, capacity=20 + 2 * n * T,
+                            gen=torch.Generator().manual_seed(seed), device="cpu")
+        model.reset(20, torch.Generator().manual_seed(seed + 1))
+        return model
+
+    tok0 = torch.randint(0, spec.vocab, (batch,), generator=gen)
+    ar = greedy_ar(build("baseline_ar"), tok0, n + T)
+    done = torch.zeros(batch, dtype=torch.long)
+
+    def drafter(token, hidden, k):
+        good = ar.gather(1, (done[:, None] + torch.arange(k)).clamp(max=ar.shape[1] - 1))
+        bad = torch.randint(0, spec.vocab, good.shape, generator=gen)
+        return torch.where(torch.rand(good.shape, generator=gen) < 0.35, bad, good)
+
+    model = build(method, T)
+    assert isinstance(next(lay for ch, _, lay in model.layers if ch == "*"), MLAAttention)
+    out, history = greedy_speculative(model, drafter, tok0, torch.zeros(batch, spec.hidden), n, T,
+                                      on_commit=lambda acc: done.add_(acc.long()))
+    assert torch.equal(out, ar[:, :n]) and len(set(torch.cat(history).tolist())) >= 2
+    assert model.cache_bytes()["kv"] == model.num_slots * model.capacity * 24 * 4
