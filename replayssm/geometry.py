@@ -1,4 +1,4 @@
-"""SSM layer geometries: Mamba-2 and Gated DeltaNet, with the production models and their TP splits.
+"""SSM layer geometries: Mamba-2, Gated DeltaNet, Kimi Delta Attention; the production models, their TP splits.
 
 A geometry is the per-layer shape of one SSM mixer on one GPU. Tensor parallelism splits heads (and
 groups) evenly across ranks, so the geometry a kernel sees at TP=k is `geometry.tp_split(k)`.
@@ -50,9 +50,9 @@ class Mamba2Geometry:
         return replace(self, nheads=self.nheads // tp, ngroups=self.ngroups // tp)
 
 
-@dataclass(frozen=True)
-class GDNGeometry:
-    """Gated DeltaNet mixer: H key heads (q, k [K]), HV value heads (v [V]); state [HV, V, K] (K-last)."""
+class _DeltaRuleHeads:
+    """What the two delta-rule geometries share (GDN: a scalar decay per value head; KDA: one per key channel):
+    H key heads (q, k [K]) shared by HV / H value heads each (v [V]); state [HV, V, K] (K-last)."""
 
     H: int
     HV: int
@@ -60,9 +60,10 @@ class GDNGeometry:
     V: int
 
     def __post_init__(self) -> None:
-        _check_positive("GDNGeometry", H=self.H, HV=self.HV, K=self.K, V=self.V)
+        name = type(self).__name__
+        _check_positive(name, H=self.H, HV=self.HV, K=self.K, V=self.V)
         if self.HV % self.H:
-            raise ValueError(f"GDNGeometry: HV={self.HV} is not a multiple of H={self.H}")
+            raise ValueError(f"{name}: HV={self.HV} is not a multiple of H={self.H}")
 
     @property
     def value_heads_per_key_head(self) -> int:
@@ -71,11 +72,33 @@ class GDNGeometry:
     def state_numel(self) -> int:
         return self.HV * self.V * self.K
 
-    def tp_split(self, tp: int) -> GDNGeometry:
+    def tp_split(self, tp: int):
         _check_positive("tp_split", tp=tp)
         if self.H % tp or self.HV % tp:
             raise ValueError(f"TP={tp} does not divide H={self.H} and HV={self.HV}")
         return replace(self, H=self.H // tp, HV=self.HV // tp)
+
+
+@dataclass(frozen=True)
+class GDNGeometry(_DeltaRuleHeads):
+    """Gated DeltaNet mixer: H key heads (q, k [K]), HV value heads (v [V]); state [HV, V, K] (K-last)."""
+
+    H: int
+    HV: int
+    K: int
+    V: int
+
+
+@dataclass(frozen=True)
+class KDAGeometry(_DeltaRuleHeads):
+    """Kimi Delta Attention mixer: the GDN head layout (H key heads, HV value heads, state [HV, V, K] K-last)
+    with a log decay per key channel, g [HV, K] per token, instead of one per value head. A distinct class, not
+    a GDNGeometry subclass, so that no GDN entry point accepts a KDA cache by an isinstance check."""
+
+    H: int
+    HV: int
+    K: int
+    V: int
 
 
 # The five production geometries (full width, TP=1). Keys are the model names used in conf/model/.
@@ -90,11 +113,18 @@ GDN_MODELS: dict[str, GDNGeometry] = {
     "qwen35_122b_a10b": GDNGeometry(H=16, HV=64, K=128, V=128),
     "qwen3_next_80b_a3b": GDNGeometry(H=16, HV=32, K=128, V=128),   # conf/model sources (config.json)
 }
+# Kimi-Linear-48B-A3B (moonshotai/Kimi-Linear-48B-A3B-Instruct, config.json "linear_attn_config":
+# {"num_heads": 32, "head_dim": 128, "kda_layers": 20 of the 27 layers, "full_attn_layers": [4, 8, .., 27]}):
+# q, k and v share one head count and one head dim (no grouped value heads), V = head_dim (FLA's KDA layer,
+# expand_v = 1). The state is 32 x 128 x 128 per layer, the same head shape as the GDN models.
+KDA_MODELS: dict[str, KDAGeometry] = {
+    "kimi_linear_48b_a3b": KDAGeometry(H=32, HV=32, K=128, V=128),
+}
 
 
-def get_geometry(model: str, tp: int = 1) -> Mamba2Geometry | GDNGeometry:
+def get_geometry(model: str, tp: int = 1) -> Mamba2Geometry | GDNGeometry | KDAGeometry:
     """Look up a production geometry by model name, split for tensor parallelism `tp`."""
-    table = {**MAMBA2_MODELS, **GDN_MODELS}
+    table = {**MAMBA2_MODELS, **GDN_MODELS, **KDA_MODELS}
     if model not in table:
         raise ValueError(f"unknown model {model!r}; known models: {', '.join(sorted(table))}")
     geometry = table[model]

@@ -37,8 +37,9 @@ from replayssm.ring_cursors import keep_shared_cursor
 
 def check_step_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                       out: torch.Tensor | None, *, H: int, HV: int, K: int, V: int, act_dtype: torch.dtype,
-                      scale, use_qk_l2norm) -> int:
-    """Validate one AR step's inputs against a geometry; return batch. Shared by the baseline and ReplaySSM.
+                      scale, use_qk_l2norm, per_channel_g: bool = False) -> int:
+    """Validate one AR step's inputs against a geometry; return batch. Shared by the baseline and ReplaySSM,
+    GDN and KDA (replayssm.kda: per_channel_g, g [batch, HV, K] with unit stride on K).
 
     q, k [batch, H, K] and v, out [batch, HV, V] in act_dtype with unit stride on the last dim;
     g, beta [batch, HV] fp32 (any strides).
@@ -54,7 +55,7 @@ def check_step_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     check_shape("q", q, (batch, H, K))
     check_shape("k", k, (batch, H, K))
     check_shape("v", v, (batch, HV, V))
-    check_shape("g", g, (batch, HV))
+    check_shape("g", g, (batch, HV, K) if per_channel_g else (batch, HV))
     check_shape("beta", beta, (batch, HV))
     check_shape("out", out, (batch, HV, V))
     check_dtype("q", q, ACT_DTYPES)
@@ -63,7 +64,7 @@ def check_step_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
             raise ValueError(f"{name} has dtype {t.dtype}; expected the activation dtype {act_dtype}")
     check_dtype("g", g, (torch.float32,))
     check_dtype("beta", beta, (torch.float32,))
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)) + ((("g", g),) if per_channel_g else ()):
         check_last_dim_contiguous(name, t)
     if scale is not None and (not isinstance(scale, numbers.Real) or isinstance(scale, bool)):
         raise ValueError(f"scale must be a real number or None, got {scale!r}")

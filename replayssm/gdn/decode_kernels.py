@@ -14,6 +14,14 @@ One decode step is two launches (CUDA-graph capturable, no host sync):
      would race.
 `_gdn_materialize_kernel` shares the reconstruction and writes S_h to an fp32 output.
 
+Kimi Delta Attention (replayssm.kda) runs the same kernels with PER_CHANNEL set: g is a K-vector per value head
+(g [batch, HV, K]; the buffer's g [slots, HV, L, K]), so the replay weights move from the u rows onto the
+key columns, w_j[c] = exp(G_tot[c] - G_pre_j[c]) (cumulated down the buffer axis per channel):
+    S_h = S0 diag(exp(G_tot)) + u_buf^T @ (w * k_buf)                 (the same one tl.dot)
+    alpha = exp(g) [K], u = beta (v - S_h (alpha * k)), o = S_h (alpha * q) + u (k . q)
+    flush: S0 <- S_h diag(alpha) + u k^T
+With PER_CHANNEL off (GDN) every added branch is compiled out: GDN's kernels are unchanged.
+
 Buffer writes are split so each element has exactly one writer: u rows by the program owning them,
 g by the V-tile-0 program of each value head, the key (per key head, shared by HV/H value heads) by the
 V-tile-0 program of the first value head of its group.
@@ -65,21 +73,47 @@ def replay_launch_config(K: int, V: int, state_dtype: torch.dtype, arch: int) ->
 
 @triton.jit
 def _rebuild_tile(state_ptrs, state_mask, kbuf_ptrs, kbuf_mask, decay0, weighted_u,
-                  HAS_BUFFER: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One [BV, BKT] tile of S_h = exp(G_tot) S0 + (u * w) @ k_buf, in fp32."""
+                  HAS_BUFFER: tl.constexpr, DOT_PRECISION: tl.constexpr, key_weights=1.0,
+                  PER_CHANNEL: tl.constexpr = False):
+    """One [BV, BKT] tile of S_h = exp(G_tot) S0 + (u * w) @ k_buf, in fp32. PER_CHANNEL (KDA): decay0 is the
+    [BKT] row exp(G_tot), weighted_u the plain u rows and key_weights the [BC, BKT] weights w of the keys."""
     S = tl.load(state_ptrs, mask=state_mask, other=0.0).to(tl.float32)
     if HAS_BUFFER:
         kb = tl.load(kbuf_ptrs, mask=kbuf_mask, other=0.0).to(tl.float32)           # [BC, BKT]
-        S = S * decay0 + tl.dot(weighted_u, kb, input_precision=DOT_PRECISION)
+        if PER_CHANNEL:
+            S = S * decay0[None, :] + tl.dot(weighted_u, kb * key_weights, input_precision=DOT_PRECISION)
+        else:
+            S = S * decay0 + tl.dot(weighted_u, kb, input_precision=DOT_PRECISION)
     return S
 
 
 @triton.jit
-def _buffer_weights(gbuf_ptr, ubuf_ptr, h, offs_c, offs_v, mask_v, stride_u_l, HAS_BUFFER: tl.constexpr,
-                    BV: tl.constexpr, BC: tl.constexpr):
-    """Checkpoint decay exp(G_tot) and the buffer's u rows times their replay weights w_j, [BV, BC] fp32."""
+def _channel_weights(gbuf_ptr, h, offs_c, offs_k, mask_k, stride_gb_l, HAS_BUFFER: tl.constexpr):
+    """KDA: exp(G_tot) [BKT] and the key weights w [BC, BKT], w[j, c] = exp(G_tot[c] - G_pre_j[c]) (0 past h)."""
     mask_c = offs_c < h
     if HAS_BUFFER:
+        g_hist = tl.load(gbuf_ptr + offs_c[:, None] * stride_gb_l + offs_k[None, :],
+                         mask=mask_c[:, None] & mask_k[None, :], other=0.0)           # [BC, BKT]
+        G_pre = tl.cumsum(g_hist, 0)
+        G_tot = tl.sum(g_hist, 0)
+        w = tl.where(mask_c[:, None], tl.exp(tl.minimum(G_tot[None, :] - G_pre, 0.0)), 0.0)
+        return tl.exp(G_tot), w
+    else:
+        return tl.full([offs_k.shape[0]], 1.0, tl.float32), tl.zeros([offs_c.shape[0], offs_k.shape[0]], tl.float32)
+
+
+@triton.jit
+def _buffer_weights(gbuf_ptr, ubuf_ptr, h, offs_c, offs_v, mask_v, stride_u_l, HAS_BUFFER: tl.constexpr,
+                    BV: tl.constexpr, BC: tl.constexpr, PER_CHANNEL: tl.constexpr = False):
+    """Checkpoint decay exp(G_tot) and the buffer's u rows times their replay weights w_j, [BV, BC] fp32.
+    PER_CHANNEL (KDA): the u rows unweighted and a placeholder decay (the weights go on the keys,
+    _channel_weights)."""
+    mask_c = offs_c < h
+    if PER_CHANNEL:
+        U = tl.load(ubuf_ptr + offs_c[None, :] * stride_u_l + offs_v[:, None],
+                    mask=mask_v[:, None] & mask_c[None, :], other=0.0).to(tl.float32)  # [BV, BC]
+        return 1.0, U
+    elif HAS_BUFFER:
         g_hist = tl.load(gbuf_ptr + offs_c, mask=mask_c, other=0.0)
         G_pre = tl.cumsum(g_hist, 0)
         G_tot = tl.sum(g_hist, 0)
@@ -104,6 +138,7 @@ def _gdn_replay_step_kernel(
     scale,
     NULL_ID: tl.constexpr, HV_PER_H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    stride_gb_l=1, PER_CHANNEL: tl.constexpr = False,
 ):
     i_v = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
@@ -135,7 +170,11 @@ def _gdn_replay_step_kernel(
     offs_c = tl.arange(0, BC)
     decay0, weighted_u = _buffer_weights(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h,
                                          ubuf_ptr + slot * stride_u_slot + i_hv * stride_u_h,
-                                         h, offs_c, offs_v, mask_v, stride_u_l, HAS_BUFFER, BV, BC)
+                                         h, offs_c, offs_v, mask_v, stride_u_l, HAS_BUFFER, BV, BC, PER_CHANNEL)
+    key_weights = 1.0
+    if PER_CHANNEL:
+        decay0, key_weights = _channel_weights(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h, h, offs_c,
+                                               offs_k, mask_k, stride_gb_l, HAS_BUFFER)
     state_base = state_ptr + slot * stride_s_slot + i_hv * stride_s_h
     kbuf_base = kbuf_ptr + slot * stride_kb_slot + i_h * stride_kb_h
     mask_c = offs_c < h
@@ -145,29 +184,47 @@ def _gdn_replay_step_kernel(
     s_ptrs = state_base + offs_v[:, None] * stride_s_v + offs_k[None, :]
     s_mask = mask_v[:, None] & mask_k[None, :]
     S = _rebuild_tile(s_ptrs, s_mask, kbuf_base + offs_c[:, None] * stride_kb_l + offs_k[None, :],
-                      mask_c[:, None] & mask_k[None, :], decay0, weighted_u, HAS_BUFFER, DOT_PRECISION)
+                      mask_c[:, None] & mask_k[None, :], decay0, weighted_u, HAS_BUFFER, DOT_PRECISION,
+                      key_weights, PER_CHANNEL)
     k_scaled = k_full * k_mult
-    Sk = tl.sum(S * k_scaled[None, :], 1)
-    Sq = tl.sum(S * (q_full * q_mult)[None, :], 1)
-
-    g_cur = tl.load(g_ptr + i_b * stride_g_b + i_hv * stride_g_h)
-    alpha = tl.exp(g_cur)
     beta = tl.load(beta_ptr + i_b * stride_beta_b + i_hv * stride_beta_h)
     v_cur = tl.load(v_ptr + i_b * stride_v_b + i_hv * stride_v_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-    u = beta * (v_cur - alpha * Sk)
-    o = alpha * Sq + u * kq
+    g_row = g_ptr + i_b * stride_g_b + i_hv * stride_g_h
+    if PER_CHANNEL:
+        # KDA: decay the state's key columns first, S_h diag(alpha), by decaying the vectors it meets
+        g_cur = tl.load(g_row + offs_k, mask=mask_k, other=0.0)                       # [BK]
+        alpha = tl.exp(g_cur)
+        Sk = tl.sum(S * (k_scaled * alpha)[None, :], 1)
+        Sq = tl.sum(S * (q_full * q_mult * alpha)[None, :], 1)
+        u = beta * (v_cur - Sk)
+        o = Sq + u * kq
+    else:
+        Sk = tl.sum(S * k_scaled[None, :], 1)
+        Sq = tl.sum(S * (q_full * q_mult)[None, :], 1)
+        g_cur = tl.load(g_row)
+        alpha = tl.exp(g_cur)
+        u = beta * (v_cur - alpha * Sk)
+        o = alpha * Sq + u * kq
     o_row = o_ptr + i_b * stride_o_b + i_hv * stride_o_h
     tl.store(o_row + offs_v, o.to(o_ptr.dtype.element_ty), mask=mask_v)
 
     if h == L - 1:
         # Flush: fold the buffer and the current token into the checkpoint, from the tile still in registers.
-        tl.store(s_ptrs, (alpha * S + u[:, None] * k_scaled[None, :]).to(state_ptr.dtype.element_ty), mask=s_mask)
+        if PER_CHANNEL:
+            S_new = S * alpha[None, :] + u[:, None] * k_scaled[None, :]
+        else:
+            S_new = alpha * S + u[:, None] * k_scaled[None, :]
+        tl.store(s_ptrs, S_new.to(state_ptr.dtype.element_ty), mask=s_mask)
     else:
         # Append: u rows of this program; g and the (shared) key by one program each.
         u_row = ubuf_ptr + slot * stride_u_slot + i_hv * stride_u_h + h * stride_u_l
         tl.store(u_row + offs_v, u.to(ubuf_ptr.dtype.element_ty), mask=mask_v)
         if i_v == 0:
-            tl.store(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h + h, g_cur)
+            if PER_CHANNEL:
+                tl.store(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h + h * stride_gb_l + offs_k, g_cur,
+                         mask=mask_k)
+            else:
+                tl.store(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h + h, g_cur)
             if i_hv % HV_PER_H == 0:
                 tl.store(kbuf_base + h * stride_kb_l + offs_k, k_scaled.to(kbuf_ptr.dtype.element_ty), mask=mask_k)
 
@@ -193,6 +250,7 @@ def _gdn_materialize_kernel(
     stride_gb_slot, stride_gb_h,
     NULL_ID: tl.constexpr, HV_PER_H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BK: tl.constexpr, BKT: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    stride_gb_l=1, PER_CHANNEL: tl.constexpr = False,
 ):
     i_v = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
@@ -209,17 +267,22 @@ def _gdn_materialize_kernel(
     mask_c = offs_c < h
     decay0, weighted_u = _buffer_weights(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h,
                                          ubuf_ptr + slot * stride_u_slot + i_hv * stride_u_h,
-                                         h, offs_c, offs_v, mask_v, stride_u_l, HAS_BUFFER, BV, BC)
+                                         h, offs_c, offs_v, mask_v, stride_u_l, HAS_BUFFER, BV, BC, PER_CHANNEL)
     state_base = state_ptr + slot * stride_s_slot + i_hv * stride_s_h
     kbuf_base = kbuf_ptr + slot * stride_kb_slot + i_h * stride_kb_h
     out_base = out_ptr + i_b * stride_out_b + i_hv * stride_out_h
     for kt in tl.static_range(BK // BKT):
         offs_kt = kt * BKT + tl.arange(0, BKT)
         mask_kt = offs_kt < K
+        key_weights = 1.0
+        if PER_CHANNEL:
+            decay0, key_weights = _channel_weights(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h, h, offs_c,
+                                                   offs_kt, mask_kt, stride_gb_l, HAS_BUFFER)
         S = _rebuild_tile(state_base + offs_v[:, None] * stride_s_v + offs_kt[None, :],
                           mask_v[:, None] & mask_kt[None, :],
                           kbuf_base + offs_c[:, None] * stride_kb_l + offs_kt[None, :],
-                          mask_c[:, None] & mask_kt[None, :], decay0, weighted_u, HAS_BUFFER, DOT_PRECISION)
+                          mask_c[:, None] & mask_kt[None, :], decay0, weighted_u, HAS_BUFFER, DOT_PRECISION,
+                          key_weights, PER_CHANNEL)
         tl.store(out_base + offs_v[:, None] * stride_out_v + offs_kt[None, :], S,
                  mask=mask_v[:, None] & mask_kt[None, :])
 
@@ -228,9 +291,16 @@ def _cache_strides(cache) -> tuple[int, ...]:
     return (*cache.state.stride()[:3], *cache.u.stride()[:3], *cache.k.stride()[:3], *cache.g.stride()[:2])
 
 
+def _per_channel_args(cache, per_channel: bool) -> dict:
+    """The KDA switch: the buffer g's stride along L (its K axis has unit stride) and PER_CHANNEL. GDN passes
+    nothing, so its launches (and AOT builds) are exactly what they were before KDA shared the kernels."""
+    return dict(stride_gb_l=cache.g.stride(2), PER_CHANNEL=True) if per_channel else {}
+
+
 def launch_replay_step(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slots: torch.Tensor,
-                       out: torch.Tensor) -> None:
-    """Inputs already validated; slots int32 [batch] (NULL_SLOT rows skipped)."""
+                       out: torch.Tensor, per_channel: bool = False) -> None:
+    """Inputs already validated; slots int32 [batch] (NULL_SLOT rows skipped). per_channel: a KDA cache
+    (replayssm.kda), g [batch, HV, K]."""
     gm, L = cache.geometry, cache.buffer_len
     batch = q.shape[0]
     cfg = replay_launch_config(gm.K, gm.V, cache.state_dtype, kernel_arch(q.device))
@@ -244,7 +314,7 @@ def launch_replay_step(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: boo
         NULL_ID=NULL_SLOT, HV_PER_H=gm.HV // gm.H, K=gm.K, V=gm.V, L=L,
         BK=max(16, next_pow2(gm.K)), BV=cfg.block_v, BC=max(16, next_pow2(L)),
         USE_L2NORM=bool(use_qk_l2norm), DOT_PRECISION=cfg.dot_precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_per_channel_args(cache, per_channel),
     )
     if cache.shared_cursor:
         return                        # a DecodeCursor shared by every layer advances once per step
@@ -254,7 +324,7 @@ def launch_replay_step(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: boo
     )
 
 
-def launch_materialize(cache, slots: torch.Tensor, out: torch.Tensor) -> None:
+def launch_materialize(cache, slots: torch.Tensor, out: torch.Tensor, per_channel: bool = False) -> None:
     """out [batch, HV, V, K] fp32 (last dim contiguous); NULL_SLOT rows left as they are."""
     gm, L = cache.geometry, cache.buffer_len
     batch = slots.shape[0]
@@ -267,4 +337,5 @@ def launch_materialize(cache, slots: torch.Tensor, out: torch.Tensor) -> None:
         NULL_ID=NULL_SLOT, HV_PER_H=gm.HV // gm.H, K=gm.K, V=gm.V, L=L,
         BK=max(16, next_pow2(gm.K)), BKT=cfg.block_kt, BV=cfg.block_v, BC=max(16, next_pow2(L)),
         DOT_PRECISION=cfg.dot_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **_per_channel_args(cache, per_channel),
     )

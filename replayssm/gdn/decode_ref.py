@@ -4,6 +4,10 @@ It walks the cache exactly as the kernels do (same entries, same cursor moves, s
 rounds only where the cache stores (u and k in the act dtype, the checkpoint in the state dtype), so
 after any sequence of steps its cache equals the other backends' cache up to rounding.
 
+Shared with Kimi Delta Attention (replayssm.kda): a cache whose g holds a decay per key channel
+([num_slots, HV, L, K], 4-D) decays the state column-wise, S <- S diag(exp(g_j)) + u_j k_j^T; everything
+else is the same loop.
+
 The state after the cached entries is rebuilt by replaying them one by one from the checkpoint,
 S <- exp(g_j) S + u_j k_j^T, rather than by the closed form with prefix-sum weights that the fast
 backends use: the two agreeing is part of what the tests check.
@@ -14,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from replayssm.fp8_checkpoint import read_checkpoint, write_checkpoint
-from replayssm.gdn.ref import expand_key_heads, l2norm
+from replayssm.gdn.ref import decay_factor, expand_key_heads, l2norm
 
 
 def rebuild_state_ref(cache, slot: int) -> torch.Tensor:
@@ -24,8 +28,8 @@ def rebuild_state_ref(cache, slot: int) -> torch.Tensor:
     for j in range(int(cache.write_pos[slot])):
         k_j = expand_key_heads(cache.k[slot, :, j].double(), HV)             # [HV, K]
         u_j = cache.u[slot, :, j].double()                                   # [HV, V]
-        decay = torch.exp(cache.g[slot, :, j].double())                      # [HV]
-        S = decay[:, None, None] * S + u_j[:, :, None] * k_j[:, None, :]
+        decay = torch.exp(cache.g[slot, :, j].double())                      # [HV] (KDA: [HV, K])
+        S = decay_factor(decay, cache.g.dim() == 4) * S + u_j[:, :, None] * k_j[:, None, :]
     return S
 
 
@@ -40,15 +44,16 @@ def replay_step_ref(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, 
         q_scaled = (l2norm(q[row]) if use_qk_l2norm else q[row].double()) * scale
         k_hv, q_hv = expand_key_heads(k_norm, HV), expand_key_heads(q_scaled, HV)   # [HV, K]
         S_h = rebuild_state_ref(cache, slot)
-        alpha = torch.exp(g[row].double())                                   # [HV]
-        Sk = torch.einsum("hvk,hk->hv", S_h, k_hv)
-        Sq = torch.einsum("hvk,hk->hv", S_h, q_hv)
-        u = beta[row].double()[:, None] * (v[row].double() - alpha[:, None] * Sk)
-        o = alpha[:, None] * Sq + u * (k_hv * q_hv).sum(-1)[:, None]
+        # the decayed state alpha S_h (KDA: S_h diag(alpha) per value head) first, then the delta rule on it
+        S_dec = decay_factor(torch.exp(g[row].double()), cache.g.dim() == 4) * S_h
+        Sk = torch.einsum("hvk,hk->hv", S_dec, k_hv)
+        Sq = torch.einsum("hvk,hk->hv", S_dec, q_hv)
+        u = beta[row].double()[:, None] * (v[row].double() - Sk)
+        o = Sq + u * (k_hv * q_hv).sum(-1)[:, None]
         out[row] = o.to(out.dtype)
         h = int(cache.write_pos[slot])
         if h == L - 1:
-            S_new = alpha[:, None, None] * S_h + u[:, :, None] * k_hv[:, None, :]
+            S_new = S_dec + u[:, :, None] * k_hv[:, None, :]
             write_checkpoint(cache, slot, S_new)   # fp8: quantised in float64 by the same rule
             cache.write_pos[slot] = 0
         else:

@@ -37,17 +37,25 @@ def prepare_qk(q: torch.Tensor, k: torch.Tensor, HV: int, scale: float | None,
     return expand_key_heads(q64 * scale, HV), expand_key_heads(k64, HV)
 
 
+def decay_factor(decay: torch.Tensor, per_channel: bool) -> torch.Tensor:
+    """A decay per value head [..., HV] (GDN) or per key channel [..., HV, K] (KDA, replayssm.kda) as a factor
+    that broadcasts over states [..., HV, V, K]: [..., HV, 1, 1] or [..., HV, 1, K]. The float64 oracles are
+    shared by the two families; only the decay's shape differs."""
+    return decay[..., None, :] if per_channel else decay[..., None, None]
+
+
 def gdn_step_ref(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                  beta: torch.Tensor, scale: float | None = None,
                  use_qk_l2norm: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decode step, pure, float64.
 
-    state [batch, HV, V, K]; q, k [batch, H, K]; v [batch, HV, V]; g, beta [batch, HV].
+    state [batch, HV, V, K]; q, k [batch, H, K]; v [batch, HV, V]; g, beta [batch, HV]; g may also be
+    [batch, HV, K], a decay per key channel (KDA: replayssm.kda.ref).
     Returns (new_state [batch, HV, V, K], o [batch, HV, V], u [batch, HV, V]), all float64.
     """
     HV = v.shape[1]
     qh, kh = prepare_qk(q, k, HV, scale, use_qk_l2norm)             # [batch, HV, K]
-    S = torch.exp(g.double())[..., None, None] * state.double()
+    S = decay_factor(torch.exp(g.double()), per_channel=g.dim() == v.dim()) * state.double()
     u = beta.double()[..., None] * (v.double() - torch.einsum("bhvk,bhk->bhv", S, kh))
     S = S + u[..., :, None] * kh[..., None, :]
     o = torch.einsum("bhvk,bhk->bhv", S, qh)
@@ -59,7 +67,8 @@ def window_ref(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                use_qk_l2norm: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """A speculative window run serially from one committed state: the spec oracle.
 
-    state [batch, HV, V, K]; q, k [batch, T, H, K]; v [batch, T, HV, V]; g, beta [batch, T, HV].
+    state [batch, HV, V, K]; q, k [batch, T, H, K]; v [batch, T, HV, V]; g, beta [batch, T, HV] (or g
+    [batch, T, HV, K] per key channel, KDA).
     Returns (states [batch, T, HV, V, K]: state after window token s, o [batch, T, HV, V]), float64.
     """
     states, outs = [], []

@@ -40,10 +40,11 @@ __all__ = ["SpecRing", "spec_verify", "spec_commit", "spec_reset", "spec_materia
 
 def check_window(geometry: GDNGeometry, window: int, act_dtype: torch.dtype, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor | None,
-                 scale: float | None, backend: str) -> tuple[int, float]:
+                 scale: float | None, backend: str, per_channel_g: bool = False) -> tuple[int, float]:
     """Validate one speculative window against a cache's geometry, window T and activation dtype.
 
-    Shared by ReplaySSM and the baselines (same call shapes). Returns (batch, scale).
+    Shared by ReplaySSM and the baselines (same call shapes), GDN and KDA (per_channel_g: g [batch, T, HV, K]).
+    Returns (batch, scale).
     """
     check_backend(backend, q, k, v, g, beta, out)
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
@@ -58,7 +59,7 @@ def check_window(geometry: GDNGeometry, window: int, act_dtype: torch.dtype, q: 
     check_shape("q", q, (batch, T, gm.H, gm.K))
     check_shape("k", k, (batch, T, gm.H, gm.K))
     check_shape("v", v, (batch, T, gm.HV, gm.V))
-    check_shape("g", g, (batch, T, gm.HV))
+    check_shape("g", g, (batch, T, gm.HV, gm.K) if per_channel_g else (batch, T, gm.HV))
     check_shape("beta", beta, (batch, T, gm.HV))
     check_shape("out", out, (batch, T, gm.HV, gm.V))
     for name, t in (("q", q), ("k", k), ("v", v)):

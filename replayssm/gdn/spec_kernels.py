@@ -16,6 +16,16 @@ from anc[row, s], an int32 bit set per node (bit c: node c is an ancestor of s o
 Restricted to one root-to-leaf path it is the chain system; node s's (U_s, k_s, g_s) go to ring row
 (origin + h + s) & (R - 1), where a chain's window token s goes. With IS_TREE off the chain compiles without
 the bit-set load (anc_ptr is None there).
+Kimi Delta Attention (replayssm.kda) runs the same kernels with PER_CHANNEL set: g is a K-vector per value head
+(window g [batch, T, HV, K], ring g [slots, HV, R, K]), so every decay becomes a row over the key columns:
+    S_h   = S0 diag(exp(G_tot)) + u_hist^T @ (w * k_hist)   w[j, c] = exp(G_tot[c] - G_pre_j[c]), per K tile
+    G_r   = sum of g over the path of row r's token, a [BKT] row per K tile (a chain: the prefix sum)
+    HW[r] = S_h (exp(G_r) * w_r)                               the readouts, decayed on the key side
+    WW[r, c] = sum_d w_r[d] k_c[d] exp(G_r[d] - G_c[d])        formed pairwise per K tile (one [TW, BKT]
+               product per window token c; exp of a difference clamped at 0, never exp(G_r) exp(-G_c), which
+               overflows fp32 once a channel's window decay passes e^88)
+    A = beta_s WW on the strict mask, R = beta_s (v_s - HW[s]), o = HW[q rows] + (WW on the path) @ U
+With PER_CHANNEL off every added branch is compiled out: GDN's kernels are unchanged.
 Cursors are never written by verify: commit and reset are separate tiny launches (replayssm/ring_cursors.py,
 shared with the Mamba-2 ring), so verify is race-free and every launch is CUDA-graph capturable.
 
@@ -83,7 +93,7 @@ def _spec_verify_kernel(
     scale, ring_mask,
     T: tl.constexpr, TW: tl.constexpr, BC: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BV: tl.constexpr, BKT: tl.constexpr, USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    NULL: tl.constexpr, IS_TREE: tl.constexpr,
+    NULL: tl.constexpr, IS_TREE: tl.constexpr, rg_row=1, g_h=1, PER_CHANNEL: tl.constexpr = False,
 ):
     pid_v = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -113,10 +123,20 @@ def _spec_verify_kernel(
     w_ptrs = tl.where(is_q, q_ptr + row * q_b + tok * q_t + kh * q_h, k_ptr + row * k_b + tok * k_t + kh * k_h)
     win_rows = (origin + h + tok) & ring_mask
 
-    w, decay0 = _history_weights(ring_g_ptr, slot * rg_slot + hv * rg_head, hist_rows, valid_c)
-    u_hist = tl.load(ring_u_ptr + slot * ru_slot + hv * ru_head + hist_rows[:, None] * ru_row + offs_v[None, :],
-                     mask=valid_c[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-    wu_t = tl.trans(u_hist * w[:, None])                                          # [BV, BC]
+    if PER_CHANNEL:
+        # KDA: the history weights go on the keys, per K tile (below); the u rows stay as they are
+        u_hist = tl.load(ring_u_ptr + slot * ru_slot + hv * ru_head + hist_rows[:, None] * ru_row + offs_v[None, :],
+                         mask=valid_c[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        wu_t = tl.trans(u_hist)                                                   # [BV, BC]
+        g_base = ring_g_ptr + slot * rg_slot + hv * rg_head
+        g_win_base = g_ptr + row * g_b + hv * g_h
+        if IS_TREE:
+            anc_r = tl.load(anc_ptr + row * anc_b + tok, mask=live_r, other=0)     # [TW]
+    else:
+        w, decay0 = _history_weights(ring_g_ptr, slot * rg_slot + hv * rg_head, hist_rows, valid_c)
+        u_hist = tl.load(ring_u_ptr + slot * ru_slot + hv * ru_head + hist_rows[:, None] * ru_row + offs_v[None, :],
+                         mask=valid_c[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        wu_t = tl.trans(u_hist * w[:, None])                                      # [BV, BC]
 
     # q rows carry the scale; in-kernel L2 norm needs the whole K axis: a first pass over the window rows.
     mult = tl.where(is_q, scale, 1.0)
@@ -136,10 +156,19 @@ def _spec_verify_kernel(
         mask_k = offs_k < K
         s_ptrs = state_ptr + slot * s_slot + hv * s_head + offs_v[:, None] * s_v + offs_k[None, :]
         s_mask = mask_v[:, None] & mask_k[None, :]
-        S = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32) * decay0
         k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row + offs_k[None, :],
                          mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        S += tl.dot(wu_t, k_hist, input_precision=DOT_PRECISION)                    # S_h tile [BV, BKT]
+        if PER_CHANNEL:
+            g_hist = tl.load(g_base + hist_rows[:, None] * rg_row + offs_k[None, :],
+                             mask=valid_c[:, None] & mask_k[None, :], other=0.0)           # [BC, BKT]
+            G_hist = tl.cumsum(g_hist, 0)
+            G_tot = tl.sum(g_hist, 0)
+            w_k = tl.where(valid_c[:, None], tl.exp(tl.minimum(G_tot[None, :] - G_hist, 0.0)), 0.0)
+            S = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32) * tl.exp(G_tot)[None, :]
+            S += tl.dot(wu_t, k_hist * w_k, input_precision=DOT_PRECISION)           # S_h tile [BV, BKT]
+        else:
+            S = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32) * decay0
+            S += tl.dot(wu_t, k_hist, input_precision=DOT_PRECISION)                # S_h tile [BV, BKT]
         if do_fold:
             tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)
         Wt = tl.load(w_ptrs[:, None] + offs_k[None, :], mask=live_r[:, None] & mask_k[None, :],
@@ -147,50 +176,95 @@ def _spec_verify_kernel(
         if writes_k:
             tl.store(ring_k_ptr + slot * rk_slot + kh * rk_head + win_rows[:, None] * rk_row + offs_k[None, :],
                      Wt.to(ring_k_ptr.dtype.element_ty), mask=is_k[:, None] & mask_k[None, :])
-        HW += tl.dot(Wt, tl.trans(S), input_precision=DOT_PRECISION)
-        WW += tl.dot(Wt, tl.trans(Wt), input_precision=DOT_PRECISION)
+        if PER_CHANNEL:
+            # G_r of this K tile: g summed over the path of row r's token (chain: c <= tok; tree: the bit set)
+            Grow = tl.zeros([TW, BKT], dtype=tl.float32)
+            for c in tl.static_range(T):
+                g_c = tl.load(g_win_base + c * g_t + offs_k, mask=mask_k, other=0.0)              # [BKT]
+                if IS_TREE:
+                    on_c = live_r & (((anc_r >> c) & 1) != 0)
+                else:
+                    on_c = live_r & (c <= tok)
+                Grow += tl.where(on_c[:, None], g_c[None, :], 0.0)
+            if pid_v == 0:
+                g_tile = tl.load(g_win_base + offs_r[:, None] * g_t + offs_k[None, :],
+                                 mask=is_k[:, None] & mask_k[None, :], other=0.0)
+                tl.store(g_base + win_rows[:, None] * rg_row + offs_k[None, :], g_tile,
+                         mask=is_k[:, None] & mask_k[None, :])
+            HW += tl.dot(Wt * tl.exp(Grow), tl.trans(S), input_precision=DOT_PRECISION)
+            # decay-weighted dots, one key column c at a time: WW[r, c] += sum_d Wt[r, d] k_c[d] e^(G_r - G_c)[d]
+            for c in tl.static_range(T):
+                sel = (offs_r == c)[:, None]
+                k_c = tl.sum(tl.where(sel, Wt, 0.0), 0)
+                G_c = tl.sum(tl.where(sel, Grow, 0.0), 0)
+                col = tl.sum(Wt * k_c[None, :] * tl.exp(tl.minimum(Grow - G_c[None, :], 0.0)), 1)    # [TW]
+                WW += tl.where((offs_r == c)[None, :], col[:, None], 0.0)
+        else:
+            HW += tl.dot(Wt, tl.trans(S), input_precision=DOT_PRECISION)
+            WW += tl.dot(Wt, tl.trans(Wt), input_precision=DOT_PRECISION)
 
-    # Gates relative to S_h. on_path[r, c]: key row c is on the path of row r's token (the chain: c <= tok(r);
-    # a tree: bit c of anc_r, the ancestor-or-self bit set of r's node). G[r] = the sum of g over that path,
-    # Gk[c] = G of key row c, laid along the columns (a chain: the prefix sum).
-    g_k = tl.load(g_ptr + row * g_b + offs_r * g_t + hv, mask=is_k, other=0.0)
-    if IS_TREE:
-        anc_r = tl.load(anc_ptr + row * anc_b + tok, mask=live_r, other=0)                 # [TW]
-        col = tl.where(is_k, offs_r, 0)
-        on_path = is_k[None, :] & (((anc_r[:, None] >> col[None, :]) & 1) != 0)            # [TW, TW]
-        Gk = tl.sum(tl.where(tl.trans(on_path) & is_k[:, None], g_k[:, None], 0.0), 0)
+    if PER_CHANNEL:
+        # KDA: HW and WW already carry the per-channel decays (the K loop), so no gate factors remain here
+        if IS_TREE:
+            col = tl.where(is_k, offs_r, 0)
+            on_path = is_k[None, :] & (((anc_r[:, None] >> col[None, :]) & 1) != 0)
+            strict = on_path & is_k[:, None] & (offs_r[:, None] != offs_r[None, :])
+        else:
+            on_path = is_k[None, :] & (offs_r[None, :] <= tok[:, None])
+            strict = is_k[None, :] & (offs_r[:, None] > offs_r[None, :])
+        beta_k = tl.load(beta_ptr + row * beta_b + offs_r * beta_t + hv, mask=is_k, other=0.0)
+        v_win = tl.load(v_ptr + row * v_b + offs_r[:, None] * v_t + hv * v_h + offs_v[None, :],
+                        mask=is_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        R = beta_k[:, None] * (v_win - HW)                                        # 0 on the query rows
+        A = tl.where(strict, beta_k[:, None] * WW, 0.0)
+        U = tl.zeros([TW, BV], dtype=tl.float32)
+        for s in tl.static_range(T):
+            U = tl.where(offs_r[:, None] == s, R - tl.dot(A, U, input_precision=DOT_PRECISION), U)
+        M = tl.where(is_q[:, None] & on_path, WW, 0.0)
+        o = HW + tl.dot(M, U, input_precision=DOT_PRECISION)
     else:
-        on_path = is_k[None, :] & (offs_r[None, :] <= tok[:, None])
-        Gk = tl.cumsum(g_k, 0)
-    G = tl.sum(tl.where(on_path, g_k[None, :], 0.0), 1)
-    beta_k = tl.load(beta_ptr + row * beta_b + offs_r * beta_t + hv, mask=is_k, other=0.0)
-    eG = tl.exp(G)
-    decay = tl.exp(tl.minimum(G[:, None] - Gk[None, :], 0.0))                      # [TW, TW]
+        # Gates relative to S_h. on_path[r, c]: key row c is on the path of row r's token (the chain: c <= tok(r);
+        # a tree: bit c of anc_r, the ancestor-or-self bit set of r's node). G[r] = the sum of g over that path,
+        # Gk[c] = G of key row c, laid along the columns (a chain: the prefix sum).
+        g_k = tl.load(g_ptr + row * g_b + offs_r * g_t + hv, mask=is_k, other=0.0)
+        if IS_TREE:
+            anc_r = tl.load(anc_ptr + row * anc_b + tok, mask=live_r, other=0)                 # [TW]
+            col = tl.where(is_k, offs_r, 0)
+            on_path = is_k[None, :] & (((anc_r[:, None] >> col[None, :]) & 1) != 0)            # [TW, TW]
+            Gk = tl.sum(tl.where(tl.trans(on_path) & is_k[:, None], g_k[:, None], 0.0), 0)
+        else:
+            on_path = is_k[None, :] & (offs_r[None, :] <= tok[:, None])
+            Gk = tl.cumsum(g_k, 0)
+        G = tl.sum(tl.where(on_path, g_k[None, :], 0.0), 1)
+        beta_k = tl.load(beta_ptr + row * beta_b + offs_r * beta_t + hv, mask=is_k, other=0.0)
+        eG = tl.exp(G)
+        decay = tl.exp(tl.minimum(G[:, None] - Gk[None, :], 0.0))                      # [TW, TW]
 
-    # Chunked delta rule over the window: (I + A) U = R, A strictly lower triangular on the key rows (a tree
-    # keeps only strict ancestors, which come first in topological order: still lower triangular).
-    v_win = tl.load(v_ptr + row * v_b + offs_r[:, None] * v_t + hv * v_h + offs_v[None, :],
-                    mask=is_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-    R = beta_k[:, None] * (v_win - eG[:, None] * HW)                              # 0 on the query rows
-    if IS_TREE:
-        strict = on_path & is_k[:, None] & (offs_r[:, None] != offs_r[None, :])
-    else:
-        strict = is_k[None, :] & (offs_r[:, None] > offs_r[None, :])
-    A = tl.where(strict, beta_k[:, None] * decay * WW, 0.0)
-    # Forward substitution, one row per step: row s of R - A U only reads the finished rows < s of U.
-    U = tl.zeros([TW, BV], dtype=tl.float32)
-    for s in tl.static_range(T):
-        U = tl.where(offs_r[:, None] == s, R - tl.dot(A, U, input_precision=DOT_PRECISION), U)
-    # o_s = exp(G_s) S_h q_s + sum over c on s's path of exp(G_s - G_c) (k_c . q_s) U_c, on the query rows.
-    M = tl.where(is_q[:, None] & on_path, decay * WW, 0.0)
-    o = eG[:, None] * HW + tl.dot(M, U, input_precision=DOT_PRECISION)
+        # Chunked delta rule over the window: (I + A) U = R, A strictly lower triangular on the key rows (a tree
+        # keeps only strict ancestors, which come first in topological order: still lower triangular).
+        v_win = tl.load(v_ptr + row * v_b + offs_r[:, None] * v_t + hv * v_h + offs_v[None, :],
+                        mask=is_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        R = beta_k[:, None] * (v_win - eG[:, None] * HW)                              # 0 on the query rows
+        if IS_TREE:
+            strict = on_path & is_k[:, None] & (offs_r[:, None] != offs_r[None, :])
+        else:
+            strict = is_k[None, :] & (offs_r[:, None] > offs_r[None, :])
+        A = tl.where(strict, beta_k[:, None] * decay * WW, 0.0)
+        # Forward substitution, one row per step: row s of R - A U only reads the finished rows < s of U.
+        U = tl.zeros([TW, BV], dtype=tl.float32)
+        for s in tl.static_range(T):
+            U = tl.where(offs_r[:, None] == s, R - tl.dot(A, U, input_precision=DOT_PRECISION), U)
+        # o_s = exp(G_s) S_h q_s + sum over c on s's path of exp(G_s - G_c) (k_c . q_s) U_c, on the query rows.
+        M = tl.where(is_q[:, None] & on_path, decay * WW, 0.0)
+        o = eG[:, None] * HW + tl.dot(M, U, input_precision=DOT_PRECISION)
 
     tl.store(out_ptr + row * o_b + tok[:, None] * o_t + hv * o_h + offs_v[None, :],
              o.to(out_ptr.dtype.element_ty), mask=is_q[:, None] & mask_v[None, :])
     tl.store(ring_u_ptr + slot * ru_slot + hv * ru_head + win_rows[:, None] * ru_row + offs_v[None, :],
              U.to(ring_u_ptr.dtype.element_ty), mask=is_k[:, None] & mask_v[None, :])
-    if pid_v == 0:
-        tl.store(ring_g_ptr + slot * rg_slot + hv * rg_head + win_rows, g_k, mask=is_k)
+    if not PER_CHANNEL:
+        if pid_v == 0:
+            tl.store(ring_g_ptr + slot * rg_slot + hv * rg_head + win_rows, g_k, mask=is_k)
 
 
 @triton.jit
@@ -203,7 +277,7 @@ def _materialize_kernel(
     out_ptr, o_b, o_h, o_v,
     ring_mask,
     BC: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    BKT: tl.constexpr, DOT_PRECISION: tl.constexpr, NULL: tl.constexpr,
+    BKT: tl.constexpr, DOT_PRECISION: tl.constexpr, NULL: tl.constexpr, rg_row=1, PER_CHANNEL: tl.constexpr = False,
 ):
     pid_v = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -220,19 +294,33 @@ def _materialize_kernel(
     offs_c = tl.arange(0, BC)
     valid_c = offs_c < h
     hist_rows = (origin + offs_c) & ring_mask
-    w, decay0 = _history_weights(ring_g_ptr, slot * rg_slot + hv * rg_head, hist_rows, valid_c)
-    u_hist = tl.load(ring_u_ptr + slot * ru_slot + hv * ru_head + hist_rows[:, None] * ru_row + offs_v[None, :],
-                     mask=valid_c[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-    wu_t = tl.trans(u_hist * w[:, None])
+    if PER_CHANNEL:
+        u_hist = tl.load(ring_u_ptr + slot * ru_slot + hv * ru_head + hist_rows[:, None] * ru_row + offs_v[None, :],
+                         mask=valid_c[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        wu_t = tl.trans(u_hist)
+    else:
+        w, decay0 = _history_weights(ring_g_ptr, slot * rg_slot + hv * rg_head, hist_rows, valid_c)
+        u_hist = tl.load(ring_u_ptr + slot * ru_slot + hv * ru_head + hist_rows[:, None] * ru_row + offs_v[None, :],
+                         mask=valid_c[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        wu_t = tl.trans(u_hist * w[:, None])
     for k0 in range(0, K, BKT):
         offs_k = k0 + tl.arange(0, BKT)
         mask_k = offs_k < K
         s_mask = mask_v[:, None] & mask_k[None, :]
-        S = tl.load(state_ptr + slot * s_slot + hv * s_head + offs_v[:, None] * s_v + offs_k[None, :],
-                    mask=s_mask, other=0.0).to(tl.float32) * decay0
         k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row + offs_k[None, :],
                          mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        S += tl.dot(wu_t, k_hist, input_precision=DOT_PRECISION)
+        if PER_CHANNEL:
+            g_hist = tl.load(ring_g_ptr + slot * rg_slot + hv * rg_head + hist_rows[:, None] * rg_row + offs_k[None, :],
+                             mask=valid_c[:, None] & mask_k[None, :], other=0.0)
+            G_tot = tl.sum(g_hist, 0)
+            w_k = tl.where(valid_c[:, None], tl.exp(tl.minimum(G_tot[None, :] - tl.cumsum(g_hist, 0), 0.0)), 0.0)
+            S = tl.load(state_ptr + slot * s_slot + hv * s_head + offs_v[:, None] * s_v + offs_k[None, :],
+                        mask=s_mask, other=0.0).to(tl.float32) * tl.exp(G_tot)[None, :]
+            S += tl.dot(wu_t, k_hist * w_k, input_precision=DOT_PRECISION)
+        else:
+            S = tl.load(state_ptr + slot * s_slot + hv * s_head + offs_v[:, None] * s_v + offs_k[None, :],
+                        mask=s_mask, other=0.0).to(tl.float32) * decay0
+            S += tl.dot(wu_t, k_hist, input_precision=DOT_PRECISION)
         tl.store(out_ptr + row * o_b + hv * o_h + offs_v[:, None] * o_v + offs_k[None, :], S, mask=s_mask)
 
 
@@ -243,9 +331,11 @@ def _ring_args(ring) -> tuple:
             ring.g, ring.g.stride(0), ring.g.stride(1))
 
 
-def verify_triton(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slots, out, parents=None):
+def verify_triton(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slots, out, parents=None,
+                  per_channel: bool = False):
     """Launch the verify kernel: the chain window, or with `parents` int32 [batch, N] a draft tree of
-    N = ring.window <= MAX_NODES nodes (IS_TREE; one int32 ancestor bit set per node)."""
+    N = ring.window <= MAX_NODES nodes (IS_TREE; one int32 ancestor bit set per node). per_channel: a KDA ring
+    (replayssm.kda), g [batch, T, HV, K]; GDN passes nothing and launches exactly what it did before."""
     gm, batch = ring.geometry, q.shape[0]
     is_tree = parents is not None
     if is_tree and ring.window > MAX_NODES:
@@ -266,11 +356,12 @@ def verify_triton(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slo
         T=ring.window, TW=cfg["TW"], BC=cfg["BC"], GROUP=gm.value_heads_per_key_head, K=gm.K, V=gm.V,
         BV=cfg["BV"], BKT=cfg["BKT"], USE_L2NORM=bool(use_qk_l2norm), DOT_PRECISION=cfg["DOT_PRECISION"],
         NULL=NULL_SLOT, IS_TREE=is_tree, num_warps=cfg["num_warps"],
+        **(dict(rg_row=ring.g.stride(2), g_h=g.stride(2), PER_CHANNEL=True) if per_channel else {}),
     )
     return out
 
 
-def materialize_triton(ring, slots, out):
+def materialize_triton(ring, slots, out, per_channel: bool = False):
     gm, batch = ring.geometry, slots.shape[0]
     cfg = launch_config(gm, ring.history_len, ring.window, slots.device)
     grid = (triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)
@@ -281,5 +372,6 @@ def materialize_triton(ring, slots, out):
         ring.ring_len - 1,
         BC=cfg["BC"], GROUP=gm.value_heads_per_key_head, K=gm.K, V=gm.V, BV=cfg["BV"], BKT=cfg["BKT"],
         DOT_PRECISION=cfg["DOT_PRECISION"], NULL=NULL_SLOT, num_warps=cfg["num_warps"],
+        **(dict(rg_row=ring.g.stride(2), PER_CHANNEL=True) if per_channel else {}),
     )
     return out

@@ -13,6 +13,9 @@ Per live row (slot != NULL_SLOT), value head hv, key head kh = hv // (HV // H), 
           R_s = beta_s (v_s - exp(G_s) S_h k_s); U = (I + A)^-1 R (forward substitution);
           o_s = exp(G_s) S_h q_s + sum_{s' <= s} exp(G_s - G_s') (k_s' . q_s) U_s'
     append (U_s, k_s, g_s) at ring rows (o + h + s) & (ring_len - 1)
+Shared with Kimi Delta Attention (replayssm.kda): a ring whose g holds a decay per key channel
+([num_slots, HV, ring_len, K]) runs the same loops with G_s a [K] row: exp(G_s) S_h k_s becomes
+S_h (exp(G_s) * k_s), exp(G_s - G_s') (k_s . k_s') becomes sum_c exp(G_s[c] - G_s'[c]) k_s[c] k_s'[c].
 A draft tree (parents given, replayssm.gdn.tree) walks the delta rule along each node's path instead, with
 S_parent(0) = S_h: u_s = beta_s (v_s - exp(g_s) S_parent(s) k_s), S_s = exp(g_s) S_parent(s) + u_s k_s^T,
 o_s = S_s q_s; u_s is stored where U_s goes. No triangular system, no mask: an independent check of the
@@ -20,8 +23,6 @@ ancestor-restricted solve of the other backends.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -39,7 +40,8 @@ def _history_state(ring: SpecRing, slot: int, hv: int) -> torch.Tensor:
         row = (origin + j) & mask
         u_j = ring.u[slot, hv, row].double()
         k_j = ring.k[slot, kh, row].double()
-        S = math.exp(float(ring.g[slot, hv, row])) * S + torch.outer(u_j, k_j)
+        # exp(g_j): a scalar (GDN) or a [K] row that decays the state's key columns (KDA): both broadcast
+        S = torch.exp(ring.g[slot, hv, row].double()) * S + torch.outer(u_j, k_j)
     return S
 
 
@@ -50,24 +52,25 @@ def _prepare(t: torch.Tensor, use_qk_l2norm: bool) -> torch.Tensor:
 def _chain_window(S_h: torch.Tensor, ks: torch.Tensor, qs: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                   beta: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """One head's window from S_h [V, K] by the chunked delta rule: ks, qs [T, K] float64 (q scaled), v [T, V],
-    g, beta [T] as given. Returns (o_s, U_s) per token, float64 [V] each."""
+    beta [T], g [T] (GDN) or [T, K] (KDA: a decay per key channel; every exp(G) below is then a [K] row that
+    weights the key channels of the dot it sits in). Returns (o_s, U_s) per token, float64 [V] each."""
     T = ks.shape[0]
-    G = torch.cumsum(g.double(), 0)                         # [T] decay from S_h to token s
+    G = torch.cumsum(g.double(), 0)                         # [T] or [T, K]: decay from S_h to token s
     b = beta.double()
-    R = [b[s] * (v[s].double() - torch.exp(G[s]) * (S_h @ ks[s])) for s in range(T)]
+    R = [b[s] * (v[s].double() - S_h @ (torch.exp(G[s]) * ks[s])) for s in range(T)]
     # U = (I + A)^-1 R by forward substitution: U_s = R_s - sum_{s' < s} A[s, s'] U_s'.
     U = []
     for s in range(T):
         u_s = R[s].clone()
         for sp in range(s):
-            a = b[s] * torch.exp(torch.clamp(G[s] - G[sp], max=0.0)) * torch.dot(ks[s], ks[sp])
+            a = b[s] * torch.dot(torch.exp(torch.clamp(G[s] - G[sp], max=0.0)) * ks[s], ks[sp])
             u_s = u_s - a * U[sp]
         U.append(u_s)
     o = []
     for s in range(T):
-        o_s = torch.exp(G[s]) * (S_h @ qs[s])
+        o_s = S_h @ (torch.exp(G[s]) * qs[s])
         for sp in range(s + 1):
-            o_s = o_s + torch.exp(torch.clamp(G[s] - G[sp], max=0.0)) * torch.dot(ks[sp], qs[s]) * U[sp]
+            o_s = o_s + torch.dot(torch.exp(torch.clamp(G[s] - G[sp], max=0.0)) * ks[sp], qs[s]) * U[sp]
         o.append(o_s)
     return o, U
 
@@ -81,9 +84,9 @@ def _tree_window(S_h: torch.Tensor, ks: torch.Tensor, qs: torch.Tensor, v: torch
     o, U = [], []
     for s in range(ks.shape[0]):
         prev = S_h if par[s] < 0 else node_state[par[s]]
-        decay = math.exp(float(g[s]))
-        u = float(beta[s]) * (v[s].double() - decay * (prev @ ks[s]))
-        S = decay * prev + torch.outer(u, ks[s])
+        decayed = torch.exp(g[s].double()) * prev          # a scalar (GDN) or a [K] row over the key columns (KDA)
+        u = float(beta[s]) * (v[s].double() - decayed @ ks[s])
+        S = decayed + torch.outer(u, ks[s])
         node_state.append(S)
         o.append(S @ qs[s])
         U.append(u)

@@ -1,0 +1,176 @@
+"""ReplaySSM speculative decoding for Kimi Delta Attention: verify (+ early flush), commit, reset, materialise.
+
+The GDN ring protocol (replayssm/gdn/ring.py, replayssm/ring_cursors.py) on a kda.SpecRing whose g entries are
+K-vectors. Backends: "triton" (GDN's verify kernel with PER_CHANNEL set, replayssm/gdn/spec_kernels.py),
+"torch" (spec_torch.py, the module docstring has the window math), "ref" (GDN's float64 oracle,
+replayssm/gdn/spec_ref.py, which takes either decay shape). "cpu" raises ValueError (no C kernel for KDA).
+
+    o = spec_verify(ring, q, k, v, g, beta)     # o [batch, T, HV, V]: every window token from one S_h
+    spec_commit(ring, num_accepted)             # num_accepted [batch] in 1..T (bonus token included)
+
+Input shapes: q, k [batch, T, H, K] and v [batch, T, HV, V] in the ring's activation dtype; g [batch, T, HV, K]
+and beta [batch, T, HV] fp32; scale defaults to K ** -0.5. Value head hv reads key head hv // (HV // H).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm import ring_cursors
+from replayssm.checks import check_backend, check_slots
+from replayssm.gdn import spec_kernels, spec_ref
+from replayssm.gdn.spec import check_window
+from replayssm.kda import spec_torch
+from replayssm.kda.cache import SpecRing
+from replayssm.kda.decode import check_kda_backend
+
+__all__ = ["SpecRing", "spec_verify", "spec_commit", "spec_reset", "spec_materialize", "check_kda_window"]
+
+
+def check_kda_window(ring: SpecRing, q, k, v, g, beta, out, scale, backend: str) -> tuple[int, float]:
+    """GDN's window check with g [batch, T, HV, K]; backend='cpu' refused first. Returns (batch, scale)."""
+    check_kda_backend(backend)
+    return check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend,
+                        per_channel_g=True)
+
+
+def _check_ring(ring) -> None:
+    if not isinstance(ring, SpecRing):
+        raise ValueError(f"expected a replayssm.kda.SpecRing, got {type(ring).__name__}")
+
+
+def _check_cache_device(ring: SpecRing, t: torch.Tensor) -> None:
+    if t.device != ring.device:
+        raise ValueError(f"inputs on {t.device}, ring on {ring.device}")
+
+
+def spec_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False,
+                slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                backend: str = "triton") -> torch.Tensor:
+    """Outputs of all T window tokens from the committed state; the window is appended to the ring.
+
+    Rows whose slot has is_flush set first fold their committed history into the checkpoint. Cursors do not
+    move: call spec_commit with the accepted counts before the next verify.
+
+    Args:
+        ring: the layer's kda.SpecRing (window T).
+        q, k: [batch, T, H, K] in ring.act_dtype, unit stride on the last dim.
+        v: [batch, T, HV, V] in ring.act_dtype.
+        g: [batch, T, HV, K] float32, the per-key-channel log decay (unit stride on K).
+        beta: [batch, T, HV] float32.
+        scale: the query scale; None means K ** -0.5.
+        use_qk_l2norm: L2-normalise q and k in the kernel.
+        slots: int32 [batch] (default arange(batch)); NULL_SLOT (-1) rows are skipped.
+        out: optional [batch, T, HV, V] output in ring.act_dtype.
+        backend: "triton" (default), "torch" or "ref" ("cpu" raises ValueError).
+
+    Returns:
+        o [batch, T, HV, V] in ring.act_dtype (`out` when given).
+
+    Raises:
+        ValueError: a bad shape, dtype, device, slot or backend, or T != ring.window, before anything is written.
+
+    Example:
+        >>> from replayssm.geometry import KDAGeometry
+        >>> from replayssm.kda import SpecRing, spec_verify
+        >>> from replayssm.kda.inputs import random_step
+        >>> geom = KDAGeometry(H=2, HV=4, K=16, V=16)
+        >>> ring = SpecRing.allocate(geom, num_slots=3, history_len=8, window=4)
+        >>> win = random_step(geom, batch=2, window=4)
+        >>> o = spec_verify(ring, win["q"], win["k"], win["v"], win["g"], win["beta"], backend="torch")
+        >>> tuple(o.shape)
+        (2, 4, 4, 16)
+    """
+    _check_ring(ring)
+    batch, scale = check_kda_window(ring, q, k, v, g, beta, out, scale, backend)
+    _check_cache_device(ring, q)
+    check_backend(backend, ring.state)
+    slots = check_slots(slots, batch, ring.num_slots, ring.device, ring.null_slot)
+    if out is None:
+        gm = ring.geometry
+        out = torch.empty(batch, ring.window, gm.HV, gm.V, dtype=ring.act_dtype, device=ring.device)
+    if batch == 0:
+        return out
+    if backend == "triton":
+        return spec_kernels.verify_triton(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out,
+                                          per_channel=True)
+    impl = {"torch": spec_torch.verify_torch, "ref": spec_ref.verify_ref}[backend]
+    return impl(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out)
+
+
+def spec_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
+                backend: str = "triton") -> None:
+    """Advance each row's cursors by its accepted count (GDN's rule, replayssm/ring_cursors.py).
+
+    Args:
+        ring: the layer's kda.SpecRing, right after spec_verify.
+        num_accepted: int [batch] in 1..T (the bonus token included); not checked on NULL_SLOT rows.
+        slots: int32 [batch] (default arange(batch)); NULL_SLOT rows are skipped.
+        backend: "triton" (default), "torch" or "ref" ("cpu" raises ValueError).
+
+    Example:
+        >>> import torch
+        >>> from replayssm.geometry import KDAGeometry
+        >>> from replayssm.kda import SpecRing, spec_commit, spec_verify
+        >>> from replayssm.kda.inputs import random_step
+        >>> geom = KDAGeometry(H=2, HV=4, K=16, V=16)
+        >>> ring = SpecRing.allocate(geom, num_slots=3, history_len=8, window=4)
+        >>> win = random_step(geom, batch=2, window=4)
+        >>> _ = spec_verify(ring, win["q"], win["k"], win["v"], win["g"], win["beta"], backend="torch")
+        >>> spec_commit(ring, torch.tensor([3, 1], dtype=torch.int32), backend="torch")
+        >>> ring.write_pos.tolist()
+        [3, 1, 0]
+    """
+    _check_ring(ring)
+    check_kda_backend(backend)
+    ring_cursors.commit(ring, num_accepted, slots, backend)
+
+
+def spec_reset(ring: SpecRing, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
+    """Start new requests: empty history, origin 0, no pending flush (the prefill state is already in ring.state).
+
+    Example:
+        >>> import torch
+        >>> from replayssm.geometry import KDAGeometry
+        >>> from replayssm.kda import SpecRing, spec_reset
+        >>> ring = SpecRing.allocate(KDAGeometry(H=2, HV=4, K=16, V=16), num_slots=3, history_len=8, window=4)
+        >>> spec_reset(ring, torch.tensor([1], dtype=torch.int32), backend="torch")
+        >>> ring.write_pos.tolist()
+        [0, 0, 0]
+    """
+    _check_ring(ring)
+    check_kda_backend(backend)
+    ring_cursors.reset(ring, slots, backend)
+
+
+def spec_materialize(ring: SpecRing, slots: torch.Tensor | None = None, backend: str = "triton") -> torch.Tensor:
+    """The committed state of each row (checkpoint + write_pos ring entries replayed); nothing is written.
+
+    Returns:
+        state [batch, HV, V, K] float32; NULL_SLOT rows are NaN (as the GDN and Mamba-2 rings).
+
+    Example:
+        >>> from replayssm.geometry import KDAGeometry
+        >>> from replayssm.kda import SpecRing, spec_materialize
+        >>> ring = SpecRing.allocate(KDAGeometry(H=2, HV=4, K=16, V=16), num_slots=3, history_len=8, window=4)
+        >>> tuple(spec_materialize(ring, backend="torch").shape)
+        (3, 4, 16, 16)
+    """
+    _check_ring(ring)
+    check_kda_backend(backend, ring.state)
+    if slots is None:
+        slots = torch.arange(ring.num_slots, dtype=torch.int32, device=ring.device)
+    if not isinstance(slots, torch.Tensor) or slots.dim() != 1:
+        raise ValueError("slots must be a 1-D integer tensor")
+    slots = check_slots(slots, slots.shape[0], ring.num_slots, ring.device, ring.null_slot)
+    if backend == "triton" and ring.geometry.K > spec_kernels.MAX_K:
+        raise ValueError(f"K={ring.geometry.K} > {spec_kernels.MAX_K}: the Triton kernels cannot tile it")
+    gm = ring.geometry
+    out = torch.full((slots.shape[0], gm.HV, gm.V, gm.K), float("nan"), dtype=torch.float32, device=ring.device)
+    if slots.numel() == 0:
+        return out
+    if backend == "triton":
+        return spec_kernels.materialize_triton(ring, slots, out, per_channel=True)
+    impl = {"torch": spec_torch.materialize_torch, "ref": spec_ref.materialize_ref}[backend]
+    return impl(ring, slots, out)

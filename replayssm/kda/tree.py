@@ -1,0 +1,101 @@
+"""Tree speculation for Kimi Delta Attention on the ReplaySSM ring (GDN's, replayssm/gdn/tree.py, with
+per-key-channel decays).
+
+    o = tree_verify(ring, q, k, v, g, beta, parents=parents)    # o [batch, N, HV, V]
+    tree_commit(ring, path, num_accepted)                        # the accepted branch, 1..depth nodes
+Node s's output depends on S_h and the inputs on its root-to-node path only: the window system of
+replayssm.kda.spec_torch restricted to ancestors, with G_s the per-channel sum of g over s's path. The commit
+moves the accepted nodes' (u, k, g) into chain order (replayssm/tree_ring.py), never a state.
+Backends: "triton" (the verify kernel with IS_TREE and PER_CHANNEL), "torch", "ref" (float64 path recurrence);
+"cpu" raises ValueError.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm import tree_ring
+from replayssm.checks import check_backend, check_slots
+from replayssm.gdn import spec_ref
+from replayssm.kda import spec_torch
+from replayssm.kda.cache import SpecRing
+from replayssm.kda.decode import check_kda_backend
+from replayssm.kda.spec import _check_cache_device, _check_ring, check_kda_window
+
+RING_FIELDS = ("u", "k", "g")
+
+
+def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False, *,
+                parents: torch.Tensor, slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                backend: str = "triton") -> torch.Tensor:
+    """Outputs of every node of a draft tree from the committed state; the N nodes go into the ring.
+
+    Args: as replayssm.gdn.tree_verify, with g [batch, N, HV, K] float32 (per key channel).
+        parents: int32 [batch, N] or [N]: parents[0] = -1, parents[s] < s.
+        backend: "triton" (default, N <= 32), "torch" or "ref" ("cpu" raises ValueError).
+
+    Returns:
+        o [batch, N, HV, V] in ring.act_dtype.
+
+    Example:
+        >>> import torch
+        >>> from replayssm.geometry import KDAGeometry
+        >>> from replayssm.kda import SpecRing, tree_verify
+        >>> from replayssm.kda.inputs import random_step
+        >>> geom = KDAGeometry(H=2, HV=4, K=16, V=16)
+        >>> ring = SpecRing.allocate(geom, num_slots=2, history_len=8, window=3)
+        >>> win = random_step(geom, batch=2, window=3)
+        >>> o = tree_verify(ring, win["q"], win["k"], win["v"], win["g"], win["beta"],
+        ...                 parents=torch.tensor([-1, 0, 0], dtype=torch.int32), backend="torch")
+        >>> tuple(o.shape)
+        (2, 3, 4, 16)
+    """
+    _check_ring(ring)
+    batch, scale = check_kda_window(ring, q, k, v, g, beta, out, scale, backend)
+    _check_cache_device(ring, q)
+    check_backend(backend, ring.state)
+    slots = check_slots(slots, batch, ring.num_slots, ring.device, ring.null_slot)
+    parents = tree_ring.check_parents(parents, batch, ring.window, ring.device, slots != ring.null_slot)
+    if out is None:
+        gm = ring.geometry
+        out = torch.empty(batch, ring.window, gm.HV, gm.V, dtype=ring.act_dtype, device=ring.device)
+    setattr(ring, tree_ring.PARENTS_ATTR, parents)
+    if batch == 0:
+        return out
+    if backend == "ref":
+        return spec_ref.verify_ref(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out, parents)
+    if backend == "torch":
+        return spec_torch.verify_torch(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out, parents)
+    from replayssm.gdn.spec_kernels import verify_triton
+
+    return verify_triton(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out, parents=parents,
+                         per_channel=True)
+
+
+def tree_commit(ring: SpecRing, path: torch.Tensor, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
+                backend: str = "triton", *, parents: torch.Tensor | None = None) -> None:
+    """Keep the accepted branch of each row's tree and advance the cursors; no state is written.
+
+    Moves the ring entries (u, k, g) of node path[i] to logical position h + i (g moves its whole K row),
+    then advances the cursors with the tree flush rule (replayssm/tree_ring.py).
+
+    Example:
+        >>> import torch
+        >>> from replayssm.geometry import KDAGeometry
+        >>> from replayssm.kda import SpecRing, tree_commit, tree_verify
+        >>> from replayssm.kda.inputs import random_step
+        >>> geom = KDAGeometry(H=2, HV=4, K=16, V=16)
+        >>> ring = SpecRing.allocate(geom, num_slots=2, history_len=8, window=3)
+        >>> win = random_step(geom, batch=2, window=3)
+        >>> _ = tree_verify(ring, win["q"], win["k"], win["v"], win["g"], win["beta"],
+        ...                 parents=torch.tensor([-1, 0, 0], dtype=torch.int32), backend="torch")
+        >>> tree_commit(ring, torch.tensor([[0, 2], [0, 1]], dtype=torch.int32),
+        ...             torch.tensor([2, 1], dtype=torch.int32), backend="torch")
+        >>> ring.write_pos.tolist()
+        [2, 1]
+    """
+    _check_ring(ring)
+    check_kda_backend(backend)
+    path, num_accepted, slots = tree_ring.check_tree_commit(ring, path, num_accepted, slots, backend, parents)
+    tree_ring.commit(ring, RING_FIELDS, path, num_accepted, slots, backend)
