@@ -10,10 +10,11 @@ A *series* is one method x state dtype (x buffer length / window) run over a gro
 
 Workloads:
     realistic    replayssm/<family>/inputs.py as is (Mamba-2 decay exp(A dt) in about [0.2, 1); GDN
-                 exp(g) in [0.5, 0.999]).
+                 exp(g) in [0.5, 0.999]; KDA per key channel in about [0.1, 0.999]).
     long_memory  the same draws with the decay pushed towards 1, where rounding accumulates most:
                  Mamba-2 |A| in [0.05, 0.5] and dt0 = softplus(dt_bias) in [1e-3, 1e-2] (A dt' ~ 5e-5..5e-3,
-                 a memory of 200..20,000 tokens); GDN g in [-1e-2, -1e-4] (exp(g) in [0.99, 0.9999]).
+                 a memory of 200..20,000 tokens); GDN g in [-1e-2, -1e-4] (exp(g) in [0.99, 0.9999]), KDA
+                 the same per key channel.
                  The input process stays stationary; only its memory is long.
 The initial (prefill-like) state is drawn once per group and rounded to bf16, so it is exactly
 representable in every state dtype: every error measured is made by the decode itself.
@@ -33,7 +34,7 @@ from experiments.harness.methods import REGISTRY
 from experiments.harness.points import ModelSpec, Point
 from experiments.harness.sweeps import ACCURACY_WORKLOADS
 from experiments.harness.workload import Workload
-from replayssm.geometry import GDNGeometry, Mamba2Geometry
+from replayssm.geometry import Mamba2Geometry
 
 WORKLOADS = ACCURACY_WORKLOADS    # the sweep schema's vocabulary (experiments/harness/sweeps.py)
 
@@ -50,6 +51,9 @@ def _replay_state(cache, family, backend, A):
     if family == "mamba2":
         from replayssm.mamba2.decode import materialize
         return materialize(cache, backend=backend, A=A)
+    if family == "kda":
+        from replayssm.kda.decode import materialize as kda_materialize
+        return kda_materialize(cache, backend=backend)
     from replayssm.gdn.decode import materialize
     return materialize(cache, backend=backend)
 
@@ -67,6 +71,9 @@ def _ring_state(cache, family, backend, A):
     if family == "mamba2":
         from replayssm.mamba2.spec import spec_materialize
         return spec_materialize(cache, backend=backend, A=A)
+    if family == "kda":
+        from replayssm.kda.spec import spec_materialize as kda_spec_materialize
+        return kda_spec_materialize(cache, backend=backend)
     from replayssm.gdn.spec import spec_materialize
     return spec_materialize(cache, backend=backend)
 
@@ -98,15 +105,15 @@ METHODS: dict[str, AccuracyMethod] = {
 # -------------------------------------------------------------------------------------------- geometry
 
 def few_heads(spec: ModelSpec, heads: int) -> ModelSpec:
-    """The model with `heads` value heads (Mamba-2 nheads / GDN HV) of its real headdim/dstate or K/V.
-    Mamba-2 keeps one group; GDN keeps the model's HV/H ratio when `heads` allows it, else one key head."""
+    """The model with `heads` value heads (Mamba-2 nheads / GDN, KDA HV) of its real headdim/dstate or K/V.
+    Mamba-2 keeps one group; GDN / KDA keep the model's HV/H ratio when `heads` allows it, else one key head."""
     g = spec.geometry
     if isinstance(g, Mamba2Geometry):
         geo = Mamba2Geometry(nheads=heads, headdim=g.headdim, dstate=g.dstate, ngroups=1)
     else:
         ratio = g.HV // g.H
         H = heads // ratio if heads >= ratio else 1
-        geo = GDNGeometry(H=H, HV=H * ratio if heads >= ratio else heads, K=g.K, V=g.V)
+        geo = type(g)(H=H, HV=H * ratio if heads >= ratio else heads, K=g.K, V=g.V)   # GDN or KDA geometry
     return replace(spec, geometry=geo)
 
 
@@ -141,9 +148,10 @@ def make_workload(spec: ModelSpec, point: Point, workload: str, generator: torch
 
 
 def draw(wl: Workload, workload: str, rows: int, window: int | None = None) -> dict:
-    """One step (or window) of inputs; GDN long memory redraws the log decay g close to 0."""
+    """One step (or window) of inputs; GDN / KDA long memory redraws the log decay g (per head / per key channel)
+    close to 0."""
     inp = wl.inputs(rows, window=window)
-    if workload == "long_memory" and wl.family == "gdn":
+    if workload == "long_memory" and wl.family in ("gdn", "kda"):
         g = -torch.exp(torch.empty(inp["g"].shape).uniform_(math.log(1e-4), math.log(1e-2), generator=wl.generator))
         inp["g"] = g.to(device=wl.device, dtype=torch.float32)
     return inp

@@ -4,7 +4,7 @@
     python -m experiments.kernel_tree sweep=tree_cpu 'sweep.batch=[8,32]' 'sweep.acceptance=[0.6,0.8]'
     python -m experiments.kernel_tree sweep.backend=torch  # the ring methods on the vectorised PyTorch form
 
-Methods: replay_tree (replayssm.{mamba2,gdn}.tree_verify / tree_commit on the ring), replay_chain (the
+Methods: replay_tree (replayssm.{mamba2,gdn,kda}.tree_verify / tree_commit on the ring), replay_chain (the
 chain API spec_verify / spec_commit, on the chain shapes only: the control), native_tree (one state snapshot
 per node, baselines/native_tree_spec.py), commit_replay_tree (a frozen state, the accepted branch replayed at
 commit) and stree (STree's activation replay: the ring flushing every step), baselines/commit_replay_tree.py.
@@ -12,7 +12,10 @@ sweep.backend (torch or cpu) is what the ring methods (replay_tree, replay_chain
 fused C/OpenMP kernels (replayssm/cpu), as the CPU sweeps of the other experiments. The two baselines have no
 CPU kernels and always run on torch; every row says the backend it ran, and a ratio never pairs two backends
 (as scripts/report/aggregate.py keys its pairings on backend): under backend=cpu the ring's ratio to the native tree
-is left empty. sweep=tree_cpu therefore keeps torch, the like-for-like comparison with the baselines.
+is left empty. sweep=tree_cpu therefore keeps torch, the like-for-like comparison with the baselines. KDA has
+no C kernels: its ring methods run on torch under backend=cpu (rows say so); a baseline or byte model a family
+lacks (baselines/<tree module>.<family>_tree_verify, replayssm.traffic.tree_traffic) gives a skipped row or an
+empty bytes column, never an error.
 
 Acceptance is per node: at each depth the children of the last accepted node are tried in order, each
 accepted with probability p, and the branch follows the first accepted child (a step always commits node 0,
@@ -106,14 +109,31 @@ def _windows(spec, batch: int, N: int, steps: int, gen: torch.Generator) -> list
     if spec.family == "mamba2":
         from replayssm.mamba2.inputs import random_step
         return [random_step(spec.geometry, batch, window=N, with_z=spec.has_z, generator=gen) for _ in range(steps)]
-    from replayssm.gdn.inputs import random_step
+    if spec.family == "gdn":
+        from replayssm.gdn.inputs import random_step
+    else:
+        from replayssm.kda.inputs import random_step
     return [random_step(spec.geometry, batch, window=N, use_qk_l2norm=spec.use_qk_l2norm, generator=gen)
             for _ in range(steps)]
 
 
-def method_backend(method: str, backend: str) -> str:
-    """The backend a method runs on: sweep.backend for the ring methods, torch for the baselines."""
+def method_backend(method: str, backend: str, family: str | None = None) -> str:
+    """The backend a method runs on: sweep.backend for the ring methods (torch for a family without C kernels),
+    torch for the baselines."""
+    if family == "kda" and backend == "cpu":
+        return "torch"
     return backend if method in RING_METHODS else "torch"
+
+
+class Unavailable(Exception):
+    """A baseline this family has no implementation of: the row is `skipped` with the reason."""
+
+
+def _baseline_verify(module, family: str):
+    fn = getattr(module, f"{family}_tree_verify", None)
+    if fn is None:
+        raise Unavailable(f"{module.__name__} has no {family}_tree_verify")
+    return fn
 
 
 def _cycle(spec, method: str, par: list[int], batch: int, history_len: int, windows, schedule, gen,
@@ -129,9 +149,13 @@ def _cycle(spec, method: str, par: list[int], batch: int, history_len: int, wind
         from replayssm.mamba2.inputs import random_params, random_state
         prm = random_params(geo, generator=gen)
         extra = dict(A=prm.A, D=prm.D, dt_bias=prm.dt_bias, dt_softplus=spec.dt_softplus)
-    else:
+    elif spec.family == "gdn":
         from replayssm import gdn as fam
         from replayssm.gdn.inputs import random_state
+        extra = dict(use_qk_l2norm=spec.use_qk_l2norm)
+    else:
+        from replayssm import kda as fam
+        from replayssm.kda.inputs import random_state
         extra = dict(use_qk_l2norm=spec.use_qk_l2norm)
     state0 = random_state(geo, batch, generator=gen)
 
@@ -143,7 +167,7 @@ def _cycle(spec, method: str, par: list[int], batch: int, history_len: int, wind
     if method == "native_tree":
         snap = nts.TreeSnapshots.allocate(geo, batch, N)
         snap.snapshots[:, 0] = state0
-        verify = nts.mamba2_tree_verify if mamba else nts.gdn_tree_verify
+        verify = _baseline_verify(nts, spec.family)
 
         def cycle():
             for w, (path, acc) in zip(windows, schedule):
@@ -153,7 +177,7 @@ def _cycle(spec, method: str, par: list[int], batch: int, history_len: int, wind
     if method == "commit_replay_tree":
         cache = crt.TreeReplayCache.allocate(geo, batch, N)
         cache.state.copy_(state0)
-        verify = crt.mamba2_tree_verify if mamba else crt.gdn_tree_verify
+        verify = _baseline_verify(crt, spec.family)
 
         def cycle():
             for w, (path, acc) in zip(windows, schedule):
@@ -230,7 +254,8 @@ def run_tree(cfg) -> Path:
                                 continue
                             row = dict(model=spec.key, family=spec.family, shape=name, N=N, depth=depth, batch=batch,
                                        history_len=hl, p_node=p, method=method,
-                                       backend=method_backend(method, backend), accepted_per_step=acc_mean,
+                                       backend=method_backend(method, backend, spec.family),
+                                       accepted_per_step=acc_mean,
                                        status="ok", error=None)
                             try:
                                 cycle = _cycle(spec, method, par, batch, hl, windows, schedule,
@@ -240,11 +265,16 @@ def run_tree(cfg) -> Path:
                                                     repeats=int(tm["cpu_repeats"]),
                                                     min_sample_us=float(tm["cpu_min_sample_us"]), clock=clock)
                                 a_int = min(depth, max(1, round(acc_mean)))
-                                model_bytes = traffic.tree_traffic(spec.geometry, TRAFFIC[method], N, depth, a_int, hl,
-                                                                   act_bytes=4).total
+                                try:
+                                    model_bytes = traffic.tree_traffic(spec.geometry, TRAFFIC[method], N, depth,
+                                                                       a_int, hl, act_bytes=4).total
+                                except ValueError:                     # a family without a tree byte model
+                                    model_bytes = None
                                 row.update(step_us=t.median_us, step_us_p20=t.p20_us, step_us_p80=t.p80_us,
                                            tokens_per_s=batch * acc_mean / t.median_us * 1e6,
                                            model_bytes_per_step=model_bytes)
+                            except Unavailable as exc:
+                                row["status"], row["error"] = "skipped", str(exc)
                             except Exception as exc:                   # recorded; the sweep goes on
                                 row["status"], row["error"] = failure(exc)
                             rows.append(row)

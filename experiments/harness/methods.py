@@ -3,16 +3,18 @@
 Each entry knows, per SSM family, which module implements it (imported lazily: a missing module makes
 the point `skipped` with the reason, never a crash), how to allocate its persistent cache for a pool of
 slots, how to load a committed state into a fresh cache (for the correctness gate), how to call one
-decode step (AR) or one verify + commit (spec), and its analytic bytes per step (replayssm/traffic.py).
+decode step (AR) or one verify + commit (spec), and its analytic bytes per step (replayssm/traffic.py: the
+`<family>_<name>` functions; a family without one gets no bytes column, never a crash). KDA has no C kernels:
+its backend=cpu points run on torch (cpu_families) and the rows say so.
 
-    name                kind  families     what it is
-    baseline_ar         ar    mamba2, gdn  selective state update / fused recurrent step (state read+write)
-    replay_ar           ar    mamba2, gdn  ReplaySSM checkpoint + buffer, flush every L steps (route column)
-    baseline_spec       spec  mamba2, gdn  vLLM native: one state snapshot per draft token
-    commit_replay_spec  spec  mamba2, gdn  frozen checkpoint, replay the accepted prefix at commit
-    replay_spec         spec  mamba2, gdn  ReplaySSM ring: verify from one checkpoint, early flush
-    peer:mamba_ssm      ar    mamba2       installed mamba_ssm selective_state_update (baselines.peers)
-    peer:fla            ar    gdn          installed FLA, its pool-indexed recurrent kernel (fused_recurrent_kda_fwd
+    name                kind  families   what it is (families: mamba2, gdn, kda unless named)
+    baseline_ar         ar    all        selective state update / fused recurrent step (state read+write)
+    replay_ar           ar    all        ReplaySSM checkpoint + buffer, flush every L steps (route column)
+    baseline_spec       spec  all        vLLM native: one state snapshot per draft token
+    commit_replay_spec  spec  all        frozen checkpoint, replay the accepted prefix at commit
+    replay_spec         spec  all        ReplaySSM ring: verify from one checkpoint, early flush
+    peer:mamba_ssm      ar    mamba2     installed mamba_ssm selective_state_update (baselines.peers)
+    peer:fla            ar    gdn        installed FLA, its pool-indexed recurrent kernel (fused_recurrent_kda_fwd
                                          with the GDN decay broadcast over K: the same recurrence; baselines.peers)
 
 The API functions an entry returns from `api()` are the raw public functions; the harness may wrap
@@ -67,7 +69,7 @@ class Method:
 
     name: str = ""
     kind: str = "ar"                       # "ar" (one token per row per step) or "spec" (verify + commit)
-    families: tuple[str, ...] = ("mamba2", "gdn")
+    families: tuple[str, ...] = ("mamba2", "gdn", "kda")
     uses_buffer: bool = False              # buffer_len applies (and the gate runs L+1 steps)
     uses_history: bool = False             # history_len applies (spec ring)
     modules: dict[str, str] = {}
@@ -143,11 +145,16 @@ def _tr_args(wl) -> dict:
     return {"state_bytes": _bytes(wl.state_dtype), "act_bytes": _bytes(wl.act_dtype)}
 
 
+def _tr_fn(tr, family: str, name: str):
+    """replayssm.traffic's `<family>_<name>` byte model, or None where the family has none (no bytes column)."""
+    return getattr(tr, f"{family}_{name}", None) if tr is not None else None
+
+
 # --------------------------------------------------------------------------------------------- AR methods
 
 class BaselineAR(Method):
     name, kind = "baseline_ar", "ar"
-    modules = {"mamba2": "baselines.mamba2_ssu", "gdn": "baselines.gdn_recurrent"}
+    modules = {"mamba2": "baselines.mamba2_ssu", "gdn": "baselines.gdn_recurrent", "kda": "baselines.kda_recurrent"}
 
     def api(self, family):
         mod = self.module(family)
@@ -166,19 +173,16 @@ class BaselineAR(Method):
         return fns["step"](cache, **kw, slots=slots, out=out, backend=p.backend)
 
     def traffic(self, p, wl, accepted):
-        tr = _traffic()
-        if tr is None:
-            return None
-        fn = tr.mamba2_baseline_ar if wl.family == "mamba2" else tr.gdn_baseline_ar
-        return fn(wl.geometry, **_tr_args(wl))
+        fn = _tr_fn(_traffic(), wl.family, "baseline_ar")
+        return None if fn is None else fn(wl.geometry, **_tr_args(wl))
 
 
 class ReplayAR(Method):
     name, kind, uses_buffer, partner = "replay_ar", "ar", True, "baseline_ar"
-    modules = {"mamba2": "replayssm.mamba2.decode", "gdn": "replayssm.gdn.decode"}
+    modules = {"mamba2": "replayssm.mamba2.decode", "gdn": "replayssm.gdn.decode", "kda": "replayssm.kda.decode"}
 
     def routes(self, family):
-        # GDN reads the state with two vectors (S k, S q): only the state-and-output route exists.
+        # GDN and KDA read the state with two vectors (S k, S q): only the state-and-output route exists.
         return ("output_only", "state_and_output") if family == "mamba2" else ("state_and_output",)
 
     def api(self, family):
@@ -205,12 +209,12 @@ class ReplayAR(Method):
         return fns["step"](cache, **kw, slots=slots, out=out, backend=p.backend)
 
     def traffic(self, p, wl, accepted):
-        tr = _traffic()
-        if tr is None:
+        fn = _tr_fn(_traffic(), wl.family, "replay_ar_cycle")
+        if fn is None:
             return None
         if wl.family == "mamba2":
-            return tr.mamba2_replay_ar_cycle(wl.geometry, p.buffer_len, p.route, **_tr_args(wl))
-        return tr.gdn_replay_ar_cycle(wl.geometry, p.buffer_len, **_tr_args(wl))
+            return fn(wl.geometry, p.buffer_len, p.route, **_tr_args(wl))
+        return fn(wl.geometry, p.buffer_len, **_tr_args(wl))
 
 
 # ------------------------------------------------------------------------------------------- spec methods
@@ -253,9 +257,11 @@ class SpecMethod(Method):
 
 class BaselineSpec(SpecMethod):
     name = "baseline_spec"
-    modules = {"mamba2": "baselines.mamba2_ssu", "gdn": "baselines.gdn_recurrent_spec"}
+    modules = {"mamba2": "baselines.mamba2_ssu", "gdn": "baselines.gdn_recurrent_spec",
+               "kda": "baselines.kda_recurrent"}
     cache_modules = {"mamba2": ("baselines.mamba2_ssu", "SpecStates"),
-                     "gdn": ("baselines.gdn_recurrent_spec", "SpecStates")}
+                     "gdn": ("baselines.gdn_recurrent_spec", "SpecStates"),
+                     "kda": ("baselines.kda_recurrent", "SpecStates")}
 
     def allocate(self, p, wl, num_slots, device):
         return self._cache_class(wl.family).allocate(wl.geometry, num_slots, p.spec_T, state_dtype=wl.state_dtype,
@@ -266,28 +272,26 @@ class BaselineSpec(SpecMethod):
         cache.last.zero_()
 
     def traffic(self, p, wl, accepted):
-        tr = _traffic()
-        if tr is None:
-            return None
-        fn = tr.mamba2_baseline_spec if wl.family == "mamba2" else tr.gdn_baseline_spec
-        return fn(wl.geometry, p.spec_T, **_tr_args(wl))
+        fn = _tr_fn(_traffic(), wl.family, "baseline_spec")
+        return None if fn is None else fn(wl.geometry, p.spec_T, **_tr_args(wl))
 
 
 class CommitReplaySpec(SpecMethod):
     name, partner = "commit_replay_spec", "baseline_spec"
-    modules = {"mamba2": "baselines.mamba2_commit_replay", "gdn": "baselines.gdn_commit_replay"}
+    modules = {"mamba2": "baselines.mamba2_commit_replay", "gdn": "baselines.gdn_commit_replay",
+               "kda": "baselines.kda_recurrent"}
     cache_modules = {"mamba2": ("baselines.mamba2_commit_replay", "CommitReplayCache"),
-                     "gdn": ("baselines.gdn_commit_replay", "CommitReplayCache")}
+                     "gdn": ("baselines.gdn_commit_replay", "CommitReplayCache"),
+                     "kda": ("baselines.kda_recurrent", "CommitReplayCache")}
 
     def allocate(self, p, wl, num_slots, device):
         return self._cache_class(wl.family).allocate(wl.geometry, num_slots, p.spec_T, state_dtype=wl.state_dtype,
                                                      act_dtype=wl.act_dtype, device=device)
 
     def traffic(self, p, wl, accepted):
-        tr = _traffic()
-        if tr is None or accepted is None:
+        fn = _tr_fn(_traffic(), wl.family, "commit_replay_spec")
+        if fn is None or accepted is None:
             return None
-        fn = tr.mamba2_commit_replay_spec if wl.family == "mamba2" else tr.gdn_commit_replay_spec
         counts = torch.bincount(accepted.flatten().long(), minlength=p.spec_T + 1).tolist()
         total = None
         for a, c in enumerate(counts):
@@ -299,8 +303,9 @@ class CommitReplaySpec(SpecMethod):
 
 class ReplaySpec(SpecMethod):
     name, uses_history, partner = "replay_spec", True, "baseline_spec"
-    modules = {"mamba2": "replayssm.mamba2.spec", "gdn": "replayssm.gdn.spec"}
-    cache_modules = {"mamba2": ("replayssm.mamba2.cache", "SpecRing"), "gdn": ("replayssm.gdn.ring", "SpecRing")}
+    modules = {"mamba2": "replayssm.mamba2.spec", "gdn": "replayssm.gdn.spec", "kda": "replayssm.kda.spec"}
+    cache_modules = {"mamba2": ("replayssm.mamba2.cache", "SpecRing"), "gdn": ("replayssm.gdn.ring", "SpecRing"),
+                     "kda": ("replayssm.kda.cache", "SpecRing")}
 
     def allocate(self, p, wl, num_slots, device):
         return self._cache_class(wl.family).allocate(wl.geometry, num_slots, p.history_len, p.spec_T,
@@ -317,10 +322,9 @@ class ReplaySpec(SpecMethod):
 
     def traffic(self, p, wl, accepted):
         """Mean over the drawn schedule, every row simulated with the ring's commit rule from a reset."""
-        tr = _traffic()
-        if tr is None or accepted is None:
+        step = _tr_fn(_traffic(), wl.family, "replay_spec_step")
+        if step is None or accepted is None:
             return None
-        step = tr.mamba2_replay_spec_step if wl.family == "mamba2" else tr.gdn_replay_spec_step
         B, T = p.history_len, p.spec_T
         total, n = None, 0
         for row in accepted.t().tolist():                    # per row: its counts over the steps

@@ -25,10 +25,10 @@ from experiments.harness.acceptance import Acceptance, parse_acceptance
 from experiments.harness.bandwidth import MODES as COLD_PROBE_MODES
 from experiments.harness.methods import REGISTRY, Method
 from replayssm.checks import interpreter_active
-from replayssm.geometry import GDN_MODELS, MAMBA2_MODELS, GDNGeometry, Mamba2Geometry
+from replayssm.geometry import GDN_MODELS, KDA_MODELS, MAMBA2_MODELS, GDNGeometry, KDAGeometry, Mamba2Geometry
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-FAMILIES = ("mamba2", "gdn")
+FAMILIES = ("mamba2", "gdn", "kda")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -95,7 +95,7 @@ class ModelSpec:
     name: str
     family: str
     tp: int
-    geometry: Mamba2Geometry | GDNGeometry
+    geometry: Mamba2Geometry | GDNGeometry | KDAGeometry
     has_z: bool = False
     dt_softplus: bool = True
     use_qk_l2norm: bool = False
@@ -268,10 +268,10 @@ def model_spec(cfg: dict, tp: int | None, key: str = "model") -> ModelSpec:
         raise ValueError(f"{key}.family: unknown SSM family {family!r}; expected one of {list(FAMILIES)}")
     geo = cfg.get("geometry") or {}
     try:
-        geometry = Mamba2Geometry(**geo) if family == "mamba2" else GDNGeometry(**geo)
+        geometry = {"mamba2": Mamba2Geometry, "gdn": GDNGeometry, "kda": KDAGeometry}[family](**geo)
     except TypeError as exc:
         raise ValueError(f"{key}.geometry: {exc}") from None
-    reference = {**MAMBA2_MODELS, **GDN_MODELS}.get(name)
+    reference = {**MAMBA2_MODELS, **GDN_MODELS, **KDA_MODELS}.get(name)
     if reference is not None and reference != geometry:
         raise ValueError(f"{key}.geometry of {name} disagrees with replayssm.geometry: {geometry} vs {reference}")
     tp = _int(f"{key}.tp", cfg.get("tp", 1) if tp is None else tp)

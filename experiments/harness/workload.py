@@ -5,6 +5,7 @@ x, z [batch, nheads, headdim], dt [batch, nheads], B, C [batch, ngroups, dstate]
 spec window); state [slots, nheads, headdim, dstate].
 GDN (replayssm.gdn.inputs / ref): a step is q, k [batch, H, K], v [batch, HV, V], g, beta [batch, HV]
 (T axis likewise); state [slots, HV, V, K] (K-last).
+KDA (replayssm.kda.inputs / ref): as GDN, with the log decay g [batch, HV, K] per key channel.
 
 Every method of a family gets the same inputs, parameters and slot mapping (the fairness rule).
 """
@@ -33,7 +34,10 @@ class Workload:
             self.state_shape = (g.nheads, g.headdim, g.dstate)
             self.out_shape = (g.nheads, g.headdim)
         else:
-            from replayssm.gdn import inputs, ref
+            if self.family == "gdn":
+                from replayssm.gdn import inputs, ref
+            else:
+                from replayssm.kda import inputs, ref
 
             self._inputs, self._ref = inputs, ref
             self.params = {}
@@ -82,8 +86,9 @@ class Workload:
             p = self.params
             return self._ref.ssm_step_ref(state64, inp["x"], inp["dt"], p["A"], inp["B"], inp["C"], p["D"],
                                           inp.get("z"), p["dt_bias"], self.spec.dt_softplus)
-        S, o, _ = self._ref.gdn_step_ref(state64, inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], None,
-                                         self.spec.use_qk_l2norm)
+        step = self._ref.gdn_step_ref if self.family == "gdn" else self._ref.kda_step_ref
+        S, o, _ = step(state64, inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], None,
+                    self.spec.use_qk_l2norm)
         return S, o
 
     def oracle_window(self, state64: torch.Tensor, win: dict) -> tuple[torch.Tensor, torch.Tensor]:

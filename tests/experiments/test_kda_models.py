@@ -11,11 +11,11 @@ import yaml
 from experiments.harness.points import CONF_DIR, load_model_config, model_spec
 from experiments.hybrid import footprint as fpm
 from experiments.hybrid.generate import greedy_ar, greedy_speculative
-from experiments.hybrid.layers import SSMCall
+from experiments.hybrid.layers import SSMCall, SSMMixer
 from experiments.hybrid.mla import MLAAttention
 from experiments.hybrid.model import HybridModel
 from experiments.hybrid.spec import SSM_CHAR, hybrid_spec
-from replayssm import geometry
+from replayssm import geometry, traffic
 
 NEW = ["qwen3_next_80b_a3b", "nemotron3_nano_30b_a3b"]
 # every key the e2e step and the footprint read (dotted paths), present in each new config with a value or null
@@ -189,3 +189,121 @@ def test_a_model_with_mla_attention_verifies_and_rolls_back_as_ar(method, gen):
                                       on_commit=lambda acc: done.add_(acc.long()))
     assert torch.equal(out, ar[:, :n]) and len(set(torch.cat(history).tolist())) >= 2
     assert model.cache_bytes()["kv"] == model.num_slots * model.capacity * 24 * 4
+
+
+# ------------------------------------------------------------------------------------- Kimi-Linear (KDA)
+
+def test_kimi_linear_config_is_the_released_one():
+    cfg = load_model_config("kimi_linear_48b_a3b")
+    for key in KEYS:
+        _get(cfg, key)
+    assert "[HF-KL]" in (CONF_DIR / "model" / "kimi_linear_48b_a3b.yaml").read_text()
+    spec = hybrid_spec(cfg)
+    assert spec.family == "kda" and spec.geometry == geometry.KDA_MODELS["kimi_linear_48b_a3b"]
+    assert spec.geometry == model_spec(cfg, None).geometry
+    c = spec.counts
+    assert (c["K"], c["*"], c["E"], c["-"], len(spec.pattern)) == (20, 7, 26, 1, 54)
+    full = [i + 1 for i, ch in enumerate(spec.pattern[0::2]) if ch == "*"]           # 1-based decoder layers
+    assert full == [4, 8, 12, 16, 20, 24, 27] and spec.pattern[1] == "-"          # first_k_dense_replace 1
+    a, m = spec.attention, spec.mlp
+    assert (a.kind, a.num_heads, a.kv_lora_rank, a.qk_rope_head_dim, a.qk_nope_head_dim, a.v_head_dim) == (
+        "mla", 32, 512, 64, 128, 128)
+    assert a.q_lora_rank is None and a.use_rope is False and a.kv_token_elems == 576
+    assert (m.num_experts, m.top_k, m.expert_intermediate, m.shared_intermediate, m.intermediate) == (
+        256, 8, 1024, 1024, 9216)
+    assert (spec.hidden, spec.vocab, spec.conv_kernel, spec.assumed) == (2304, 163840, 4, ("mtp.pattern",))
+    tp8 = hybrid_spec(cfg, 8)
+    assert (tp8.geometry.H, tp8.geometry.HV, tp8.attention.num_heads, tp8.attention.kv_token_elems) == (4, 4, 4, 576)
+    params = sum(fpm.model_weights(spec, with_mtp=False).values())
+    assert 47e9 < params < 51e9                                        # "48B" (49.1B in the released index)
+    tiny = hybrid_spec(load_model_config("tiny_kda"))
+    assert tiny.family == "kda" and tiny.attention.kind == "mla" and set(tiny.pattern) == set("K-E*")
+
+
+def _kda_call(spec, method, window=None, act=torch.float32):
+    return SSMCall("kda", "torch", spec.geometry, torch.float32, act, route="state_and_output",
+                   buffer_len=spec.buffer_len, spec_T=window, history_len=spec.history_len)
+
+
+def test_kda_mixer_matches_a_float64_hand_computation(gen):
+    """The KDA layer wiring: per-key-channel decay from the low-rank leg + dt_bias, beta, q/k/v through the conv,
+    the recurrence (replayssm.kda.ref), the per-head norm and the sigmoid output gate, then out_proj."""
+    from replayssm.kda.decode import materialize
+    from replayssm.kda.ref import kda_step_ref
+
+    F = torch.nn.functional
+    spec = hybrid_spec(load_model_config("tiny_kda"))
+    g, b = spec.geometry, 3
+    layer = SSMMixer(spec, "replay_ar", _kda_call(spec, "replay_ar"), b, torch.Generator().manual_seed(5), "cpu")
+    layer.reset(torch.Generator().manual_seed(6))
+    for _ in range(spec.buffer_len + 2):                                 # across a flush
+        h = torch.randn(b, 1, spec.hidden, generator=gen)
+        state = materialize(layer.cache, backend="torch").double()
+        conv_state = layer.conv_state.clone()
+        got = layer(h)
+        proj = (h.double() @ layer.w_in.double().T)[:, 0]
+        qkv, f_a, beta_raw, g_a = torch.split(proj, layer.split, dim=-1)
+        window = torch.cat([conv_state[:, :, :].double(), qkv[:, None]], dim=1)          # [b, K, conv_dim]
+        qkv = F.silu((window * layer.conv_w.double().T[None]).sum(1) + layer.conv_b.double())
+        q, k, v = torch.split(qkv, [g.H * g.K, g.H * g.K, g.HV * g.V], dim=-1)
+        f = (f_a @ layer.w_fb.double().T).reshape(b, g.HV, g.K) + layer.dt_bias.double().reshape(g.HV, g.K)
+        decay = -torch.exp(layer.A_log.double())[:, None] * F.softplus(f)
+        _, o, _ = kda_step_ref(state, q.reshape(b, g.H, g.K), k.reshape(b, g.H, g.K), v.reshape(b, g.HV, g.V),
+                               decay, torch.sigmoid(beta_raw), None, True)
+        y = F.rms_norm(o, (g.V,), None, 1e-5).reshape(b, -1) * layer.norm_w.double()
+        want = (y * torch.sigmoid(g_a @ layer.w_gb.double().T)) @ layer.w_out.double().T
+        torch.testing.assert_close(got[:, 0].double(), want, rtol=2e-4, atol=2e-5)
+        layer.advance(torch.ones(b, dtype=torch.int32))
+    assert decay.std(-1).min() > 0                                       # the decay really differs per channel
+
+
+def test_kimi_like_tiny_model_speculates_exactly_as_it_decodes(gen):
+    """tiny_kda (KDA mixers, an MLA layer, dense MLP and MoE): greedy speculative decoding on the ReplaySSM ring
+    with rejected drafts emits the tokens of AR decoding on the ReplaySSM buffer (two code paths of replayssm.kda,
+    the MLA cache rolled back by its cursor)."""
+    spec, T, n, batch = hybrid_spec(load_model_config("tiny_kda")), 3, 12, 2
+    seed = int(torch.randint(0, 2**30, (1,), generator=gen))
+
+    def build(m, window=None):
+        model = HybridModel(spec, ssm_method=m, call=_kda_call(spec, m, window), num_slots=batch,
+                            capacity=20 + 2 * n * T, gen=torch.Generator().manual_seed(seed), device="cpu")
+        model.reset(20, torch.Generator().manual_seed(seed + 1))
+        return model
+
+    tok0 = torch.randint(0, spec.vocab, (batch,), generator=gen)
+    ar = greedy_ar(build("replay_ar"), tok0, n + T)
+    done = torch.zeros(batch, dtype=torch.long)
+
+    def drafter(token, hidden, k):
+        good = ar.gather(1, (done[:, None] + torch.arange(k)).clamp(max=ar.shape[1] - 1))
+        bad = torch.randint(0, spec.vocab, good.shape, generator=gen)
+        return torch.where(torch.rand(good.shape, generator=gen) < 0.35, bad, good)
+
+    out, history = greedy_speculative(build("replay_spec", T), drafter, tok0, torch.zeros(batch, spec.hidden), n, T,
+                                      on_commit=lambda acc: done.add_(acc.long()))
+    assert torch.equal(out, ar[:, :n]) and len(set(torch.cat(history).tolist())) >= 2
+
+
+@pytest.mark.parametrize("experiment", ["kernel_decode", "kernel_spec"])
+def test_kimi_linear_runs_through_the_kernel_experiments(tmp_path, experiment):
+    from harness_doubles import FAST
+
+    from experiments.harness.entry import load_config
+    from experiments.kernel.run import run_experiment
+
+    models = "sweep.models=[tiny_kda,kimi_linear_48b_a3b@tp8]"
+    overrides = [f"out_dir={tmp_path}", "sweep=cpu", models, "sweep.batch=[2]", "sweep.buffer_len=[3]",
+                 "sweep.spec_T=[2]", "sweep.history_len=[3]", "sweep.l2=warm", *FAST]
+    cfg = load_config(experiment, overrides)
+    rows = run_experiment(cfg).rows
+    ours = "replay_ar" if experiment == "kernel_decode" else "replay_spec"
+    ok = {(r["model"], r["method"]) for r in rows if r["status"] == "ok"}
+    assert {("tiny_kda", ours), ("kimi_linear_48b_a3b", ours)} <= ok, [(r["method"], r["message"]) for r in rows]
+    has_bytes = hasattr(traffic, "kda_baseline_ar")               # the KDA byte model (replayssm.traffic)
+    for r in rows:
+        assert r["family"] == "kda" and r["status"] in ("ok", "skipped"), r
+        if r["status"] == "ok":
+            assert r["backend"] == "torch" and "gate passed" in r["message"] and r["rel_err"] < 1e-5
+            assert (r["bytes_model"] or 0) > 0 or not has_bytes
+        else:
+            assert "not importable" in r["message"] or "needs a CUDA device" in r["message"], r

@@ -72,15 +72,16 @@ def test_tp_split_and_config_hash(tmp_path):
 def test_model_configs_agree_with_geometry_and_cite_sources():
     names = known_models()
     assert {"nemotron3_nano_4b", "nemotron3_super_120b", "nemotron3_ultra_550b", "qwen35_4b", "qwen35_122b_a10b",
-            "tiny_mamba2", "tiny_gdn"} <= set(names)
+            "tiny_mamba2", "tiny_gdn", "tiny_kda", "kimi_linear_48b_a3b", "qwen3_next_80b_a3b",
+            "nemotron3_nano_30b_a3b"} <= set(names)
     for name in names:
         cfg = load_model_config(name)
         spec = model_spec(cfg, None)                       # raises if geometry disagrees with replayssm.geometry
         layers = cfg["layers"]
         assert layers["ssm"] + layers["attention"] <= layers["total"], name
         if layers.get("pattern"):
-            assert sum(layers["pattern"].count(c) for c in "MG") == layers["ssm"], name
-        assert spec.family in ("mamba2", "gdn")
+            assert sum(layers["pattern"].count(c) for c in "MGK") == layers["ssm"], name
+        assert spec.family in ("mamba2", "gdn", "kda")
         if not name.startswith("tiny"):
             assert "Sources" in (CONF_DIR / "model" / f"{name}.yaml").read_text(), name
 
