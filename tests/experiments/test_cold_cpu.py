@@ -95,7 +95,7 @@ def test_smoke_sweep_runs_on_cpu(tmp_path):
     spec = run_experiment(load_config("kernel_spec", over + [f"resume={decode.run_dir}"]))
     rows = decode.rows + spec.rows
     ok = [r for r in rows if r["status"] == "ok"]
-    assert {r["model"] for r in rows} == {"tiny_mamba2", "tiny_gdn"}
+    assert {r["model"] for r in rows} == {"tiny_mamba2", "tiny_gdn", "tiny_kda"}
     assert all(r["status"] in ("ok", "skipped") for r in rows), [r["message"] for r in rows if r["status"] != "ok"]
     assert {r["method"] for r in ok} >= {"baseline_ar", "replay_ar", "baseline_spec", "replay_spec"}
     assert all(r["timing_mode"] == "eager" for r in ok)
