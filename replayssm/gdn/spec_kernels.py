@@ -156,9 +156,9 @@ def _spec_verify_kernel(
         mask_k = offs_k < K
         s_ptrs = state_ptr + slot * s_slot + hv * s_head + offs_v[:, None] * s_v + offs_k[None, :]
         s_mask = mask_v[:, None] & mask_k[None, :]
-        k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row + offs_k[None, :],
-                         mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
         if PER_CHANNEL:
+            k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row
+                             + offs_k[None, :], mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
             g_hist = tl.load(g_base + hist_rows[:, None] * rg_row + offs_k[None, :],
                              mask=valid_c[:, None] & mask_k[None, :], other=0.0)           # [BC, BKT]
             G_hist = tl.cumsum(g_hist, 0)
@@ -168,6 +168,8 @@ def _spec_verify_kernel(
             S += tl.dot(wu_t, k_hist * w_k, input_precision=DOT_PRECISION)           # S_h tile [BV, BKT]
         else:
             S = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32) * decay0
+            k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row
+                             + offs_k[None, :], mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
             S += tl.dot(wu_t, k_hist, input_precision=DOT_PRECISION)                # S_h tile [BV, BKT]
         if do_fold:
             tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)
@@ -307,9 +309,9 @@ def _materialize_kernel(
         offs_k = k0 + tl.arange(0, BKT)
         mask_k = offs_k < K
         s_mask = mask_v[:, None] & mask_k[None, :]
-        k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row + offs_k[None, :],
-                         mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
         if PER_CHANNEL:
+            k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row
+                             + offs_k[None, :], mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
             g_hist = tl.load(ring_g_ptr + slot * rg_slot + hv * rg_head + hist_rows[:, None] * rg_row + offs_k[None, :],
                              mask=valid_c[:, None] & mask_k[None, :], other=0.0)
             G_tot = tl.sum(g_hist, 0)
@@ -320,6 +322,8 @@ def _materialize_kernel(
         else:
             S = tl.load(state_ptr + slot * s_slot + hv * s_head + offs_v[:, None] * s_v + offs_k[None, :],
                         mask=s_mask, other=0.0).to(tl.float32) * decay0
+            k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row
+                             + offs_k[None, :], mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
             S += tl.dot(wu_t, k_hist, input_precision=DOT_PRECISION)
         tl.store(out_ptr + row * o_b + hv * o_h + offs_v[:, None] * o_v + offs_k[None, :], S, mask=s_mask)
 
