@@ -64,8 +64,9 @@ def _gdn_recurrent_step_kernel(
     stride_s_slot, stride_s_h, stride_s_v,
     scale,
     NULL_ID: tl.constexpr, HV_PER_H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr, PER_CHANNEL: tl.constexpr = False,
 ):
+    """PER_CHANNEL (KDA, baselines/kda_recurrent.py): g [batch, HV, K] (unit stride on K), S <- S diag(exp(g))."""
     i_v = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2).to(tl.int64)
@@ -84,12 +85,18 @@ def _gdn_recurrent_step_kernel(
         k = k / tl.sqrt(tl.sum(k * k, 0) + 1e-6)
     q = q * scale
     v = tl.load(v_ptr + i_b * stride_v_b + i_hv * stride_v_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-    alpha = tl.exp(tl.load(g_ptr + i_b * stride_g_b + i_hv * stride_g_h))
+    if PER_CHANNEL:
+        alpha = tl.exp(tl.load(g_ptr + i_b * stride_g_b + i_hv * stride_g_h + offs_k, mask=mask_k, other=0.0))
+    else:
+        alpha = tl.exp(tl.load(g_ptr + i_b * stride_g_b + i_hv * stride_g_h))
     beta = tl.load(beta_ptr + i_b * stride_beta_b + i_hv * stride_beta_h)
 
     s_ptrs = state_ptr + slot * stride_s_slot + i_hv * stride_s_h + offs_v[:, None] * stride_s_v + offs_k[None, :]
     s_mask = mask_v[:, None] & mask_k[None, :]
-    S = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32) * alpha
+    if PER_CHANNEL:
+        S = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32) * alpha[None, :]
+    else:
+        S = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32) * alpha
     u = beta * (v - tl.sum(S * k[None, :], 1))
     S = S + u[:, None] * k[None, :]
     o = tl.sum(S * q[None, :], 1)
@@ -97,7 +104,8 @@ def _gdn_recurrent_step_kernel(
     tl.store(o_ptr + i_b * stride_o_b + i_hv * stride_o_h + offs_v, o.to(o_ptr.dtype.element_ty), mask=mask_v)
 
 
-def _launch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out) -> None:
+def _launch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, per_channel: bool = False) -> None:
+    """per_channel: KDA (g [batch, HV, K]); GDN passes nothing and launches what it did before."""
     batch, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     cfg = recurrent_launch_config(K, V, state.dtype, kernel_arch(q.device))
@@ -110,6 +118,7 @@ def _launch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out) -> None:
         scale,
         NULL_ID=NULL_SLOT, HV_PER_H=HV // H, K=K, V=V, BK=max(16, next_pow2(K)), BV=cfg.block_v,
         USE_L2NORM=bool(use_qk_l2norm), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"PER_CHANNEL": True} if per_channel else {}),
     )
 
 

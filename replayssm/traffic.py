@@ -23,6 +23,8 @@ FLOPs per head follow the blog's convention (§5.1, Mamba-2: d = headdim, n = ds
     state-and-output route (and flushes)   2(h+1)dn + 2dn + 2dn
     output-only route                      2dn + d + 2(h+1)n + n + 2(h+1)d
 GDN (per value head, VK = V*K) counts its rank updates and readouts the same way; see `_gdn_flops_*`.
+KDA (replayssm.kda, a K-vector g per value head and token) is in replayssm/traffic_kda.py; its kda_* functions
+are also reachable here (traffic.kda_replay_ar, ...), and cache_footprint / tree_traffic take a KDAGeometry.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from replayssm.checks import next_pow2
-from replayssm.geometry import GDNGeometry, Mamba2Geometry
+from replayssm.geometry import GDNGeometry, KDAGeometry, Mamba2Geometry
 
 FP32 = 4
 HALF = 2                       # bf16 / fp16
@@ -479,8 +481,13 @@ def cache_footprint(method: str, geom: Mamba2Geometry | GDNGeometry, *, L: int |
         state, entry, stash = (gdn_state_bytes(geom, state_bytes), gdn_entry_bytes(geom, act_bytes),
                                gdn_stash_bytes(geom, act_bytes))
         bc_per_row = 0
+    elif isinstance(geom, KDAGeometry):
+        from replayssm import traffic_kda as kda
+        state, entry, stash = (kda.kda_state_bytes(geom, state_bytes), kda.kda_entry_bytes(geom, act_bytes),
+                               kda.kda_stash_bytes(geom, act_bytes))
+        bc_per_row = 0
     else:
-        raise ValueError(f"expected a Mamba2Geometry or GDNGeometry, got {type(geom).__name__}")
+        raise ValueError(f"expected a Mamba2Geometry, GDNGeometry or KDAGeometry, got {type(geom).__name__}")
 
     if method == "baseline_ar":
         return Footprint(states=state, buffers=0)
@@ -550,22 +557,35 @@ def tree_traffic(geom, method: str, N: int, depth: int, accepted: int, B_hist: i
     """
     if method not in TREE_METHODS:
         raise ValueError(f"method={method!r}: expected one of {TREE_METHODS}")
-    mamba = isinstance(geom, Mamba2Geometry)
-    if not mamba and not isinstance(geom, GDNGeometry):
-        raise ValueError(f"expected a Mamba2Geometry or GDNGeometry, got {type(geom).__name__}")
+    if isinstance(geom, KDAGeometry):
+        from replayssm import traffic_kda as kda
+        fam = "kda", kda
+    elif isinstance(geom, (Mamba2Geometry, GDNGeometry)):
+        fam = ("mamba2", None) if isinstance(geom, Mamba2Geometry) else ("gdn", None)
+    else:
+        raise ValueError(f"expected a Mamba2Geometry, GDNGeometry or KDAGeometry, got {type(geom).__name__}")
     _check_dtypes(state_bytes, act_bytes)
-    state = (mamba2_state_bytes if mamba else gdn_state_bytes)(geom, state_bytes)
-    entry = (mamba2_entry_bytes if mamba else gdn_entry_bytes)(geom, act_bytes)
+    f = {name: globals().get(f"{fam[0]}_{name}") or getattr(fam[1], f"{fam[0]}_{name}")
+         for name in ("state_bytes", "entry_bytes", "baseline_spec", "replay_spec_step", "input_bytes",
+                      "output_bytes")}
+    state, entry = f["state_bytes"](geom, state_bytes), f["entry_bytes"](geom, act_bytes)
     if method == "native_tree":
-        return (mamba2_baseline_spec if mamba else gdn_baseline_spec)(geom, N, state_bytes, act_bytes)
+        return f["baseline_spec"](geom, N, state_bytes, act_bytes)
     if method == "replay_tree":
-        step = mamba2_replay_spec_step if mamba else gdn_replay_spec_step
+        step = f["replay_spec_step"]
         verify = mean_traffic([step(geom, N, h, flush, state_bytes, act_bytes)
                                for h, flush in tree_cycle(B_hist, N, depth, accepted)])
         moves = (accepted - 1) * entry
         return verify + Traffic(read=moves, write=moves, flops=0)
-    inputs = (mamba2_input_bytes if mamba else gdn_input_bytes)(geom, act_bytes)
-    outputs = (mamba2_output_bytes if mamba else gdn_output_bytes)(geom, act_bytes)
+    inputs, outputs = f["input_bytes"](geom, act_bytes), f["output_bytes"](geom, act_bytes)
     reads = 2 if method == "commit_replay_tree" else 1
     return Traffic(read=reads * state + accepted * entry + N * inputs, write=state + N * entry + N * outputs,
-                   flops=(mamba2_baseline_spec if mamba else gdn_baseline_spec)(geom, N).flops)
+                   flops=f["baseline_spec"](geom, N).flops)
+
+
+def __getattr__(name: str):
+    """traffic.kda_*: the KDA byte model, kept in replayssm/traffic_kda.py (which imports this module)."""
+    if name.startswith("kda_"):
+        from replayssm import traffic_kda
+        return getattr(traffic_kda, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -187,22 +187,23 @@ def _gdn_replay_step_kernel(
                       mask_c[:, None] & mask_k[None, :], decay0, weighted_u, HAS_BUFFER, DOT_PRECISION,
                       key_weights, PER_CHANNEL)
     k_scaled = k_full * k_mult
-    beta = tl.load(beta_ptr + i_b * stride_beta_b + i_hv * stride_beta_h)
-    v_cur = tl.load(v_ptr + i_b * stride_v_b + i_hv * stride_v_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-    g_row = g_ptr + i_b * stride_g_b + i_hv * stride_g_h
     if PER_CHANNEL:
         # KDA: decay the state's key columns first, S_h diag(alpha), by decaying the vectors it meets
-        g_cur = tl.load(g_row + offs_k, mask=mask_k, other=0.0)                       # [BK]
+        g_cur = tl.load(g_ptr + i_b * stride_g_b + i_hv * stride_g_h + offs_k, mask=mask_k, other=0.0)   # [BK]
         alpha = tl.exp(g_cur)
         Sk = tl.sum(S * (k_scaled * alpha)[None, :], 1)
         Sq = tl.sum(S * (q_full * q_mult * alpha)[None, :], 1)
+        beta = tl.load(beta_ptr + i_b * stride_beta_b + i_hv * stride_beta_h)
+        v_cur = tl.load(v_ptr + i_b * stride_v_b + i_hv * stride_v_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
         u = beta * (v_cur - Sk)
         o = Sq + u * kq
     else:
         Sk = tl.sum(S * k_scaled[None, :], 1)
         Sq = tl.sum(S * (q_full * q_mult)[None, :], 1)
-        g_cur = tl.load(g_row)
+        g_cur = tl.load(g_ptr + i_b * stride_g_b + i_hv * stride_g_h)
         alpha = tl.exp(g_cur)
+        beta = tl.load(beta_ptr + i_b * stride_beta_b + i_hv * stride_beta_h)
+        v_cur = tl.load(v_ptr + i_b * stride_v_b + i_hv * stride_v_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
         u = beta * (v_cur - alpha * Sk)
         o = alpha * Sq + u * kq
     o_row = o_ptr + i_b * stride_o_b + i_hv * stride_o_h

@@ -52,7 +52,7 @@ from replayssm.mamba2.spec_kernels import MAX_NODES, ancestor_bits
 MAX_K = 256
 
 
-def launch_config(geometry: GDNGeometry, history_len: int, window: int, device) -> dict:
+def launch_config(geometry: GDNGeometry, history_len: int, window: int, device, per_channel: bool = False) -> dict:
     """Block sizes for (geometry, GPU arch). Interpreter: biggest legal blocks (it costs per program).
     GPU: [BV, BKT] = [32, 16] tiles, 2 warps, tf32x3 dots: at K = V = 128, fp32 state, T <= 8, B <= 32 the
     AOT build for sm_90 / sm_100 uses 128-161 registers and no local memory ([32, 32] tiles reach 250
@@ -64,6 +64,10 @@ def launch_config(geometry: GDNGeometry, history_len: int, window: int, device) 
                    DOT_PRECISION="ieee")
     else:
         cfg.update(BV=32 if geometry.V > 16 else 16, BKT=16, num_warps=2, DOT_PRECISION="tf32x3")
+        if per_channel:
+            # KDA: the per-tile window decays and the pairwise decayed dots hold [TW, BKT] tiles beside GDN's;
+            # 4 warps spread them (2 warps spill at Kimi-Linear's geometry, scripts/kernels/kernel_report.py)
+            cfg.update(num_warps=4)
     return cfg
 
 
@@ -156,9 +160,9 @@ def _spec_verify_kernel(
         mask_k = offs_k < K
         s_ptrs = state_ptr + slot * s_slot + hv * s_head + offs_v[:, None] * s_v + offs_k[None, :]
         s_mask = mask_v[:, None] & mask_k[None, :]
-        k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row + offs_k[None, :],
-                         mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
         if PER_CHANNEL:
+            k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row
+                             + offs_k[None, :], mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
             g_hist = tl.load(g_base + hist_rows[:, None] * rg_row + offs_k[None, :],
                              mask=valid_c[:, None] & mask_k[None, :], other=0.0)           # [BC, BKT]
             G_hist = tl.cumsum(g_hist, 0)
@@ -168,6 +172,8 @@ def _spec_verify_kernel(
             S += tl.dot(wu_t, k_hist * w_k, input_precision=DOT_PRECISION)           # S_h tile [BV, BKT]
         else:
             S = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32) * decay0
+            k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row
+                             + offs_k[None, :], mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
             S += tl.dot(wu_t, k_hist, input_precision=DOT_PRECISION)                # S_h tile [BV, BKT]
         if do_fold:
             tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)
@@ -307,9 +313,9 @@ def _materialize_kernel(
         offs_k = k0 + tl.arange(0, BKT)
         mask_k = offs_k < K
         s_mask = mask_v[:, None] & mask_k[None, :]
-        k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row + offs_k[None, :],
-                         mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
         if PER_CHANNEL:
+            k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row
+                             + offs_k[None, :], mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
             g_hist = tl.load(ring_g_ptr + slot * rg_slot + hv * rg_head + hist_rows[:, None] * rg_row + offs_k[None, :],
                              mask=valid_c[:, None] & mask_k[None, :], other=0.0)
             G_tot = tl.sum(g_hist, 0)
@@ -320,6 +326,8 @@ def _materialize_kernel(
         else:
             S = tl.load(state_ptr + slot * s_slot + hv * s_head + offs_v[:, None] * s_v + offs_k[None, :],
                         mask=s_mask, other=0.0).to(tl.float32) * decay0
+            k_hist = tl.load(ring_k_ptr + slot * rk_slot + kh * rk_head + hist_rows[:, None] * rk_row
+                             + offs_k[None, :], mask=valid_c[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
             S += tl.dot(wu_t, k_hist, input_precision=DOT_PRECISION)
         tl.store(out_ptr + row * o_b + hv * o_h + offs_v[:, None] * o_v + offs_k[None, :], S, mask=s_mask)
 
@@ -340,7 +348,7 @@ def verify_triton(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slo
     is_tree = parents is not None
     if is_tree and ring.window > MAX_NODES:
         raise ValueError(f"N={ring.window} > {MAX_NODES}: the Triton tree kernel keeps one int32 bit set per node")
-    cfg = launch_config(gm, ring.history_len, ring.window, q.device)
+    cfg = launch_config(gm, ring.history_len, ring.window, q.device, per_channel)
     anc = ancestor_bits(parents) if is_tree else None
     grid = (triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)
     _spec_verify_kernel[grid](
@@ -363,7 +371,7 @@ def verify_triton(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slo
 
 def materialize_triton(ring, slots, out, per_channel: bool = False):
     gm, batch = ring.geometry, slots.shape[0]
-    cfg = launch_config(gm, ring.history_len, ring.window, slots.device)
+    cfg = launch_config(gm, ring.history_len, ring.window, slots.device, per_channel)
     grid = (triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)
     _materialize_kernel[grid](
         *_ring_args(ring),

@@ -35,7 +35,16 @@ from experiments.report.kernels.aot import (
 )
 from replayssm.checks import interpreter_active
 from replayssm.gdn import inputs as gdn_inputs
-from replayssm.geometry import GDN_MODELS, MAMBA2_MODELS, GDNGeometry, Mamba2Geometry, get_geometry
+from replayssm.geometry import (
+    GDN_MODELS,
+    KDA_MODELS,
+    MAMBA2_MODELS,
+    GDNGeometry,
+    KDAGeometry,
+    Mamba2Geometry,
+    get_geometry,
+)
+from replayssm.kda import inputs as kda_inputs
 from replayssm.mamba2 import inputs as m2_inputs
 
 BATCH = 2
@@ -87,6 +96,16 @@ def _gdn_inputs(geom: GDNGeometry, device, window: int | None = None) -> dict[st
     return dict(step, slots=_slots(device))
 
 
+def _kda_inputs(geom: KDAGeometry, device, window: int | None = None) -> dict[str, Any]:
+    step = kda_inputs.random_step(geom, BATCH, act_dtype=ACT, device=device, window=window)
+    return dict(step, slots=_slots(device))
+
+
+def family_of(geom) -> str:
+    """"mamba2", "gdn" or "kda": which recipes a geometry runs."""
+    return "mamba2" if isinstance(geom, Mamba2Geometry) else "kda" if isinstance(geom, KDAGeometry) else "gdn"
+
+
 def _accepted(device) -> torch.Tensor:
     return torch.tensor([1, 3], dtype=torch.int32, device=device)[:BATCH]
 
@@ -95,7 +114,7 @@ AR_BUFFER, SPEC_HISTORY, SPEC_WINDOW = 16, 16, 4
 
 
 def _step(family: str, fn: Callable, target, inputs: dict[str, Any], **extra):
-    """Call a Mamba-2 (x, dt, A, B, C, D, z, dt_bias) or GDN (q, k, v, g, beta) step/verify function."""
+    """Call a Mamba-2 (x, dt, A, B, C, D, z, dt_bias) or GDN / KDA (q, k, v, g, beta) step/verify function."""
     i = inputs
     if family == "mamba2":
         return call(fn, target, i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"], i["z"], i["dt_bias"],
@@ -105,7 +124,7 @@ def _step(family: str, fn: Callable, target, inputs: dict[str, Any], **extra):
 
 
 def _inputs(family: str, geom, device, window: int | None = None) -> dict[str, Any]:
-    return (_mamba2_inputs if family == "mamba2" else _gdn_inputs)(geom, device, window)
+    return {"mamba2": _mamba2_inputs, "gdn": _gdn_inputs, "kda": _kda_inputs}[family](geom, device, window)
 
 
 def replay_ar_recipe(family: str, cache_module: str, route: str | None = None) -> Callable:
@@ -173,7 +192,7 @@ def spec_recipe(family: str, modules: str | tuple[str, ...], cache_class: str) -
 @dataclass(frozen=True)
 class Recipe:
     method: str
-    family: str                  # "mamba2" or "gdn": which geometries it runs on
+    family: str                  # "mamba2", "gdn" or "kda": which geometries it runs on
     run: Callable                # (geometry, device, state_dtype) -> None; calls the public API once
     ar: bool                     # AR kernels are also built with fp16 state
 
@@ -230,6 +249,16 @@ def tree_recipe(family: str) -> Callable:
 RECIPES += [
     Recipe("mamba2.replay_tree", "mamba2", tree_recipe("mamba2"), ar=False),
     Recipe("gdn.replay_tree", "gdn", tree_recipe("gdn"), ar=False),
+    # KDA (replayssm.kda): GDN's kernels with PER_CHANNEL set, built at Kimi-Linear's geometry
+    Recipe("kda.replay", "kda", replay_ar_recipe("kda", "replayssm.kda.cache"), ar=True),
+    Recipe("kda.replay_spec", "kda", spec_recipe("kda", ("replayssm.kda.spec", "replayssm.kda.cache"), "SpecRing"),
+           ar=False),
+    Recipe("kda.replay_tree", "kda", tree_recipe("kda"), ar=False),
+    Recipe("kda.recurrent", "kda", baseline_ar_recipe("kda", "baselines.kda_recurrent", "fused_recurrent_step"),
+           ar=True),
+    Recipe("kda.recurrent_spec", "kda", spec_recipe("kda", "baselines.kda_recurrent_spec", "SpecStates"), ar=False),
+    Recipe("kda.commit_replay", "kda", spec_recipe("kda", "baselines.kda_commit_replay", "CommitReplayCache"),
+           ar=False),
 ]
 
 # ---------------------------------------------------------------------------------------------------------
@@ -264,7 +293,8 @@ def _tile_candidates(recipe: Recipe, geom, spec_tiles: bool) -> list[tuple[str, 
     return out
 
 
-def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry], targets: list[int], methods: list[str] | None,
+def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry | KDAGeometry], targets: list[int],
+               methods: list[str] | None,
                fp32_state_only: bool, workdir: Path, log=print, bf16_state: bool = False,
                spec_tiles: bool = False) -> list[dict[str, Any]]:
     """bf16_state adds a bfloat16-state build of every recipe (AR and spec: each cache stores it). spec_tiles
@@ -275,7 +305,7 @@ def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry], targets: lis
     device = torch.device("cpu")
     for target in targets:
         for geo_name, geom in geometries.items():
-            family = "mamba2" if isinstance(geom, Mamba2Geometry) else "gdn"
+            family = family_of(geom)
             for recipe in RECIPES:
                 if recipe.family != family or (methods and recipe.method not in methods):
                     continue
@@ -338,9 +368,9 @@ def format_table(rows: list[dict[str, Any]], columns: list[str] = COLUMNS) -> st
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    all_models = sorted({**MAMBA2_MODELS, **GDN_MODELS})
+    all_models = sorted({**MAMBA2_MODELS, **GDN_MODELS, **KDA_MODELS})
     p = argparse.ArgumentParser(description=aot.__doc__.split("\n\n")[0])
-    p.add_argument("--geometry", action="append", choices=all_models, help="model (repeatable; default all five)")
+    p.add_argument("--geometry", action="append", choices=all_models, help="model (repeatable; default all)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel split of every geometry (default 1)")
     p.add_argument("--target", action="append", type=int, choices=TARGETS, help="sm arch (repeatable; default both)")
     p.add_argument("--method", action="append", choices=[r.method for r in RECIPES], help="recipe (repeatable)")
@@ -359,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         print("kernel_report: unset TRITON_INTERPRET: under the interpreter @triton.jit makes interpreted "
               "functions, which run on the CPU instead of being captured", file=sys.stderr)
         return 2
-    names = args.geometry or sorted({**MAMBA2_MODELS, **GDN_MODELS})
+    names = args.geometry or sorted({**MAMBA2_MODELS, **GDN_MODELS, **KDA_MODELS})
     geometries = {(n if args.tp == 1 else f"{n}@tp{args.tp}"): get_geometry(n, args.tp) for n in names}
     targets = args.target or list(TARGETS)
     start = time.perf_counter()
