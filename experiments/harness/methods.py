@@ -258,10 +258,10 @@ class SpecMethod(Method):
 class BaselineSpec(SpecMethod):
     name = "baseline_spec"
     modules = {"mamba2": "baselines.mamba2_ssu", "gdn": "baselines.gdn_recurrent_spec",
-               "kda": "baselines.kda_recurrent"}
+               "kda": "baselines.kda_recurrent_spec"}
     cache_modules = {"mamba2": ("baselines.mamba2_ssu", "SpecStates"),
                      "gdn": ("baselines.gdn_recurrent_spec", "SpecStates"),
-                     "kda": ("baselines.kda_recurrent", "SpecStates")}
+                     "kda": ("baselines.kda_recurrent_spec", "SpecStates")}
 
     def allocate(self, p, wl, num_slots, device):
         return self._cache_class(wl.family).allocate(wl.geometry, num_slots, p.spec_T, state_dtype=wl.state_dtype,
@@ -279,10 +279,10 @@ class BaselineSpec(SpecMethod):
 class CommitReplaySpec(SpecMethod):
     name, partner = "commit_replay_spec", "baseline_spec"
     modules = {"mamba2": "baselines.mamba2_commit_replay", "gdn": "baselines.gdn_commit_replay",
-               "kda": "baselines.kda_recurrent"}
+               "kda": "baselines.kda_commit_replay"}
     cache_modules = {"mamba2": ("baselines.mamba2_commit_replay", "CommitReplayCache"),
                      "gdn": ("baselines.gdn_commit_replay", "CommitReplayCache"),
-                     "kda": ("baselines.kda_recurrent", "CommitReplayCache")}
+                     "kda": ("baselines.kda_commit_replay", "CommitReplayCache")}
 
     def allocate(self, p, wl, num_slots, device):
         return self._cache_class(wl.family).allocate(wl.geometry, num_slots, p.spec_T, state_dtype=wl.state_dtype,

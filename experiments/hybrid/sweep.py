@@ -19,6 +19,7 @@ from pathlib import Path
 
 from experiments.harness import memory
 from experiments.harness.acceptance import parse_acceptance
+from experiments.harness.methods import REGISTRY
 from experiments.harness.points import (
     DTYPES,
     _choice,
@@ -169,7 +170,10 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
     full = {key_of(s): _spec(key, c, tp, uncapped) for (key, c, tp), (_, s) in zip(loaded, models)}
     timing = dict(cfg.get("timing") or {})
     points: list[HybridPoint] = []
-    common = dict(experiment=experiment, state_dtype=sd, act_dtype=ad, backend=backend, device=device, seed=seed)
+    common = dict(experiment=experiment, state_dtype=sd, act_dtype=ad, device=device, seed=seed)
+
+    def on(spec):           # backend=cpu: a family without C kernels (KDA) runs on torch, and its rows say so
+        return dict(common, backend=REGISTRY["baseline_ar"].backend_for(backend, spec.family))
     budgets = {}
     if experiment == "e2e_decode":
         methods = _names(sweep, "methods", E2E_METHODS, "AR methods")
@@ -180,7 +184,7 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
                 for b in batches:
                     for m in methods:
                         points.append(HybridPoint(
-                            **common, model=spec.name, tp=spec.tp, family=spec.family, method=m, mode=None, batch=b,
+                            **on(spec), model=spec.name, tp=spec.tp, family=spec.family, method=m, mode=None, batch=b,
                             context_len=ctx, buffer_len=spec.buffer_len if m == "replay_ar" else None, history_len=None,
                             spec_T=None, acceptance=None, route=_route(spec, m, route),
                             build=_build(spec, build, sweep, ad),
@@ -224,7 +228,7 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
                                     f"{budget[1]})")
                             for acc in (accs if mode != "ar" else accs[:1]):
                                 points.append(HybridPoint(
-                                    **common, model=spec.name, tp=spec.tp, family=spec.family, method=method,
+                                    **on(spec), model=spec.name, tp=spec.tp, family=spec.family, method=method,
                                     mode=mode, batch=b, context_len=ctx,
                                     buffer_len=None, history_len=spec.history_len if mode == "replayssm" else None,
                                     spec_T=T if mode != "ar" else None, acceptance=acc.label if mode != "ar" else None,

@@ -7,16 +7,25 @@ import dataclasses
 import pytest
 import torch
 
+from experiments.harness.methods import REGISTRY
 from experiments.harness.points import load_model_config
 from experiments.hybrid.footprint import footprint, max_concurrency
 from experiments.hybrid.generate import accept_greedy, greedy_ar, greedy_speculative
 from experiments.hybrid.layers import SSMCall
 from experiments.hybrid.model import HybridModel, MTPDrafter
-from experiments.hybrid.spec import hybrid_spec, parse_pattern
+from experiments.hybrid.spec import SSM_KINDS, hybrid_spec, parse_pattern
 from replayssm.testing import rel_err, tolerance
 
 TINY = ["tiny_mamba2", "tiny_gdn"]
+WITH_KDA = TINY + ["tiny_kda"]         # tiny_kda: KDA mixers and an MLA attention layer (Kimi-Linear-like)
 F32 = torch.float32
+
+
+def _landed(method, name):
+    """Skip a KDA point whose method module has not landed yet (replayssm.kda / baselines.kda_* grow in steps)."""
+    reason = REGISTRY[method].unavailable(_spec(name).family, "cpu", "torch")
+    if reason is not None:
+        pytest.skip(reason)
 
 
 def _spec(name, **changes):
@@ -34,8 +43,9 @@ def _model(spec, method, gen_seed, batch, capacity, T=None, context=40):
     return model
 
 
-@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("name", WITH_KDA)
 def test_e2e_logits_with_replayssm_equal_the_baseline_over_64_steps(name, gen):
+    _landed("baseline_ar", name)
     spec = _spec(name)                                         # buffer_len 4: 16 flushes in 64 steps
     seed = int(torch.randint(0, 2**30, (1,), generator=gen))
     base, replay = (_model(spec, m, seed, batch=3, capacity=120) for m in ("baseline_ar", "replay_ar"))
@@ -51,9 +61,11 @@ def test_e2e_logits_with_replayssm_equal_the_baseline_over_64_steps(name, gen):
     assert replay.lengths.tolist() == [40 + 64] * 3
 
 
-@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("name", WITH_KDA)
 @pytest.mark.parametrize("method", ["baseline_spec", "commit_replay_spec", "replay_spec"])
 def test_greedy_speculative_loop_emits_exactly_the_ar_tokens(name, method, gen):
+    _landed(method, name)
+    _landed("baseline_ar", name)
     spec, T, n, batch = _spec(name), 3, 24, 3
     seed = int(torch.randint(0, 2**30, (1,), generator=gen))
     tok0 = torch.randint(0, spec.vocab, (batch,), generator=gen)
@@ -91,10 +103,12 @@ def test_accept_greedy_counts_leading_matches():
     assert accept_greedy(drafts, target).tolist() == [1, 4, 2]
 
 
-@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("name", WITH_KDA)
 @pytest.mark.parametrize("mode, method", [("ar", "baseline_ar"), ("native", "baseline_spec"),
                                           ("replayssm", "replay_spec"), ("commit_replay", "commit_replay_spec")])
 def test_footprint_matches_the_bytes_allocated(name, mode, method):
+    _landed(method, name)
+    _landed("baseline_ar", name)                               # the MTP drafter runs baseline_ar
     spec, T, batch, max_len = _spec(name), 4, 5, 300
     model = _model(spec, method, 1, batch, capacity=max_len, T=T if mode != "ar" else None)
     allocated = model.weight_bytes() + model.embed_head_bytes() + sum(model.cache_bytes().values())
@@ -166,7 +180,7 @@ def test_runners_write_rows_on_cpu(tmp_path):
 
 
 
-@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("name", WITH_KDA)
 def test_replay_layers_share_one_cursor_per_row(name):
     """Every SSM layer of a ReplaySSM model holds the model's one cursor per row (moved once per step)."""
     from replayssm.ring_cursors import DecodeCursor, SpecCursor
@@ -174,7 +188,7 @@ def test_replay_layers_share_one_cursor_per_row(name):
     for method, kind, T in (("replay_ar", DecodeCursor, None), ("replay_spec", SpecCursor, 2),
                             ("baseline_ar", None, None)):
         model = _model(_spec(name), method, 0, batch=2, capacity=64, T=T)
-        caches = [layer.cache for ch, _, layer in model.layers if ch in ("M", "G")]
+        caches = [layer.cache for ch, _, layer in model.layers if ch in SSM_KINDS]
         if kind is None:
             assert model.ssm_cursor is None
             continue

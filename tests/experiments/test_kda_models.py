@@ -307,3 +307,45 @@ def test_kimi_linear_runs_through_the_kernel_experiments(tmp_path, experiment):
             assert (r["bytes_model"] or 0) > 0 or not has_bytes
         else:
             assert "not importable" in r["message"] or "needs a CUDA device" in r["message"], r
+
+
+@pytest.mark.parametrize("experiment", ["e2e_decode", "serving"])
+def test_kimi_linear_runs_through_the_whole_model_experiments(tmp_path, experiment):
+    """tiny_kda built whole and Kimi-Linear at TP8 composed from one block (KDA, MLA, dense MLP, MoE), with
+    sweep.backend=cpu: KDA has no C kernels, so the points run on torch and say so; ok rows for AR and ReplaySSM."""
+    from experiments.hybrid.run import run_hybrid
+
+    sweep = dict(models=["tiny_kda", "kimi_linear_48b_a3b@tp8"], batch=[2], context_len=[16],
+                 methods=["baseline_ar", "replay_ar"], modes=["ar", "native", "replayssm", "commit_replay"],
+                 spec_T=[3], history_len=6, acceptance=[{"kind": "rate", "p": 0.7}], spec_steps=4,
+                 route="output_only", state_dtype="float32", act_dtype="float32", backend="cpu", build="auto",
+                 max_build_bytes=10**8, max_model_len=256, vocab_cap=512, expert_cap=8, hbm_fallback_bytes=10**11,
+                 hbm_util=0.9, cpu_repeats=1, cpu_warmup=0, threads=1)
+    cfg = {"sweep": sweep, "device": "cpu", "seed": 0, "out_dir": str(tmp_path), "progress": False,
+           "timing": {"cpu_clock": "auto", "warmup_ms": 1, "rep_ms": 1, "l2_factor": 4, "max_layers": 64},
+           "hardware": {"name": "cpu"}, "experiment": {"name": experiment}}
+    _, rows = run_hybrid(cfg, experiment)
+    by = {(r["model"], r["mode"] or r["method"]): r for r in rows}
+    must = ["baseline_ar", "replay_ar"] if experiment == "e2e_decode" else ["ar", "replayssm"]
+    for model in ("tiny_kda", "kimi_linear_48b_a3b"):
+        for m in must:
+            r = by[(model, m)]
+            assert r["status"] == "ok" and r["backend"] == "torch" and r["ms_per_step"] > 0, r["message"]
+            assert 0 < r["ssm_share"] < 1 and r["family"] == "kda"
+    kimi = by[("kimi_linear_48b_a3b", must[1])]
+    assert kimi["composed"] and kimi["bytes_kv"] > 0 and kimi["bytes_ssm"] > 0
+    for r in rows:                     # a spec baseline whose module has not landed is skipped, never an error
+        assert r["status"] == "ok" or (r["status"] == "skipped" and "not importable" in r["message"]), r
+
+
+def test_the_concurrency_table_has_kimi_linear():
+    b300 = yaml.safe_load((CONF_DIR / "hardware" / "b300.yaml").read_text())
+    options = {"B": "16", "T": "4", "max_model_len": "2048", "gpu_memory_utilization": "0.9",
+               "max_num_batched_tokens": "8192", "activation_reserve_gb": "", "tp": "", "weights": "checkpoint"}
+    native, replay = fpm.concurrency_table(["kimi_linear_48b_a3b"], b300, options)
+    spec = hybrid_spec(load_model_config("kimi_linear_48b_a3b"))
+    fp = fpm.footprint(spec, "native", act_dtype=torch.bfloat16, state_dtype=torch.float32, max_model_len=2048,
+                       spec_T=4)
+    assert fp.kv_per_seq == (7 + 1) * 2048 * 576 * 2               # 7 MLA layers + the MTP layer's, bf16 latent
+    assert 95 < native["weights_GB"] < 105                          # 48B + the MTP layer, BF16
+    assert replay["ratio_vllm"] > 1.5 and native["vllm"] > 0
