@@ -92,9 +92,10 @@ def _frozen_verify_kernel(
     q_ptr, q_b, q_t, q_h, k_ptr, k_b, k_t, k_h, v_ptr, v_b, v_t, v_h,
     g_ptr, g_b, g_t, beta_ptr, beta_b, beta_t, out_ptr, o_b, o_t, o_h, scale,
     T: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
-    USE_L2NORM: tl.constexpr, NULL: tl.constexpr,
+    USE_L2NORM: tl.constexpr, NULL: tl.constexpr, g_h=1, sg_t=1, PER_CHANNEL: tl.constexpr = False,
 ):
     """Outputs of the window from the frozen checkpoint (no state write); stash the window.
+    PER_CHANNEL (KDA, baselines/kda_commit_replay.py): g [batch, T, HV, K] and the stash's g [slots, HV, T, K].
     Stash ownership: v of (slot, hv, V tile) by its program; g, beta by pid_v == 0; k by pid_v == 0 of the
     first value head of each key head."""
     pid_v = tl.program_id(0)
@@ -119,9 +120,14 @@ def _frozen_verify_kernel(
             q = q / tl.sqrt(tl.sum(q * q, 0) + 1e-6)
             k = k / tl.sqrt(tl.sum(k * k, 0) + 1e-6)
         v_raw = tl.load(v_ptr + row * v_b + t * v_t + hv * v_h + offs_v, mask=mask_v, other=0.0)
-        g = tl.load(g_ptr + row * g_b + t * g_t + hv)
-        beta = tl.load(beta_ptr + row * beta_b + t * beta_t + hv)
-        S = S * tl.exp(g)
+        if PER_CHANNEL:
+            g = tl.load(g_ptr + row * g_b + t * g_t + hv * g_h + offs_k, mask=mask_k, other=0.0)
+            beta = tl.load(beta_ptr + row * beta_b + t * beta_t + hv)
+            S = S * tl.exp(g)[None, :]
+        else:
+            g = tl.load(g_ptr + row * g_b + t * g_t + hv)
+            beta = tl.load(beta_ptr + row * beta_b + t * beta_t + hv)
+            S = S * tl.exp(g)
         u = beta * (v_raw.to(tl.float32) - tl.sum(S * k[None, :], 1))
         S = S + u[:, None] * k[None, :]
         o = tl.sum(S * (q * scale)[None, :], 1)
@@ -131,7 +137,11 @@ def _frozen_verify_kernel(
                      mask=mask_k)
         tl.store(sv_ptr + slot * sv_slot + hv * sv_head + t * sv_t + offs_v, v_raw.to(sv_ptr.dtype.element_ty),
                  mask=mask_v)
-        tl.store(sg_ptr + slot * sg_slot + hv * sg_head + t, g, mask=pid_v == 0)
+        if PER_CHANNEL:
+            if pid_v == 0:
+                tl.store(sg_ptr + slot * sg_slot + hv * sg_head + t * sg_t + offs_k, g, mask=mask_k)
+        else:
+            tl.store(sg_ptr + slot * sg_slot + hv * sg_head + t, g, mask=pid_v == 0)
         tl.store(sb_ptr + slot * sb_slot + hv * sb_head + t, beta, mask=pid_v == 0)
 
 
@@ -140,7 +150,7 @@ def _replay_commit_kernel(
     state_ptr, s_slot, s_head, s_v, slots_ptr, num_accepted_ptr,
     sk_ptr, sk_slot, sk_head, sk_t, sv_ptr, sv_slot, sv_head, sv_t, sg_ptr, sg_slot, sg_head, sb_ptr, sb_slot, sb_head,
     T: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
-    NULL: tl.constexpr,
+    NULL: tl.constexpr, sg_t=1, PER_CHANNEL: tl.constexpr = False,
 ):
     """Replay the first num_accepted stashed tokens into the checkpoint: one state read + one write."""
     pid_v = tl.program_id(0)
@@ -167,13 +177,17 @@ def _replay_commit_kernel(
                         other=0.0).to(tl.float32)
             v = tl.load(sv_ptr + slot * sv_slot + hv * sv_head + t * sv_t + offs_v, mask=mask_v,
                         other=0.0).to(tl.float32)
-            S = S * tl.exp(tl.load(sg_ptr + slot * sg_slot + hv * sg_head + t))
+            if PER_CHANNEL:
+                S = S * tl.exp(tl.load(sg_ptr + slot * sg_slot + hv * sg_head + t * sg_t + offs_k, mask=mask_k,
+                                       other=0.0))[None, :]
+            else:
+                S = S * tl.exp(tl.load(sg_ptr + slot * sg_slot + hv * sg_head + t))
             u = tl.load(sb_ptr + slot * sb_slot + hv * sb_head + t) * (v - tl.sum(S * k[None, :], 1))
             S = S + u[:, None] * k[None, :]
     tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)
 
 
-def _verify_triton(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out):
+def _verify_triton(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, per_channel: bool = False):
     gm, batch = cache.geometry, q.shape[0]
     cfg = serial_launch_config(gm, q.device)
     st = cache.state
@@ -184,17 +198,18 @@ def _verify_triton(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out):
         out, out.stride(0), out.stride(1), out.stride(2), float(scale),
         T=cache.window, GROUP=gm.value_heads_per_key_head, K=gm.K, V=gm.V, BV=cfg["BV"], BK=cfg["BK"],
         USE_L2NORM=bool(use_qk_l2norm), NULL=NULL_SLOT, num_warps=cfg["num_warps"],
+        **(dict(g_h=g.stride(2), sg_t=cache.g.stride(2), PER_CHANNEL=True) if per_channel else {}),
     )
 
 
-def _commit_triton(cache, num_accepted, slots):
+def _commit_triton(cache, num_accepted, slots, per_channel: bool = False):
     gm, batch = cache.geometry, slots.shape[0]
     cfg = serial_launch_config(gm, slots.device)
     st = cache.state
     _replay_commit_kernel[(triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)](
         st, st.stride(0), st.stride(1), st.stride(2), slots, num_accepted, *_stash_args(cache),
         T=cache.window, GROUP=gm.value_heads_per_key_head, K=gm.K, V=gm.V, BV=cfg["BV"], BK=cfg["BK"], NULL=NULL_SLOT,
-        num_warps=cfg["num_warps"],
+        num_warps=cfg["num_warps"], **(dict(sg_t=cache.g.stride(2), PER_CHANNEL=True) if per_channel else {}),
     )
 
 
@@ -210,7 +225,7 @@ def _verify_torch(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out):
     qf, kf = window_qk_fp32(q, k, scale, use_qk_l2norm)
     S = cache.state[sl].float().view(b, gm.H, G, gm.V, gm.K)       # a copy: the checkpoint stays frozen
     vf = v.float().view(b, T, gm.H, G, gm.V)
-    gf, bf = g.view(b, T, gm.H, G), beta.view(b, T, gm.H, G)
+    gf, bf = g.view(b, T, gm.H, G, *g.shape[3:]), beta.view(b, T, gm.H, G)      # KDA: g [.., K]
     o = torch.empty(b, T, gm.HV, gm.V, dtype=torch.float32, device=q.device)
     for t in range(T):
         delta_step_torch_(S, kf[:, t], vf[:, t], gf[:, t], bf[:, t])
@@ -236,11 +251,13 @@ def _commit_torch(cache, num_accepted, slots):
     S = cache.state[sl].float().view(b, gm.H, G, gm.V, gm.K)
     kf = cache.k[sl].float()                                           # [b, H, T, K]
     vf = cache.v[sl].float().view(b, gm.H, G, cache.window, gm.V)
-    gf, bf = cache.g[sl].view(b, gm.H, G, -1), cache.beta[sl].view(b, gm.H, G, -1)
+    gf = cache.g[sl].view(b, gm.H, G, cache.window, *cache.g.shape[3:])           # KDA: g [.., K]
+    bf = cache.beta[sl].view(b, gm.H, G, -1)
     for t in range(int(a.max())):
         # Rows that accepted fewer tokens stop early: their step has decay 1 and beta 0 (an exact no-op).
         on = (a > t).view(b, 1, 1)
-        delta_step_torch_(S, kf[:, :, t], vf[..., t, :], torch.where(on, gf[..., t], 0.0),
+        g_t = gf[:, :, :, t]
+        delta_step_torch_(S, kf[:, :, t], vf[..., t, :], torch.where(on.view(b, *[1] * (g_t.dim() - 1)), g_t, 0.0),
                           torch.where(on, bf[..., t], 0.0))
     cache.state[sl] = S.view(b, gm.HV, gm.V, gm.K).to(cache.state_dtype)
 
@@ -283,9 +300,10 @@ def _commit_cpu(cache, num_accepted, slots):
     ops.gdn_cr_commit(cache, num_accepted, slots)
 
 
-def _check_cache(cache) -> None:
-    if not isinstance(cache, CommitReplayCache):
-        raise ValueError(f"expected a baselines.gdn_commit_replay.CommitReplayCache, got {type(cache).__name__}")
+def _check_cache(cache, cls=None) -> None:
+    cls = cls or CommitReplayCache
+    if not isinstance(cache, cls):
+        raise ValueError(f"expected a {cls.__module__}.{cls.__name__}, got {type(cache).__name__}")
 
 
 def spec_verify(cache: CommitReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,

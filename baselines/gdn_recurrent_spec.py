@@ -89,8 +89,9 @@ def _recurrent_spec_verify_kernel(
     q_ptr, q_b, q_t, q_h, k_ptr, k_b, k_t, k_h, v_ptr, v_b, v_t, v_h,
     g_ptr, g_b, g_t, beta_ptr, beta_b, beta_t, out_ptr, o_b, o_t, o_h, scale,
     T: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
-    USE_L2NORM: tl.constexpr, NULL: tl.constexpr,
+    USE_L2NORM: tl.constexpr, NULL: tl.constexpr, g_h=1, PER_CHANNEL: tl.constexpr = False,
 ):
+    """PER_CHANNEL (KDA, baselines/kda_recurrent_spec.py): g [batch, T, HV, K], S <- S diag(exp(g_t))."""
     pid_v = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     hv = tl.program_id(2).to(tl.int64)
@@ -114,7 +115,10 @@ def _recurrent_spec_verify_kernel(
             q = q / tl.sqrt(tl.sum(q * q, 0) + 1e-6)
             k = k / tl.sqrt(tl.sum(k * k, 0) + 1e-6)
         v = tl.load(v_ptr + row * v_b + t * v_t + hv * v_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        S = S * tl.exp(tl.load(g_ptr + row * g_b + t * g_t + hv))
+        if PER_CHANNEL:
+            S = S * tl.exp(tl.load(g_ptr + row * g_b + t * g_t + hv * g_h + offs_k, mask=mask_k, other=0.0))[None, :]
+        else:
+            S = S * tl.exp(tl.load(g_ptr + row * g_b + t * g_t + hv))
         u = tl.load(beta_ptr + row * beta_b + t * beta_t + hv) * (v - tl.sum(S * k[None, :], 1))
         S = S + u[:, None] * k[None, :]
         o = tl.sum(S * (q * scale)[None, :], 1)
@@ -136,7 +140,7 @@ def _set_last_kernel(last_ptr, slots_ptr, num_accepted_ptr, batch, HAS_COUNTS: t
     tl.store(last_ptr + tl.where(live, slot, 0).to(tl.int64), value, mask=live)
 
 
-def _verify_triton(states, q, k, v, g, beta, scale, use_qk_l2norm, slots, out):
+def _verify_triton(states, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, per_channel: bool = False):
     gm, batch = states.geometry, q.shape[0]
     cfg = serial_launch_config(gm, q.device)
     st = states.state
@@ -147,6 +151,7 @@ def _verify_triton(states, q, k, v, g, beta, scale, use_qk_l2norm, slots, out):
         out, out.stride(0), out.stride(1), out.stride(2), float(scale),
         T=states.window, GROUP=gm.value_heads_per_key_head, K=gm.K, V=gm.V, BV=cfg["BV"], BK=cfg["BK"],
         USE_L2NORM=bool(use_qk_l2norm), NULL=NULL_SLOT, num_warps=cfg["num_warps"],
+        **(dict(g_h=g.stride(2), PER_CHANNEL=True) if per_channel else {}),
     )
 
 
@@ -181,8 +186,9 @@ def delta_step_torch_(S: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
                       beta: torch.Tensor) -> None:
     """In place, fp32: S [b, H, G, V, K] <- exp(g) S + u k^T, u = beta (v - exp(g) S k).
 
-    k [b, H, K]; v [b, H, G, V]; g, beta [b, H, G]."""
-    S.mul_(torch.exp(g)[..., None, None])
+    k [b, H, K]; v [b, H, G, V]; g, beta [b, H, G]; or g [b, H, G, K], a decay per key channel (KDA):
+    S <- S diag(exp(g))."""
+    S.mul_(torch.exp(g)[..., None, :] if g.dim() == 4 else torch.exp(g)[..., None, None])
     u = beta[..., None] * (v - torch.einsum("bhgvk,bhk->bhgv", S, k))
     S.add_(u[..., :, None] * k[:, :, None, None, :])
 
@@ -199,7 +205,7 @@ def _verify_torch(states, q, k, v, g, beta, scale, use_qk_l2norm, slots, out):
     qf, kf = window_qk_fp32(q, k, scale, use_qk_l2norm)
     S = states.state[sl, states.last[sl].long()].float().view(b, gm.H, G, gm.V, gm.K)
     vf = v.float().view(b, T, gm.H, G, gm.V)
-    gf, bf = g.view(b, T, gm.H, G), beta.view(b, T, gm.H, G)
+    gf, bf = g.view(b, T, gm.H, G, *g.shape[3:]), beta.view(b, T, gm.H, G)      # KDA: g [.., K]
     o = torch.empty(b, T, gm.HV, gm.V, dtype=torch.float32, device=q.device)
     for t in range(T):
         delta_step_torch_(S, kf[:, t], vf[:, t], gf[:, t], bf[:, t])
@@ -228,9 +234,10 @@ def _verify_cpu(states, q, k, v, g, beta, scale, use_qk_l2norm, slots, out):
     ops.gdn_spec_native(states, q, k, v, g, beta, scale, use_qk_l2norm, out, slots)
 
 
-def _check_states(states) -> None:
-    if not isinstance(states, SpecStates):
-        raise ValueError(f"expected a baselines.gdn_recurrent_spec.SpecStates, got {type(states).__name__}")
+def _check_states(states, cls=None) -> None:
+    cls = cls or SpecStates
+    if not isinstance(states, cls):
+        raise ValueError(f"expected a {cls.__module__}.{cls.__name__}, got {type(states).__name__}")
 
 
 def spec_verify(states: SpecStates, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -261,8 +268,8 @@ def spec_verify(states: SpecStates, q: torch.Tensor, k: torch.Tensor, v: torch.T
     return out
 
 
-def _check_cursor_call(states, num_accepted, slots, backend):
-    _check_states(states)
+def _check_cursor_call(states, num_accepted, slots, backend, cls=None):
+    _check_states(states, cls)
     check_backend(backend, states.state)
     if num_accepted is not None:
         if not isinstance(num_accepted, torch.Tensor) or num_accepted.dim() != 1:

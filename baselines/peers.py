@@ -9,6 +9,9 @@
                                                  slots=None, out=None) -> o [batch, HV, V]
         FLA's pool-indexed recurrent delta-rule kernel for one decode token, run on our K-last pool
         [slots, HV, V, K] in place with its own slot indexing (no state copies, no host sync).
+    fla_fused_recurrent_kda() -> fn(state, q, k, v, g, beta, scale=None, use_qk_l2norm=False, slots=None,
+                                    out=None) -> o [batch, HV, V]
+        The same FLA kernel as the KDA peer of baselines/kda_recurrent.py: g [batch, HV, K] goes in as it is.
     peer_status() -> {"mamba_ssm": "ok" | "skipped: <reason>", "fla": ..., "flashinfer": ...}
     peer_versions() -> {distribution: version} for provenance.
 
@@ -142,6 +145,17 @@ def fla_fused_recurrent_gated_delta_rule() -> Callable[..., torch.Tensor]:
     variable-length sequences (cu_seqlens): a NULL_SLOT row is a zero-length sequence, which FLA skips before
     touching the pool, and its output is left as it was. Costs beyond the kernel: the [batch]-sized ordering
     and the gathers of the rows' inputs (never the state)."""
+    return _fla_pool_step(per_channel=False)
+
+
+def fla_fused_recurrent_kda() -> Callable[..., torch.Tensor]:
+    """FLA's fused recurrent KDA kernel (fla.ops.kda.fused_recurrent) for one token per row, on our K-last pool in
+    place, with our KDA call shape: g [batch, HV, K] fp32 is FLA's own per-key-channel gate. Otherwise exactly
+    fla_fused_recurrent_gated_delta_rule (slot indexing, NULL rows, no host sync)."""
+    return _fla_pool_step(per_channel=True)
+
+
+def _fla_pool_step(per_channel: bool) -> Callable[..., torch.Tensor]:
     fwd = _import_fla_pool_recurrent()
 
     def call(state, q, k, v, g, beta, scale=None, use_qk_l2norm=False, slots=None, out=None):
@@ -154,7 +168,7 @@ def fla_fused_recurrent_gated_delta_rule() -> Callable[..., torch.Tensor]:
         if state.dim() != 4 or state.stride(3) != 1 or state.stride(2) != K or state.stride(1) != V * K:
             raise ValueError("fla peer: each slot's state [HV, V, K] must be contiguous (the pool's slot stride is "
                              f"free), got strides {tuple(state.stride())}")
-        gate = g.float()[..., None].expand(batch, HV, K)
+        gate = g.float() if per_channel else g.float()[..., None].expand(batch, HV, K)
         common = dict(initial_state=state, inplace_final_state=True, state_v_first=True, scale=scale,
                       use_qk_l2norm_in_kernel=use_qk_l2norm)
         if slots is None:

@@ -151,3 +151,29 @@ def test_fla_adapter_runs_on_the_pool_in_place_without_host_sync(with_slots, gen
     nulls = [i for i in range(batch) if i not in rows]
     assert torch.isnan(out[nulls]).all()
 
+
+
+@fla_interpreter_loop_bug
+def test_fla_kda_adapter_matches_ref(gen, device):
+    """FLA's fused recurrent KDA kernel on our pool: grouped value heads, per-channel decays, a padded row; vs our
+    float64 KDA recurrence and our KDA baseline step."""
+    from baselines.kda_recurrent import fused_recurrent_step
+    from replayssm.geometry import KDAGeometry
+    from replayssm.kda.inputs import random_state as kda_random_state
+    from replayssm.kda.inputs import random_step as kda_random_step
+    from replayssm.kda.ref import kda_step_ref
+
+    step = _adapter_or_skip(peers.fla_fused_recurrent_kda)
+    geom = KDAGeometry(H=1, HV=2, K=16, V=16)
+    state = kda_random_state(geom, 2, device=device, generator=gen)
+    inp = kda_random_step(geom, 2, device=device, use_qk_l2norm=True, generator=gen)
+    slots = torch.tensor([1, NULL_SLOT], dtype=torch.int32, device=device)
+    new, o_ref, _ = kda_step_ref(state[1:2], *(inp[k][:1] for k in ("q", "k", "v", "g", "beta")), use_qk_l2norm=True)
+    ours = state.clone()
+    out = nan_like(inp["v"])
+    step(state, inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], use_qk_l2norm=True, slots=slots, out=out)
+    assert rel_err(out[:1], o_ref) <= tolerance(torch.float32)
+    assert rel_err(state[1:2], new) <= tolerance(torch.float32)
+    assert torch.isnan(out[1]).all() and torch.equal(state[0], ours[0])
+    o_ours = fused_recurrent_step(ours, **inp, use_qk_l2norm=True, slots=slots, backend="torch")
+    assert rel_err(o_ours[:1], out[:1]) <= tolerance(torch.float32)
