@@ -14,8 +14,8 @@ its backend=cpu points run on torch (cpu_families) and the rows say so.
     commit_replay_spec  spec  all        frozen checkpoint, replay the accepted prefix at commit
     replay_spec         spec  all        ReplaySSM ring: verify from one checkpoint, early flush
     peer:mamba_ssm      ar    mamba2     installed mamba_ssm selective_state_update (baselines.peers)
-    peer:fla            ar    gdn        installed FLA, its pool-indexed recurrent kernel (fused_recurrent_kda_fwd
-                                         with the GDN decay broadcast over K: the same recurrence; baselines.peers)
+    peer:fla            ar    gdn, kda   installed FLA, its pool-indexed recurrent kernel (fused_recurrent_kda_fwd:
+                                         KDA's own per-channel gate; GDN's decay broadcast over K; baselines.peers)
 
 The API functions an entry returns from `api()` are the raw public functions; the harness may wrap
 them in torch.compile, then calls them through `step` / `verify` / `commit`.
@@ -347,6 +347,9 @@ class PeerAR(Method):
     peer: str = ""
     adapter: str = ""
 
+    def adapter_for(self, family: str) -> str:
+        return self.adapter
+
     def backend_for(self, backend, family=None):
         return "triton"                      # peers are their projects' Triton kernels
 
@@ -365,7 +368,7 @@ class PeerAR(Method):
     def api(self, family):
         mod = self.module(family)
         try:
-            return {"step": getattr(mod, self.adapter)()}
+            return {"step": getattr(mod, self.adapter_for(family))()}
         except mod.PeerUnavailable as exc:          # str() is "skipped: <reason>"
             raise MethodUnavailable(str(exc).removeprefix("skipped: ")) from None
 
@@ -390,7 +393,11 @@ class PeerMambaSSM(PeerAR):
 
 
 class PeerFLA(PeerAR):
-    name, families, peer, adapter = "peer:fla", ("gdn",), "fla", "fla_fused_recurrent_gated_delta_rule"
+    name, families, peer = "peer:fla", ("gdn", "kda"), "fla"
+    adapters = {"gdn": "fla_fused_recurrent_gated_delta_rule", "kda": "fla_fused_recurrent_kda"}
+
+    def adapter_for(self, family):
+        return self.adapters[family]               # one entry, one adapter per family: rows stay `peer:fla`
 
 
 for _cls in (BaselineAR, ReplayAR, BaselineSpec, CommitReplaySpec, ReplaySpec, PeerMambaSSM, PeerFLA):
