@@ -126,7 +126,7 @@ def mamba2_tree_verify(cache: TreeReplayCache, x, dt, A, B, C, D=None, z=None, d
 
 def gdn_tree_verify(cache: TreeReplayCache, q, k, v, g, beta, scale=None, use_qk_l2norm=False, *, parents,
                     slots=None, out=None, backend="torch") -> torch.Tensor:
-    """q, k [batch, N, H, K]; v [batch, N, HV, V]; g, beta [batch, N, HV]."""
+    """q, k [batch, N, H, K]; v [batch, N, HV, V]; beta [batch, N, HV]; g [batch, N, HV] (GDN) or [.., HV, K] (KDA)."""
     geo = cache.geometry
     scale = geo.K ** -0.5 if scale is None else scale
     if out is None:
@@ -139,6 +139,9 @@ def gdn_tree_verify(cache: TreeReplayCache, q, k, v, g, beta, scale=None, use_qk
         qh = qn[live].repeat_interleave(geo.value_heads_per_key_head, 2)
         out[live] = (states @ qh[..., None])[..., 0].to(out.dtype)
     return out
+
+
+kda_tree_verify = gdn_tree_verify      # KDA: the stash holds g [.., HV, K]; gdn_steps decays per key channel
 
 
 def tree_commit(cache: TreeReplayCache, path: torch.Tensor, num_accepted: torch.Tensor, slots=None,

@@ -136,12 +136,15 @@ def gdn_prepare(q, k, scale: float, use_qk_l2norm: bool, grp: int, dtype):
 
 def gdn_steps(kk, v, g, beta, dtype):
     """step(prev, s): the delta rule u = beta (v - exp(g) prev k), S = exp(g) prev + u k^T on node s of
-    node-major rows (kk [n, N, HV, K] prepared, v [n, N, HV, V], g, beta [n, N, HV])."""
+    node-major rows (kk [n, N, HV, K] prepared, v [n, N, HV, V], beta [n, N, HV]; g [n, N, HV] (GDN: one decay
+    per head) or [n, N, HV, K] (KDA: one per key channel, the state's K-last columns))."""
     vv, gg, bb = v.to(dtype), g.to(dtype), beta.to(dtype)
+    per_channel = gg.dim() == 4
 
     def step(prev, s):
         prev = prev.to(dtype)
-        e = torch.exp(gg[:, s])[..., None, None]
+        e = torch.exp(gg[:, s])
+        e = e[..., None, :] if per_channel else e[..., None, None]           # [n, HV, 1, K] or [n, HV, 1, 1]
         u = bb[:, s, :, None] * (vv[:, s] - (e * prev @ kk[:, s, :, :, None])[..., 0])
         return e * prev + u[..., :, None] * kk[:, s, :, None, :]
     return step
@@ -149,7 +152,7 @@ def gdn_steps(kk, v, g, beta, dtype):
 
 def gdn_tree_verify(snap: TreeSnapshots, q, k, v, g, beta, scale=None, use_qk_l2norm=False, *, parents,
                     slots=None, out=None, backend="torch") -> torch.Tensor:
-    """q, k [batch, N, H, K]; v [batch, N, HV, V]; g, beta [batch, N, HV]."""
+    """q, k [batch, N, H, K]; v [batch, N, HV, V]; beta [batch, N, HV]; g [batch, N, HV] (GDN) or [.., HV, K] (KDA)."""
     batch, N = q.shape[:2]
     slots, parents, live = _prepare(snap, batch, N, parents, slots, backend)
     geo = snap.geometry
@@ -163,6 +166,9 @@ def gdn_tree_verify(snap: TreeSnapshots, q, k, v, g, beta, scale=None, use_qk_l2
     work = _walk(snap, slots[live].long(), parents[live], gdn_steps(kk, v[live], g[live], beta[live], dtype))
     out[live] = (work[:, 1:].to(dtype) @ qq[..., None])[..., 0].to(out.dtype)
     return out
+
+
+kda_tree_verify = gdn_tree_verify      # KDA: the same walk with g [batch, N, HV, K] (gdn_steps decays per channel)
 
 
 def tree_commit(snap: TreeSnapshots, path: torch.Tensor, num_accepted: torch.Tensor, slots=None,
