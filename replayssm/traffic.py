@@ -23,134 +23,52 @@ FLOPs per head follow the blog's convention (§5.1, Mamba-2: d = headdim, n = ds
     state-and-output route (and flushes)   2(h+1)dn + 2dn + 2dn
     output-only route                      2dn + d + 2(h+1)n + n + 2(h+1)d
 GDN (per value head, VK = V*K) counts its rank updates and readouts the same way; see `_gdn_flops_*`.
-KDA (replayssm.kda, a K-vector g per value head and token) is in replayssm/traffic_kda.py; its kda_* functions
-are also reachable here (traffic.kda_replay_ar, ...), and cache_footprint / tree_traffic take a KDAGeometry.
+KDA (replayssm.kda, a K-vector g per value head and token) is in replayssm/traffic_kda.py, re-exported here
+(traffic.kda_replay_ar, ...); cache_footprint / tree_traffic take a KDAGeometry. The units (Traffic, Footprint,
+the checks, spec_cycle, GDN's sizes and FLOPs) live in replayssm/traffic_core.py, also re-exported here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from replayssm.checks import next_pow2
 from replayssm.geometry import GDNGeometry, KDAGeometry, Mamba2Geometry
-
-FP32 = 4
-HALF = 2                       # bf16 / fp16
-CACHED_SCALAR_BYTES = FP32     # cached dt / g, and the raw dt, g, beta inputs
-ROUTES = ("output_only", "state_and_output")
-
-
-@dataclass(frozen=True)
-class Traffic:
-    """HBM bytes read and written, and FLOPs, of one step (ints), or a mean over steps (fractional)."""
-
-    read: float
-    write: float
-    flops: float
-
-    @property
-    def total(self) -> float:
-        """Bytes moved, read + write."""
-        return self.read + self.write
-
-    @property
-    def intensity(self) -> float:
-        """Arithmetic intensity, FLOPs per byte."""
-        return self.flops / self.total
-
-    def __add__(self, other: Traffic) -> Traffic:
-        return Traffic(self.read + other.read, self.write + other.write, self.flops + other.flops)
-
-    def __mul__(self, k: float) -> Traffic:
-        return Traffic(self.read * k, self.write * k, self.flops * k)
-
-    __rmul__ = __mul__
-
-    def __truediv__(self, k: float) -> Traffic:
-        return Traffic(self.read / k, self.write / k, self.flops / k)
-
-
-def mean_traffic(steps: list[Traffic]) -> Traffic:
-    """The mean step of a cycle."""
-    if not steps:
-        raise ValueError("mean_traffic needs at least one step")
-    total = steps[0]
-    for s in steps[1:]:
-        total = total + s
-    return total / len(steps)
-
-
-@dataclass(frozen=True)
-class Footprint:
-    """Persistent bytes per sequence per layer: recurrent state(s), input buffers/rings, and the small rest
-    (cursors and per-slot scratch) that the caches in this repo also allocate."""
-
-    states: int
-    buffers: int
-    scratch: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.states + self.buffers + self.scratch
-
-
-# ---------------------------------------------------------------------------------------------------------
-# validation
-
-
-def _check_geometry(geom, cls) -> None:
-    if not isinstance(geom, cls):
-        raise ValueError(f"expected a {cls.__name__}, got {type(geom).__name__}")
-
-
-def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < lo or (hi is not None and value > hi):
-        bound = f">= {lo}" if hi is None else f"in {lo}..{hi}"
-        raise ValueError(f"{name} must be an int {bound}, got {value!r}")
-
-
-def _check_dtypes(state_bytes: int, act_bytes: int) -> None:
-    if state_bytes not in (2, 4):
-        raise ValueError(f"state_bytes must be 2 (fp16) or 4 (fp32), got {state_bytes!r}")
-    if act_bytes not in (2, 4):
-        raise ValueError(f"act_bytes must be 2 (bf16/fp16) or 4 (fp32), got {act_bytes!r}")
-
-
-def _check_route(route: str) -> None:
-    if route not in ROUTES:
-        raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
-
-
-def _check_spec(T: int, accepted: int, B_hist: int | None = None) -> None:
-    _check_int("T", T, 1)
-    _check_int("accepted", accepted, 1, T)
-    if B_hist is not None:
-        _check_int("B_hist", B_hist, 1)
-        if B_hist < T:
-            raise ValueError(f"B_hist={B_hist} < T={T}: the ring needs B >= T")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# the speculative ring's cursor protocol (the official fork Johnny-Liou/ReplaySSM), simulated at a fixed acceptance
-
-
-def spec_cycle(B_hist: int, T: int, accepted: int) -> list[tuple[int, bool]]:
-    """The steady-state cycle of (history h, is_flush) seen by verify when every step accepts `accepted`.
-
-    Commit: after a flush step write_pos = accepted, else write_pos += accepted; then
-    is_flush_next = write_pos + 2T > B_hist + T. A reset row starts at write_pos 0, is_flush = 2T > B + T.
-    """
-    _check_spec(T, accepted, B_hist)
-    write_pos, is_flush = 0, 2 * T > B_hist + T
-    first_seen: dict[tuple[int, bool], int] = {}
-    steps: list[tuple[int, bool]] = []
-    while (write_pos, is_flush) not in first_seen:
-        first_seen[(write_pos, is_flush)] = len(steps)
-        steps.append((write_pos, is_flush))
-        write_pos = accepted if is_flush else write_pos + accepted
-        is_flush = write_pos + 2 * T > B_hist + T
-    return steps[first_seen[(write_pos, is_flush)]:]
-
+from replayssm.traffic_core import (  # noqa: F401 - re-exported: traffic.X is the public name of every unit
+    CACHED_SCALAR_BYTES,
+    FP32,
+    HALF,
+    ROUTES,
+    Footprint,
+    Traffic,
+    _check_dtypes,
+    _check_geometry,
+    _check_int,
+    _check_route,
+    _check_spec,
+    _gdn_flops_baseline_token,
+    _gdn_flops_replay,
+    _gdn_flops_spec_verify,
+    gdn_entry_bytes,
+    gdn_input_bytes,
+    gdn_output_bytes,
+    gdn_stash_bytes,
+    gdn_state_bytes,
+    mean_traffic,
+    spec_cycle,
+)
+from replayssm.traffic_kda import (  # noqa: F401 - the KDA byte model, re-exported
+    kda_baseline_ar,
+    kda_baseline_spec,
+    kda_commit_replay_spec,
+    kda_entry_bytes,
+    kda_input_bytes,
+    kda_output_bytes,
+    kda_replay_ar,
+    kda_replay_ar_cycle,
+    kda_replay_spec,
+    kda_replay_spec_step,
+    kda_stash_bytes,
+    kda_state_bytes,
+)
 
 # ---------------------------------------------------------------------------------------------------------
 # Mamba-2 sizes and FLOPs
@@ -306,67 +224,6 @@ def mamba2_replay_spec(geom: Mamba2Geometry, B_hist: int, T: int, accepted: int,
                          for h, flush in spec_cycle(B_hist, T, accepted)])
 
 
-# ---------------------------------------------------------------------------------------------------------
-# GDN sizes and FLOPs
-
-
-def gdn_state_bytes(geom: GDNGeometry, state_bytes: int = FP32) -> int:
-    return geom.HV * geom.V * geom.K * state_bytes
-
-
-def gdn_input_bytes(geom: GDNGeometry, act_bytes: int = HALF) -> int:
-    """One token's inputs: q, k [H, K], v [HV, V] (act); g, beta [HV] (fp32)."""
-    g = geom
-    return 2 * g.H * g.K * act_bytes + g.HV * g.V * act_bytes + 2 * g.HV * CACHED_SCALAR_BYTES
-
-
-def gdn_output_bytes(geom: GDNGeometry, act_bytes: int = HALF) -> int:
-    return geom.HV * geom.V * act_bytes
-
-
-def gdn_entry_bytes(geom: GDNGeometry, act_bytes: int = HALF) -> int:
-    """One ReplaySSM cached token: corrected update u [HV, V], key k [H, K] (act), log decay g [HV] fp32."""
-    g = geom
-    return g.HV * g.V * act_bytes + g.H * g.K * act_bytes + g.HV * CACHED_SCALAR_BYTES
-
-
-def gdn_stash_bytes(geom: GDNGeometry, act_bytes: int = HALF) -> int:
-    """One commit-replay stash token: raw v [HV, V], k [H, K] (act), g, beta [HV] fp32 (u cannot be
-    stashed: it depends on the state at the token, which the commit recomputes serially)."""
-    g = geom
-    return g.HV * g.V * act_bytes + g.H * g.K * act_bytes + 2 * g.HV * CACHED_SCALAR_BYTES
-
-
-def _gdn_flops_baseline_token(geom: GDNGeometry, readout: bool = True) -> int:
-    """Decay alpha S (VK), S k (2VK), rank-1 update (2VK), S q (2VK, if `readout`); u = beta (v - S k) (2V)."""
-    VK = geom.V * geom.K
-    return geom.HV * (VK + 2 * VK + 2 * VK + (2 * VK if readout else 0) + 2 * geom.V)
-
-
-def _gdn_flops_replay(geom: GDNGeometry, h: int, flush: bool) -> int:
-    """Rebuild S_h = e^G S0 + sum_{j<h} w_j u_j k_j^T (VK + 2hVK, nothing when h = 0), read it with k and q
-    (4VK), the token's vector work (u: 3V; o = alpha S_h q + u (k . q): 3V + 2K); a flush writes
-    alpha S_h + u k^T (3VK)."""
-    V, K = geom.V, geom.K
-    VK = V * K
-    rebuild = (VK + 2 * h * VK) if h else 0
-    fold = 3 * VK if flush else 0
-    return geom.HV * (rebuild + 4 * VK + 6 * V + 2 * K + fold)
-
-
-def _gdn_flops_spec_verify(geom: GDNGeometry, h: int, T: int, flush: bool) -> int:
-    """What the verify kernel computes (replayssm/gdn/spec_kernels.py), flush or not: it rebuilds S_h from the
-    checkpoint and the h history entries with a GEMM over the history (VK + 2hVK, nothing when h = 0; a flush
-    row also stores it), reads it with the T keys and T queries (4T VK) and forms the Gram matrix of the 2T
-    stacked window rows (2 (2T)^2 K). The T x T system is solved by T substitution steps, each a [T, T] x [T, V]
-    product (2T^3 V), and the intra-window output is one [T, T] x [T, V] product (2T^2 V). Counted at the
-    logical sizes: the padding of the history and window axes to 16 rows (tensor-core tiles) is not."""
-    V, K = geom.V, geom.K
-    VK = V * K
-    rebuild = (VK + 2 * h * VK) if h else 0
-    readout = 4 * T * VK
-    window = 2 * (2 * T) ** 2 * K + 2 * T ** 3 * V + 2 * T * T * V
-    return geom.HV * (rebuild + readout + window)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -482,9 +339,8 @@ def cache_footprint(method: str, geom: Mamba2Geometry | GDNGeometry, *, L: int |
                                gdn_stash_bytes(geom, act_bytes))
         bc_per_row = 0
     elif isinstance(geom, KDAGeometry):
-        from replayssm import traffic_kda as kda
-        state, entry, stash = (kda.kda_state_bytes(geom, state_bytes), kda.kda_entry_bytes(geom, act_bytes),
-                               kda.kda_stash_bytes(geom, act_bytes))
+        state, entry, stash = (kda_state_bytes(geom, state_bytes), kda_entry_bytes(geom, act_bytes),
+                               kda_stash_bytes(geom, act_bytes))
         bc_per_row = 0
     else:
         raise ValueError(f"expected a Mamba2Geometry, GDNGeometry or KDAGeometry, got {type(geom).__name__}")
@@ -557,17 +413,12 @@ def tree_traffic(geom, method: str, N: int, depth: int, accepted: int, B_hist: i
     """
     if method not in TREE_METHODS:
         raise ValueError(f"method={method!r}: expected one of {TREE_METHODS}")
-    if isinstance(geom, KDAGeometry):
-        from replayssm import traffic_kda as kda
-        fam = "kda", kda
-    elif isinstance(geom, (Mamba2Geometry, GDNGeometry)):
-        fam = ("mamba2", None) if isinstance(geom, Mamba2Geometry) else ("gdn", None)
-    else:
+    if not isinstance(geom, (Mamba2Geometry, GDNGeometry, KDAGeometry)):
         raise ValueError(f"expected a Mamba2Geometry, GDNGeometry or KDAGeometry, got {type(geom).__name__}")
+    fam = "mamba2" if isinstance(geom, Mamba2Geometry) else "kda" if isinstance(geom, KDAGeometry) else "gdn"
     _check_dtypes(state_bytes, act_bytes)
-    f = {name: globals().get(f"{fam[0]}_{name}") or getattr(fam[1], f"{fam[0]}_{name}")
-         for name in ("state_bytes", "entry_bytes", "baseline_spec", "replay_spec_step", "input_bytes",
-                      "output_bytes")}
+    names = ("state_bytes", "entry_bytes", "baseline_spec", "replay_spec_step", "input_bytes", "output_bytes")
+    f = {name: globals()[f"{fam}_{name}"] for name in names}
     state, entry = f["state_bytes"](geom, state_bytes), f["entry_bytes"](geom, act_bytes)
     if method == "native_tree":
         return f["baseline_spec"](geom, N, state_bytes, act_bytes)
@@ -582,10 +433,3 @@ def tree_traffic(geom, method: str, N: int, depth: int, accepted: int, B_hist: i
     return Traffic(read=reads * state + accepted * entry + N * inputs, write=state + N * entry + N * outputs,
                    flops=f["baseline_spec"](geom, N).flops)
 
-
-def __getattr__(name: str):
-    """traffic.kda_*: the KDA byte model, kept in replayssm/traffic_kda.py (which imports this module)."""
-    if name.startswith("kda_"):
-        from replayssm import traffic_kda
-        return getattr(traffic_kda, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

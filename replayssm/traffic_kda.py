@@ -18,7 +18,7 @@ pairs) where GDN's Gram matrix is one GEMM (2 (2T)^2 K).
 from __future__ import annotations
 
 from replayssm.geometry import KDAGeometry
-from replayssm.traffic import (
+from replayssm.traffic_core import (
     CACHED_SCALAR_BYTES,
     FP32,
     HALF,

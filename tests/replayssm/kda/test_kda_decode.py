@@ -284,3 +284,22 @@ def test_gpu_tile_table_under_interpreter(arch, gen, device, monkeypatch):
         pytest.skip("the forced launch table is an interpreter-only check")
     monkeypatch.setenv("REPLAYSSM_TARGET_ARCH", arch)
     run_scenario("triton", GPU_TILES, 4, F32, F32, 5, gen, device, use_qk_l2norm=True, batch=2, extra_slots=1)
+
+
+@pytest.mark.parametrize("backend", ["torch", "ref"])
+def test_fp8_checkpoint(backend, gen):
+    """The experimental e4m3 checkpoint (replayssm/fp8_checkpoint.py) on the KDA cache: quantised at every flush,
+    within the fp8-keyed tolerance of the float64 recurrence from the dequantised start; Triton refuses it."""
+    from replayssm.fp8_checkpoint import FP8_STATE_DTYPE, dequantize, write_checkpoint
+
+    cache = ReplayCache.allocate(TINY, 2, 4, state_dtype=FP8_STATE_DTYPE)
+    write_checkpoint(cache, slice(None), random_state(TINY, 2, generator=gen))
+    truth = dequantize(cache.state, cache.state_scale, torch.float64)
+    for _ in range(9):
+        s = random_step(TINY, 2, generator=gen)
+        o = replay_step(cache, **s, backend=backend)
+        truth, o_ref, _ = kda_step_ref(truth, *(s[n] for n in ("q", "k", "v", "g", "beta")))
+        assert_rel_close("fp8 output", o, o_ref, tolerance(FP8_STATE_DTYPE))
+    assert_rel_close("fp8 state", materialize(cache, backend=backend), truth, tolerance(FP8_STATE_DTYPE))
+    with pytest.raises(ValueError, match="fp8"):
+        replay_step(cache, **random_step(TINY, 2, generator=gen), backend="triton")
