@@ -33,6 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from replayssm import launch_table
 from replayssm.checks import NULL_SLOT, kernel_arch, next_pow2
 from replayssm.geometry import GDNGeometry
 from replayssm.mamba2.spec_kernels import MAX_NODES, ancestor_bits
@@ -42,12 +43,25 @@ from replayssm.mamba2.spec_kernels import MAX_NODES, ancestor_bits
 MAX_K = 256
 
 
-def launch_config(geometry: GDNGeometry, history_len: int, window: int, device) -> dict:
+KERNELS = ("gdn_replay_spec", "gdn_replay_tree", "gdn_spec_materialize")
+
+
+def launch_config(geometry: GDNGeometry, history_len: int, window: int, device, state_dtype=None,
+                  kernel: str = "gdn_replay_spec") -> dict:
+    """The config of `kernel` (one of KERNELS): this device's tuned entry (replayssm/launch_table.py, keyed by K,
+    V, history and window), else `default_launch_config`. TW and BC follow the window and history: a tuned
+    entry changes only BV, BKT and num_warps (the space of experiments/tune.py)."""
+    arch = kernel_arch(device)
+    key = {"K": geometry.K, "V": geometry.V, "history": history_len, "window": window}
+    return launch_table.resolve(kernel, key, state_dtype, arch, default_launch_config(geometry, history_len, window,
+                                                                                      arch))
+
+
+def default_launch_config(geometry: GDNGeometry, history_len: int, window: int, arch: int) -> dict:
     """Block sizes for (geometry, GPU arch). Interpreter: biggest legal blocks (it costs per program).
     GPU: [BV, BKT] = [32, 16] tiles, 2 warps, tf32x3 dots: at K = V = 128, fp32 state, T <= 8, B <= 32 the
     AOT build for sm_90 / sm_100 uses 128-161 registers and no local memory ([32, 32] tiles reach 250
     registers; "ieee" dots would run the reconstruction on CUDA cores)."""
-    arch = kernel_arch(device)
     cfg = {"TW": max(16, next_pow2(2 * window)), "BC": max(16, next_pow2(history_len))}
     if arch == 0:
         cfg.update(BV=max(16, next_pow2(geometry.V)), BKT=max(16, next_pow2(geometry.K)), num_warps=4,
@@ -250,7 +264,8 @@ def verify_triton(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slo
     is_tree = parents is not None
     if is_tree and ring.window > MAX_NODES:
         raise ValueError(f"N={ring.window} > {MAX_NODES}: the Triton tree kernel keeps one int32 bit set per node")
-    cfg = launch_config(gm, ring.history_len, ring.window, q.device)
+    cfg = launch_config(gm, ring.history_len, ring.window, q.device, ring.state.dtype,
+                        "gdn_replay_tree" if is_tree else "gdn_replay_spec")
     anc = ancestor_bits(parents) if is_tree else None
     grid = (triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)
     _spec_verify_kernel[grid](
@@ -272,7 +287,7 @@ def verify_triton(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slo
 
 def materialize_triton(ring, slots, out):
     gm, batch = ring.geometry, slots.shape[0]
-    cfg = launch_config(gm, ring.history_len, ring.window, slots.device)
+    cfg = launch_config(gm, ring.history_len, ring.window, slots.device, ring.state.dtype, "gdn_spec_materialize")
     grid = (triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)
     _materialize_kernel[grid](
         *_ring_args(ring),

@@ -255,12 +255,14 @@ def _tile_candidates(recipe: Recipe, geom, spec_tiles: bool) -> list[tuple[str, 
     candidate of the Mamba-2 spec tile space (dropped ones included, labelled with their reason)."""
     if not (spec_tiles and recipe.method == "mamba2.replay_spec"):
         return [("", contextlib.nullcontext())]
+    from replayssm import launch_table
     from replayssm.mamba2 import spec_kernels as sk
 
     out = []
     for cfg in sk.spec_tile_candidates(geom.headdim, SPEC_WINDOW, include_dropped=True):
         dropped = sk.dropped_reason(cfg)
-        out.append((f"tiles={cfg.label}" + (" (dropped)" if dropped else ""), sk.use_spec_tiles(cfg)))
+        out.append((f"tiles={cfg.label}" + (" (dropped)" if dropped else ""),
+                    launch_table.override("mamba2_replay_spec", cfg)))
     return out
 
 
