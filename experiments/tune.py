@@ -93,6 +93,50 @@ def candidates(kernel: str, key: dict) -> list:
     return []
 
 
+# The tunable kernels each (method, family) launches per step (what `discover` finds at run time; the budget
+# estimate counts tuning jobs from it without running anything).
+KERNELS_OF = {
+    ("baseline_ar", "mamba2"): ("mamba2_ssu_ar",), ("baseline_ar", "gdn"): ("gdn_recurrent",),
+    ("replay_ar", "mamba2"): ("mamba2_replay_ar",), ("replay_ar", "gdn"): ("gdn_replay_ar",),
+    ("baseline_spec", "mamba2"): ("mamba2_ssu_spec",), ("baseline_spec", "gdn"): ("gdn_spec_verify",),
+    ("commit_replay_spec", "mamba2"): ("mamba2_cr_verify", "mamba2_cr_commit"),
+    ("commit_replay_spec", "gdn"): ("gdn_cr_verify", "gdn_cr_commit"),
+    ("replay_spec", "mamba2"): ("mamba2_replay_spec",), ("replay_spec", "gdn"): ("gdn_replay_spec",),
+}
+
+
+def static_key(kernel: str, p: Point, geometry) -> dict:
+    """The geometry key `kernel`'s launch-config function resolves at point `p` (for counting jobs)."""
+    g = vars(geometry) if hasattr(geometry, "__dict__") else dict(geometry)
+    if kernel.startswith("mamba2_"):
+        key = {"headdim": g["headdim"], "dstate": g["dstate"]}
+        if kernel == "mamba2_replay_ar":
+            key.update(L=p.buffer_len, route=p.route)
+        if kernel == "mamba2_replay_spec":
+            key.update(ring_len=p.history_len, window=p.spec_T)
+        return key
+    key = {"K": g["K"], "V": g["V"]}
+    if kernel == "gdn_replay_ar":
+        key["L"] = p.buffer_len
+    if kernel == "gdn_replay_spec":
+        key.update(history=p.history_len, window=p.spec_T)
+    return key
+
+
+def jobs(plans: list[tuple[Plan, list[Point]]]) -> dict[tuple, tuple[int, Point]]:
+    """{(kernel, key, state dtype): (candidates, first point)} the tuner would run for these points."""
+    out: dict[tuple, tuple[int, Point]] = {}
+    for plan, points in plans:
+        for p in points:
+            geometry = plan.models[p.model_key].geometry
+            for kernel in KERNELS_OF.get((p.method, p.family), ()):
+                key = static_key(kernel, p, geometry)
+                job = (kernel, launch_table.entry_key(key, p.state_dtype))
+                if job not in out:
+                    out[job] = (len(candidates(kernel, key)), p)
+    return out
+
+
 def touched_tensors(cache, *extra: torch.Tensor) -> list[torch.Tensor]:
     """Every tensor a call on `cache` may write: the cache itself when it is a tensor (a baseline's state
     pool), else its tensor attributes (and those of an attribute object, e.g.

@@ -9,7 +9,8 @@ state_dtype, arch, default)`, which returns the config to launch with:
     otherwise                          -> the default     (source "default")
 
 A table is one small JSON file per device, replayssm/launch_tables/<device-slug>.json (the way vLLM keeps one
-config file per GPU; REPLAYSSM_LAUNCH_TABLES points elsewhere), written by the tuner (experiments/tune.py):
+config file per GPU; REPLAYSSM_LAUNCH_TABLES points elsewhere, REPLAYSSM_LAUNCH_TABLES=off reads none: every
+launch runs its default, as GPU first contact does), written by the tuner (experiments/tune.py):
 
     {"device": "nvidia_h200", "triton": "3.7.1", "torch": "...", "entries": {
         "<kernel>": {"<geometry key>|<state dtype>": {"config": {"num_warps": 8, ...}, "ms": .., "default_ms": ..}}}}
@@ -99,8 +100,14 @@ def entry_key(key: dict, state_dtype) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(key.items())) + "|" + dtype_name(state_dtype)
 
 
+def tables_off() -> bool:
+    return os.environ.get(TABLE_ENV, "").strip().lower() == "off"
+
+
 def load(device: str, directory: Path | None = None) -> dict:
-    """The entries of `device`'s table ({} when it has none); cached until `reload()`."""
+    """The entries of `device`'s table ({} when it has none, or tables are off); cached until `reload()`."""
+    if directory is None and tables_off():
+        return {}
     directory = directory or table_dir()
     cache_key = (str(directory), device)
     if cache_key not in _tables:
@@ -115,7 +122,14 @@ def reload() -> None:
 
 
 def has_table(device: str, directory: Path | None = None) -> bool:
-    return table_path(device, directory).exists()
+    return not (directory is None and tables_off()) and table_path(device, directory).exists()
+
+
+def describe(arch: int) -> dict:
+    """Which table launches for `arch` read (env.json of a run): device, path, entries per kernel, off."""
+    device = device_name(arch)
+    return {"device": device, "path": str(table_path(device)), "off": tables_off(),
+            "entries": {k: len(v) for k, v in load(device).items()}}
 
 
 def save(device: str, entries: dict, meta: dict, directory: Path | None = None) -> Path:

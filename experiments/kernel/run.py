@@ -45,7 +45,7 @@ from experiments.harness.store import COLUMNS, RunStore, RunTable, failure, pars
 from experiments.harness.workload import Workload
 from experiments.published import CLAIMS
 from replayssm import launch_table
-from replayssm.checks import interpreter_active
+from replayssm.checks import interpreter_active, kernel_arch
 
 # Methods timed a second time under the default launch configs when their first row ran tuned ones.
 BASELINE_METHODS = ("baseline_ar", "baseline_spec", "commit_replay_spec")
@@ -114,6 +114,7 @@ def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
                shard={"index": shard, "count": shards, "points": len(mine), "to_run": len(todo)})
     if plan.device == "cpu":
         env["cpu_clock"] = timing.cpu_clock(settings.get("cpu_clock", "auto")).__name__
+    env["launch_table"] = launch_table.describe(kernel_arch(plan.device))   # what launch_source=tuned read
     name = store.write_provenance(plan.experiment, env, OmegaConf.to_yaml(data))
 
     ctx = Context(plan=plan, run_id=store.run_id, hardware=hardware, copy_GBps=copy_GBps)
