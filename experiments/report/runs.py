@@ -248,6 +248,12 @@ def _prefer_tuned(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[_is_tuned(rows) | ~norm.isin(tuned)]
 
 
+def primary_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows figures and per-method tables draw: at a point where a method has a tuned row, its
+    default-config row (the partner of value_default) is left out; it stays in rows.csv and the medians table."""
+    return _prefer_tuned(rows)
+
+
 def _launch_columns(frame: pd.DataFrame, m: pd.DataFrame) -> pd.DataFrame:
     """num/den_launch_source and launch_note of ratio rows `frame` (index aligned with the pairs `m`)."""
     src = m.get("launch_source", pd.Series(pd.NA, m.index)).reindex(frame.index)

@@ -26,6 +26,7 @@ from experiments.report.runs import (
     Run,
     describe_env,
     load_run,
+    primary_rows,
     summarize,
 )
 
@@ -95,9 +96,9 @@ def medians_table(run: Run, spec: bool) -> str:
     rows = rows.assign(dtypes=_dtypes(rows)).sort_values(["model", "tp", "batch", "spec_T", "buffer_len", "method"],
                                                          na_position="first")
     cols = ["experiment", "model", "tp", "batch", "buffer_len", "spec_T", "acceptance", "route", "dtypes",
-            "backend", "method", "status", "median_us", "p20_us", "p80_us", "flush_us", "mean_accepted",
-            "achieved_GBps", "pct_peak_measured", "pct_peak_datasheet"]
-    table = rows[cols].dropna(axis=1, how="all")
+            "backend", "method", "launch_source", "status", "median_us", "p20_us", "p80_us", "flush_us",
+            "mean_accepted", "achieved_GBps", "pct_peak_measured", "pct_peak_datasheet"]
+    table = rows[[c for c in cols if c in rows]].dropna(axis=1, how="all")
     return markdown_table(table, {"median_us": ".1f", "p20_us": ".1f", "p80_us": ".1f", "flush_us": ".1f",
                                   "mean_accepted": ".2f", "achieved_GBps": ".3g", "pct_peak_measured": ".3g",
                                   "pct_peak_datasheet": ".3g"})
@@ -172,7 +173,7 @@ def ar_speedup_table(ratios: pd.DataFrame) -> str:
 
 def spec_table(run: Run, ratios: pd.DataFrame) -> str:
     """Spec throughput per method with mean accepted length and the ratios, one row per point."""
-    spec = run.rows[(run.rows["method"].isin(SPEC_METHODS)) & (run.rows["status"] == "ok")]
+    spec = primary_rows(run.rows[(run.rows["method"].isin(SPEC_METHODS)) & (run.rows["status"] == "ok")])
     if spec.empty:
         return "_(no spec rows in this run)_\n"
     index = ["model", "tp", "batch", "spec_T", "acceptance", "backend"]

@@ -47,3 +47,14 @@ def test_a_tuned_method_against_an_untuned_partner_says_so():
     assert row["value"] == pytest.approx(20.0 / 12.5) and pd.isna(row["value_default"])
     assert row["den_launch_source"] == "default" and row["launch_note"] == "partner untuned"
     assert "[partner untuned]" in _ratio_cell(row)
+
+
+def test_claims_label_tuned_and_default_values():
+    from experiments.published import CLAIMS
+    from experiments.report.claims import launch_labels
+
+    claim = next(c for c in CLAIMS if c.metric == "ar_speedup")
+    tuned = _ar(_rows(with_tuned_baseline=True)).to_frame().T
+    assert launch_labels(tuned, claim) == ["vs tuned baseline", "vs default baseline 1.60x"]
+    untuned = _ar(_rows(with_tuned_baseline=False)).to_frame().T
+    assert launch_labels(untuned, claim) == ["partner untuned: a tuned method against a default-config partner"]
