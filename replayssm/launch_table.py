@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+from replayssm.checks import aot_capture_active
+
 TABLE_ENV = "REPLAYSSM_LAUNCH_TABLES"
 DEFAULT_DIR = Path(__file__).parent / "launch_tables"
 SOURCES = ("tuned", "default", "override", "n/a")
@@ -47,6 +49,7 @@ _overrides: list[tuple[str, object]] = []      # (kernel, cfg or dict of fields)
 _defaults_depth = [0]
 _recorders: list[list] = []
 _tables: dict[tuple[str, str], dict] = {}       # (table dir, device) -> entries, loaded once
+_memo: dict[tuple, tuple] = {}                  # resolve's lookups (see _lookup)
 
 
 @dataclass(frozen=True)
@@ -76,10 +79,11 @@ def slug(name: str) -> str:
 
 def device_name(arch: int) -> str:
     """The table a launch for `arch` (checks.kernel_arch) reads: 'interpreter' for arch 0, else the current
-    CUDA device's name, slugged; 'sm_<arch>' without CUDA (an AOT build on a CPU box: never tuned)."""
+    CUDA device's name, slugged; 'sm_<arch>' without CUDA or while an AOT build captures launches for a target
+    (scripts/kernels/kernel_report.py: the default configs, unless a table for that name exists)."""
     if arch == 0:
         return "interpreter"
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not aot_capture_active():     # an AOT build's target is not this GPU
         return slug(torch.cuda.get_device_name(torch.cuda.current_device()))
     return f"sm_{arch}"
 
@@ -119,6 +123,7 @@ def load(device: str, directory: Path | None = None) -> dict:
 def reload() -> None:
     """Forget the loaded tables (after the tuner wrote one, or REPLAYSSM_LAUNCH_TABLES changed)."""
     _tables.clear()
+    _memo.clear()
 
 
 def has_table(device: str, directory: Path | None = None) -> bool:
@@ -168,28 +173,36 @@ def apply(default, changes: dict):
     return {**default, **changes}
 
 
+def _lookup(kernel: str, key: dict, state_dtype, arch: int) -> tuple[str, str, dict | None]:
+    """(device, entry key, table entry or None), memoised: launches resolve on the host path of every step, so
+    the file and name work happens once per (kernel, key, dtype, arch, REPLAYSSM_LAUNCH_TABLES) until
+    `reload()`. One GPU model per process (a shard sets its device before its first launch)."""
+    memo_key = (kernel, tuple(key.items()), state_dtype, arch, os.environ.get(TABLE_ENV))
+    hit = _memo.get(memo_key)
+    if hit is None:
+        device, ekey = device_name(arch), entry_key(key, state_dtype)
+        hit = _memo[memo_key] = (device, ekey, load(device).get(kernel, {}).get(ekey))
+    return hit
+
+
 def resolve(kernel: str, key: dict, state_dtype, arch: int, default):
     """The config to launch `kernel` with at this geometry (see the module docstring); records it."""
-    device = device_name(arch)
-    ekey = entry_key(key, state_dtype)
     cfg, source = default, "default"
-    for name, forced in reversed(_overrides):
-        if name == kernel:
-            cfg = apply(default, forced) if isinstance(forced, dict) else forced
-            source = "override"
-            break
-    else:
-        if not _defaults_depth[0]:
-            entry = load(device).get(kernel, {}).get(ekey)
-            if entry is not None:
-                try:
-                    cfg, source = apply(default, entry["config"]), "tuned"
-                except (KeyError, TypeError):
-                    cfg, source = default, "default"      # an entry this kernel cannot use: never launched
+    forced = active_override(kernel) if _overrides else None
+    if forced is not None:
+        cfg = apply(default, forced) if isinstance(forced, dict) else forced
+        source = "override"
+    elif not _defaults_depth[0]:
+        entry = _lookup(kernel, key, state_dtype, arch)[2]
+        if entry is not None:
+            try:
+                cfg, source = apply(default, entry["config"]), "tuned"
+            except (KeyError, TypeError):
+                cfg, source = default, "default"      # an entry this kernel cannot use: never launched
     if _recorders:
-        launch = Launch(kernel, ekey, device, fields(cfg), source)
+        device, ekey, _ = _lookup(kernel, key, state_dtype, arch)
         for rec in _recorders:
-            rec.append(launch)
+            rec.append((kernel, ekey, device, cfg, source))
     return cfg
 
 
@@ -223,13 +236,16 @@ def use_defaults() -> Iterator[None]:
 
 @contextlib.contextmanager
 def record() -> Iterator[list[Launch]]:
-    """The Launches resolved inside, in order (one per launch-config call)."""
+    """The Launches resolved inside, in order (one per launch-config call); the list is filled when the block
+    ends (raw tuples while it runs: recording stays cheap on the host path of a timed step)."""
+    raw: list[tuple] = []
     log: list[Launch] = []
-    _recorders.append(log)
+    _recorders.append(raw)
     try:
         yield log
     finally:
-        _recorders.remove(log)
+        _recorders.remove(raw)
+        log.extend(Launch(kernel, ekey, device, fields(cfg), source) for kernel, ekey, device, cfg, source in raw)
 
 
 def summarize(launches: list[Launch]) -> tuple[str, str]:
