@@ -1,6 +1,7 @@
 """Tune every Triton kernel's launch config at a sweep's geometries and write this device's launch table.
 
     python -m experiments.tune                                  # GPU: the claims' points of sweep=paper
+    python -m experiments.tune --geometry nemotron3_super_120b  # one model's claim points (sweep.models=[...])
     python -m experiments.tune --all -- sweep=smoke             # every point of a sweep (Hydra overrides after --)
     TRITON_INTERPRET=1 python -m experiments.tune --dry-run     # CPU: interpreter, tiny models, fake timer
 
@@ -31,6 +32,7 @@ the padded dimension it tiles is left out:
                                                    {16,32,64} x warps {2,4,8} x T pad {min,32}, less
                                                    the spilling ones (SPEC_TILE_DROPPED)
     gdn_replay_spec (verify)                       BV x BKT x num_warps   {16,32} x {16,32} x {2,4,8}  12
+less the candidates that spill in the AOT build (TUNE_DROPPED, with the reason: 12 at the checked geometries).
 Not tuned (their own names, so they always run the default rule): the tree verifies (mamba2_replay_tree,
 gdn_replay_tree), the materialize kernels, tree_ring_move and the cursor kernels (one warp, a few bytes).
 """
@@ -71,8 +73,38 @@ def _fits(values, limit: int) -> list[int]:
     return [v for v in values if v <= max(1, next_pow2(limit))]
 
 
-def candidates(kernel: str, key: dict) -> list:
-    """The search space of `kernel` at `key` (see the module docstring); [] when it has none."""
+# Candidates that spill in the AOT build (scripts/kernels/kernel_report.py --tune-space --target 90
+# --fp32-state-only, Super-120B and Qwen3.5-122B at TP1, triton 3.7.1): left out of the space everywhere, with
+# the reason. (kernel, route or None, fields) -> registers / spill bytes of that build.
+TUNE_DROPPED: dict[tuple, str] = {
+    **{("mamba2_replay_ar", "output_only", (("block_m", m), ("num_warps", w))): f"sm_90 spills {b} B ({r} registers)"
+       for m, w, r, b in ((32, 1, 255, 320), (32, 2, 254, 8), (32, 4, 128, 8), (64, 1, 255, 4188),
+                          (64, 2, 255, 316))},
+    **{("mamba2_replay_ar", "state_and_output", (("block_m", m), ("num_warps", w))):
+       f"sm_90 spills {b} B ({r} registers)" for m, w, r, b in ((32, 1, 255, 316), (64, 1, 255, 4504),
+                                                                (64, 2, 255, 516))},
+    ("mamba2_ssu_spec", None, (("block_m", 32), ("num_warps", 1))): "sm_90 spills 44 B (255 registers)",
+    **{("gdn_replay_ar", None, (("block_v", 64), ("num_warps", 2), ("num_stages", s))): "sm_90 spills 664 B "
+       "(255 registers)" for s in (1, 2)},
+    ("gdn_spec_verify", None, (("BV", 32), ("num_warps", 1))): "sm_90 spills 48 B (255 registers)",
+}
+
+
+def dropped_reason(kernel: str, key: dict, cand) -> str | None:
+    """Why candidate `cand` of `kernel` is not in the space at `key` (TUNE_DROPPED), or None."""
+    if not isinstance(cand, dict):
+        return None
+    return TUNE_DROPPED.get((kernel, key.get("route"), tuple(cand.items())))
+
+
+def candidates(kernel: str, key: dict, include_dropped: bool = False) -> list:
+    """The search space of `kernel` at `key` (see the module docstring; less TUNE_DROPPED unless
+    `include_dropped`, which the AOT report builds to keep the reasons true); [] when it has none."""
+    space = _space(kernel, key)
+    return space if include_dropped else [c for c in space if dropped_reason(kernel, key, c) is None]
+
+
+def _space(kernel: str, key: dict) -> list:
     if kernel in ("mamba2_ssu_ar", "mamba2_ssu_spec", "mamba2_cr_verify", "mamba2_cr_commit"):
         return _grid(block_m=_fits((4, 8, 16, 32), key["headdim"]), num_warps=(1, 2, 4, 8))
     if kernel == "gdn_recurrent":
@@ -288,6 +320,8 @@ def fake_timer():
 
 def main(argv=None) -> int:
     args, overrides = _parse(argv)
+    if args.geometry:
+        overrides = [*overrides, f"sweep.models=[{','.join(args.geometry)}]"]
     if args.dry_run:
         if not interpreter_active():
             print("tune --dry-run: set TRITON_INTERPRET=1 (the kernels run in the interpreter)", file=sys.stderr)
@@ -330,6 +364,8 @@ def _parse(argv):
     ap.add_argument("--dry-run", action="store_true", help="interpreter, tiny models, fake timer, a temp dir")
     ap.add_argument("--experiment", action="append", choices=EXPERIMENTS)
     ap.add_argument("--all", action="store_true", help="every triton point, not only the claims' settings")
+    ap.add_argument("--geometry", action="append", metavar="MODEL",
+                    help="only these models (conf/model names, @tpN allowed): sweep.models=[...]")
     ap.add_argument("--out", type=Path, help=f"table directory (default: ${launch_table.TABLE_ENV} or "
                                              "replayssm/launch_tables)")
     return ap.parse_args(argv), overrides

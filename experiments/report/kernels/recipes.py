@@ -282,9 +282,10 @@ def _tune_candidates(recipe: Recipe, geom, target: int,
     for launch in {(x.kernel, x.key): x for x in log}.values():
         key = dict(part.split("=", 1) for part in launch.key.split("|")[0].split(",") if part)
         key = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in key.items()}
-        for cand in tune.candidates(launch.kernel, key):
+        for cand in tune.candidates(launch.kernel, key, include_dropped=True):
             fields = launch_table.fields(cand)
-            out.append((f"tune={launch.kernel}:{launch_table.config_label(fields)}",
+            dropped = " (dropped)" if tune.dropped_reason(launch.kernel, key, cand) else ""
+            out.append((f"tune={launch.kernel}:{launch_table.config_label(fields)}{dropped}",
                         launch_table.override(launch.kernel, cand)))
     return out
 
@@ -341,7 +342,8 @@ def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry], targets: lis
                         if "(dropped)" in tiles and build.status == "SPILL":
                             build = dataclasses.replace(build, status="SPILL: dropped from the tile space")
                         if tiles.startswith("tune=") and build.status == "SPILL":
-                            build = dataclasses.replace(build, status=TUNE_SPILL)
+                            build = dataclasses.replace(build, status="SPILL: dropped from the tile space"
+                                                        if "(dropped)" in tiles else TUNE_SPILL)
                         row = {**base, "kernel": launch.name, "variant": variant,
                                "grid": "x".join(map(str, launch.grid)),
                                **{k: v for k, v in dataclasses.asdict(build).items() if k != "seconds"}}
