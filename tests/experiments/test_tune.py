@@ -120,6 +120,12 @@ def test_table_resolution_overrides_and_defaults(tables):
     assert [x.source for x in log] == ["tuned", "default", "override", "default"]
     assert launch_table.summarize(log[:1]) == ("tuned", "mamba2_ssu_ar[block_m=8,block_n=16,num_warps=2]")
     assert launch_table.summarize(log[:2])[0] == "mixed" and launch_table.summarize([])[0] == "n/a"
+    # REPLAYSSM_LAUNCH_TABLES=off (GPU first contact) reads no table: the defaults, said as such
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(launch_table.TABLE_ENV, "off")
+        with launch_table.record() as off:
+            assert launch_config(16, 16, torch.float32, "cpu") == default
+        assert [x.source for x in off] == ["default"] and not launch_table.has_table("interpreter")
     # an entry naming a field the config does not have is never launched
     launch_table.save("interpreter", {"mamba2_ssu_ar": {"dstate=16,headdim=16|float32": {"config": {"BV": 8}}}},
                       {}, tables)
@@ -135,3 +141,8 @@ def test_every_space_fits_the_budget():
             space = tune.candidates(kernel, g)
             assert 1 <= len(space) <= tune.MAX_CANDIDATES, kernel
     assert tune.candidates("mamba2_replay_tree", geos[0]) == []
+    # every dropped candidate (it spills in the AOT build) is a member of its raw space, and left out of it
+    for kernel, route, fields in tune.TUNE_DROPPED:
+        key = dict(geos[0], route=route) if route else geos[0]
+        assert dict(fields) in tune.candidates(kernel, key, include_dropped=True), (kernel, fields)
+        assert dict(fields) not in tune.candidates(kernel, key), (kernel, fields)
