@@ -10,7 +10,8 @@ tensor a call may write (`touched`: the cache's tensors, the output buffer), and
 
 1. snapshots `touched`, runs `call` once under the default config (launch_table.use_defaults) and keeps its
    outputs and the written tensors as the reference, then restores the snapshot;
-2. per candidate, from the snapshot: runs `call` once under `launch_table.override(kernel, candidate)` and
+2. per candidate, from the snapshot: runs `call` once under `launch_table.override(kernel, candidate)` (any
+   other kernel the call launches at its default) and
    checks outputs and every touched tensor against the reference (relative error within `tol`, the same NaN
    positions, integers exact): a config that computes something else is rejected, never timed;
 3. restores the snapshot and times the candidate with `timer(fn)` (default: triton.testing.do_bench, cold L2
@@ -111,7 +112,8 @@ def tune(kernel: str, call: Callable[[], object], touched: Sequence[torch.Tensor
         for cfg in candidates:
             trial = Trial(cfg)
             try:
-                with launch_table.override(kernel, cfg):
+                # every other kernel of the call keeps its default (use_defaults), as in the reference run
+                with launch_table.use_defaults(), launch_table.override(kernel, cfg):
                     outs = _outputs(call())
                     why = next((f"{name}: {w}" for name, w in
                                 [(f"output {i}", mismatch(o, r, tol)) for i, (o, r) in enumerate(zip(outs, ref_out))]
