@@ -7,7 +7,8 @@ thin front of the generic tuner replayssm/tuning.py for kernel "mamba2_replay_sp
 Each trial runs from a snapshot of everything a verify touches (checkpoint, ring x / B / dt, bc scratch, the
 cursors: TOUCHED), is checked against the default config's outputs and folded checkpoint (relative error
 within the fp32 tolerance), then timed with `timer` (default: triton.testing.do_bench); the ring is bit-for-bit
-what it was when tuning ends. experiments/tune.py tunes every kernel this way and writes the device table.
+what it was when tuning ends. experiments/tune.py tunes every kernel this way and writes the device table; this
+front keeps the ring-level entry point (a ring and spec_verify's inputs, no harness) for tests and notebooks.
 """
 
 from __future__ import annotations
