@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm import launch_table
 from replayssm.checks import (
     NULL_SLOT,
     STATE_DTYPES,
@@ -43,6 +44,12 @@ class RecurrentLaunchConfig:
 
 
 def recurrent_launch_config(K: int, V: int, state_dtype: torch.dtype, arch: int) -> RecurrentLaunchConfig:
+    """This device's tuned entry for kernel "gdn_recurrent" (replayssm/launch_table.py), else the default."""
+    return launch_table.resolve("gdn_recurrent", {"K": K, "V": V}, state_dtype, arch,
+                                default_recurrent_config(K, V, state_dtype, arch))
+
+
+def default_recurrent_config(K: int, V: int, state_dtype: torch.dtype, arch: int) -> RecurrentLaunchConfig:
     """Each program holds a [BV, K] state tile (whole K: the rank-1 update and both reductions need it).
 
     Interpreter: BV = V (one program per (row, value head)). GPU: a [16, 128] fp32 tile over 4 warps,

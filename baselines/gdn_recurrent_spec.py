@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm import launch_table
 from replayssm.checks import (
     ACT_DTYPES,
     NULL_SLOT,
@@ -72,13 +73,21 @@ class SpecStates(SlotPool):
         return self.state[torch.arange(self.num_slots, device=self.device), self.last.long()]
 
 
-def serial_launch_config(geometry: GDNGeometry, device) -> dict:
+def serial_launch_config(geometry: GDNGeometry, device, state_dtype=None, kernel: str = "gdn_spec_verify") -> dict:
+    """This device's tuned entry for `kernel` (gdn_spec_verify: native spec; gdn_cr_verify / gdn_cr_commit:
+    commit replay) in replayssm/launch_table.py, else the default rule."""
+    arch = kernel_arch(device)
+    return launch_table.resolve(kernel, {"K": geometry.K, "V": geometry.V}, state_dtype, arch,
+                                default_serial_config(geometry, arch))
+
+
+def default_serial_config(geometry: GDNGeometry, arch: int) -> dict:
     """A program holds a [BV, BK] fp32 state block (BK = whole K). Interpreter: BV = V (fewest programs).
     GPU: [16, 128] over 4 warps, 16 elements per thread (the AR baseline's tile, baselines/gdn_recurrent.py),
     so native spec, commit replay and AR decode are tuned alike; AOT-built for sm_90 at K = V = 128 with no
     local memory."""
     BK = max(16, next_pow2(geometry.K))
-    if kernel_arch(device) == 0:
+    if arch == 0:
         return {"BV": max(16, next_pow2(geometry.V)), "BK": BK, "num_warps": 4}
     return {"BV": min(16, next_pow2(geometry.V)), "BK": BK, "num_warps": 4 if geometry.K >= 128 else 2}
 
@@ -142,8 +151,8 @@ def _set_last_kernel(last_ptr, slots_ptr, num_accepted_ptr, batch, HAS_COUNTS: t
 
 def _verify_triton(states, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, per_channel: bool = False):
     gm, batch = states.geometry, q.shape[0]
-    cfg = serial_launch_config(gm, q.device)
     st = states.state
+    cfg = serial_launch_config(gm, q.device, st.dtype, "gdn_spec_verify")
     _recurrent_spec_verify_kernel[(triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)](
         st, st.stride(0), st.stride(1), st.stride(2), st.stride(3), states.last, slots,
         q, q.stride(0), q.stride(1), q.stride(2), k, k.stride(0), k.stride(1), k.stride(2),

@@ -256,7 +256,7 @@ def spec_reset(cache, slots=None, backend="triton"):
 
 def _verify_triton(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out):
     g, st = cache.geometry, cache.state
-    block_m, block_n, warps = K.launch_config(g.headdim, g.dstate, st.dtype, st.device)
+    block_m, block_n, warps = K.launch_config(g.headdim, g.dstate, st.dtype, st.device, "mamba2_cr_verify")
     zz = x if z is None else z
     grid = (triton.cdiv(g.headdim, block_m), x.shape[0], g.nheads)
     commit_replay_verify_kernel[grid](
@@ -277,7 +277,7 @@ def _verify_triton(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out
 
 def _commit_triton(cache, num_accepted, A, slots):
     g, st = cache.geometry, cache.state
-    block_m, block_n, warps = K.launch_config(g.headdim, g.dstate, st.dtype, st.device)
+    block_m, block_n, warps = K.launch_config(g.headdim, g.dstate, st.dtype, st.device, "mamba2_cr_commit")
     grid = (triton.cdiv(g.headdim, block_m), slots.shape[0], g.nheads)
     commit_replay_commit_kernel[grid](
         st, cache.x, cache.B, cache.dt, A, slots, num_accepted,

@@ -161,7 +161,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
 def _ssu_triton(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out, ngroups):
     num_slots, nheads, headdim, dstate = state.shape
     batch = x.shape[0]
-    block_m, block_n, warps = K.launch_config(headdim, dstate, state.dtype, state.device)
+    block_m, block_n, warps = K.launch_config(headdim, dstate, state.dtype, state.device, "mamba2_ssu_ar")
     zz = x if z is None else z
     grid = (triton.cdiv(headdim, block_m), batch, nheads)
     K.ssu_ar_kernel[grid](
@@ -319,7 +319,7 @@ def spec_verify(states, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplu
 
 def _spec_triton(states, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out):
     g, st = states.geometry, states.state
-    block_m, block_n, warps = K.launch_config(g.headdim, g.dstate, st.dtype, st.device)
+    block_m, block_n, warps = K.launch_config(g.headdim, g.dstate, st.dtype, st.device, "mamba2_ssu_spec")
     zz = x if z is None else z
     grid = (triton.cdiv(g.headdim, block_m), x.shape[0], g.nheads)
     K.ssu_spec_kernel[grid](

@@ -6,19 +6,24 @@ state, reads it once, keeps the recurrence in fp32 registers and writes it back 
 once per window token, into that token's snapshot). dstate is never split, so y = S C is a row reduction
 inside the program.
 
-Launch configs (no autotune: it would rerun an in-place kernel, and the interpreter cannot benchmark):
-mamba_ssm's hand table keyed by dstate gives every thread 4 consecutive state elements, i.e. one 16-byte
+Launch configs (no triton autotune: it would rerun an in-place kernel, and the interpreter cannot benchmark):
+the default is mamba_ssm's hand table keyed by dstate gives every thread 4 consecutive state elements, i.e. one 16-byte
 load per fp32 row chunk. With an fp16 state the same tile would give 8-byte loads, so we halve the warps
 (8 fp16 elements = 16 bytes per thread). Under the Triton interpreter (kernel_arch == 0) the cost is per
-program, so one program covers the whole headdim.
+program, so one program covers the whole headdim. Every launch goes through replayssm/launch_table.py, so a
+tuned entry of this device's table (experiments/tune.py, state-safe) replaces the default per kernel:
+mamba2_ssu_ar, mamba2_ssu_spec (native spec), mamba2_cr_verify and mamba2_cr_commit (commit replay).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from replayssm import launch_table
 from replayssm.checks import kernel_arch, next_pow2
 
 MAX_DSTATE = 256  # dstate is held whole in one tile row; beyond this the tile would spill
@@ -27,21 +32,38 @@ MAX_DSTATE = 256  # dstate is held whole in one tile row; beyond this the tile w
 _GPU_TILES_FP32 = {16: (32, 4), 32: (16, 4), 64: (8, 4), 128: (4, 4), 256: (4, 8)}
 
 
-def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, device) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) for a [BLOCK_M, dstate] state tile.
+KERNELS = ("mamba2_ssu_ar", "mamba2_ssu_spec", "mamba2_cr_verify", "mamba2_cr_commit")
 
-    GPU (sm_90 / sm_100 alike): mamba_ssm's tiles, warps halved for 2-byte states so that each thread
-    still loads 16 contiguous bytes. Interpreter: the whole headdim in one program.
-    """
+
+class SSULaunchConfig(NamedTuple):
+    """A [block_m, block_n] state tile per program (unpacks as (BLOCK_M, BLOCK_N, num_warps))."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+
+
+def default_launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, arch: int) -> SSULaunchConfig:
+    """The hand rule. GPU (sm_90 / sm_100 alike): mamba_ssm's tiles, warps halved for 2-byte states so that
+    each thread still loads 16 contiguous bytes. Interpreter (arch 0): the whole headdim in one program."""
     block_n = max(16, next_pow2(dstate))
-    if kernel_arch(device) == 0:
-        return next_pow2(headdim), block_n, 4
+    if arch == 0:
+        return SSULaunchConfig(next_pow2(headdim), block_n, 4)
     block_m, warps = _GPU_TILES_FP32[block_n]
     if torch.empty(0, dtype=state_dtype).element_size() == 2:
         warps = max(1, warps // 2)
     # A tile taller than headdim would only add masked rows.
     block_m = min(block_m, max(1, next_pow2(headdim)))
-    return block_m, block_n, warps
+    return SSULaunchConfig(block_m, block_n, warps)
+
+
+def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, device,
+                  kernel: str = "mamba2_ssu_ar") -> SSULaunchConfig:
+    """(BLOCK_M, BLOCK_N, num_warps) for a [BLOCK_M, dstate] state tile of `kernel` (one of KERNELS): this
+    device's tuned entry, else the default rule."""
+    arch = kernel_arch(device)
+    return launch_table.resolve(kernel, {"headdim": headdim, "dstate": dstate}, state_dtype, arch,
+                                default_launch_config(headdim, dstate, state_dtype, arch))
 
 
 @triton.jit

@@ -15,6 +15,12 @@ records which, with the commit and date): the cost of one method call at tiny sh
 (an upper-bound proxy for one Triton launch's host path, which cannot run without a GPU driver), the gate
 and the build of a layer at tiny shapes, and a hybrid model's build per layer. The device bandwidth is the
 target's measured device copy (h200: 4.3 TB/s, given in the GPU box's description), never a timing.
+Launch tuning (experiments/tune.py, run first when the GPU has no launch table): per tuning job (kernel, key,
+state dtype of the claims' points) its candidates + the default, each one Triton build (TUNE_BUILD_S, an
+ASSUMPTION: compiling needs a GPU toolchain run) + its check call + do_bench's warm-up and repetitions
+(replayssm/tuning.py WARMUP_MS + REP_MS); then the sweep times every tuned baseline point a second time under
+its default configs (the "default rows" line: those points' kernel estimate again). A GPU model with a
+committed table skips the tuning line; the default rows stay.
 Whole-model points (e2e_decode, serving) count their model builds (3 per gated point: the gate's two small
 models and the timed one) and their timing windows; the accuracy study counts its steps x calls.
 """
@@ -61,6 +67,7 @@ CALLS_PER_STEP = {"ar": 1, "spec": 2}                 # AR: step; spec: verify +
 LAUNCH_US = 20.0
 TORCH_LAUNCH_US = 5.0          # a torch op's CUDA launch, on top of its dispatch (measured here): also assumed
 LAUNCH_SOURCE = "assumed (Triton's launch path needs a GPU driver; not measured)"
+TUNE_BUILD_S = 1.5             # one Triton build of one candidate config: ASSUMED (not measured without a GPU)
 
 
 # ------------------------------------------------------------------------------------------- estimate
@@ -112,6 +119,38 @@ def kernel_line(plan, cal: dict, target: dict) -> Line:
         cycle = steps * layers * 2 * layer / bw
         device += layers * layer / bw + variants * ((float(t["warmup_ms"]) + float(t["rep_ms"])) / 1e3 + 5 * cycle)
     return Line(plan.experiment, len(plan.points), host, device)
+
+
+def tuning_lines(cal: dict, target: dict, overrides: list[str]) -> list[Line]:
+    """The launch tuning of the claims' points (experiments/tune.py: jobs x (candidates + default) trials) and
+    the default-config rows the sweep adds for every baseline point whose kernels have a tuning job."""
+    from experiments import tune
+    from replayssm import tuning
+
+    base = ["sweep=paper", f"sweep.models={PAPER_MODELS}", "device=cuda"]
+    todo = tune.jobs(tune.plan_points(tune.EXPERIMENTS, base + overrides, claims_only=True))
+    trials = sum(n + 1 for n, _ in todo.values())
+    host = trials * (TUNE_BUILD_S + 3 * max(cal["wrapper_us"].values()) * 1e-6)
+    device = trials * (tuning.WARMUP_MS + tuning.REP_MS) / 1e3
+    lines = [Line("tune (claims)", len(todo), host, device,
+                  note=f"{trials} trials; {TUNE_BUILD_S:g} s build each, assumed; only without a launch table")]
+    tuned = {kernel_key for kernel_key in todo}
+    extra = []
+    for exp in tune.EXPERIMENTS:
+        plan = expand(config_dict(load_config(exp, base + overrides)))
+        pts = [p for p in plan.points if p.backend == "triton" and p.method in ("baseline_ar", "baseline_spec",
+                                                                                 "commit_replay_spec")
+               and any((k, _entry(tune, k, p, plan)) in tuned for k in tune.KERNELS_OF.get((p.method, p.family), ()))]
+        extra.append(kernel_line(dataclasses.replace(plan, points=pts), cal, target))
+    lines.append(Line("default rows", sum(x.points for x in extra), sum(x.host_s for x in extra),
+                      sum(x.device_s for x in extra), note="tuned baselines timed again under their default configs"))
+    return lines
+
+
+def _entry(tune, kernel: str, p, plan) -> str:
+    from replayssm import launch_table
+
+    return launch_table.entry_key(tune.static_key(kernel, p, plan.models[p.model_key].geometry), p.state_dtype)
 
 
 def hybrid_line(plan, cal: dict, target: dict) -> Line:
@@ -167,6 +206,7 @@ def estimate(overrides: dict[str, list[str]] | None = None, target: str = "h200"
             cfg = load_config(exp, ["sweep=paper", f"sweep.models={PAPER_MODELS}", "device=cuda",
                                     *over.get(exp, [])])
             lines.append(kernel_line(expand(config_dict(cfg)), cal, tgt))
+        lines += tuning_lines(cal, tgt, over.get("tune", []))
         for exp, sweep in (("e2e_decode", "paper_e2e"), ("serving", "paper_serving")):
             data = config_dict(load_config(exp, [f"sweep={sweep}", "device=cuda", "hardware=" + target,
                                                  *over.get(exp, [])]))

@@ -32,8 +32,8 @@ import weakref
 
 import torch
 
-from replayssm import ring_cursors
-from replayssm.checks import check_backend, check_same_device, check_slots, next_pow2, skip_value_checks
+from replayssm import launch_table, ring_cursors
+from replayssm.checks import check_backend, check_same_device, check_slots, kernel_arch, next_pow2, skip_value_checks
 
 MOVE_TILE = 4096  # elements per program of the Triton move kernel (heads split over programs beyond it)
 PARENTS_ATTR = "_tree_parents"  # tree_verify leaves its parents [batch, N] on the ring for tree_commit's checks
@@ -288,15 +288,19 @@ def _commit_triton(ring, fields, path, num_accepted, slots) -> None:
     batch, depth = path.shape
     path = path.contiguous()
     if depth > 1:
+        # kernel "tree_ring_move" in the launch tables (replayssm/launch_table.py): no tuning space yet (its
+        # time is a copy of the accepted path's rows), so the default unless a table names one
+        cfg = launch_table.resolve("tree_ring_move", {"depth": depth}, ring.state.dtype, kernel_arch(path.device),
+                                   {"move_tile": MOVE_TILE, "num_warps": 4})
         for name in fields:                               # moves first: they read the cursors before the advance
             f = getattr(ring, name)
             width = f.shape[3] if f.dim() == 4 else 1
             # at most MOVE_TILE elements per program (~32 fp32 registers a thread at 4 warps)
             block_w = next_pow2(width)
-            block_h = min(next_pow2(f.shape[1]), max(1, MOVE_TILE // block_w))
+            block_h = min(next_pow2(f.shape[1]), max(1, cfg["move_tile"] // block_w))
             move_kernel[(batch, triton.cdiv(f.shape[1], block_h))](
                 f, path, num_accepted, slots, ring.write_pos, ring.origin, ring.null_slot, depth, ring.ring_len,
                 f.stride(0), f.stride(1), f.stride(2), f.shape[1], width,
-                BLOCK_H=block_h, BLOCK_W=block_w, num_warps=4,
+                BLOCK_H=block_h, BLOCK_W=block_w, num_warps=cfg["num_warps"],
             )
     ring_cursors.commit_triton(ring, num_accepted, slots, lookahead=depth)   # the chain's cursor kernel

@@ -24,7 +24,9 @@
 # (conf/hydra/launcher/slurm.yaml, hydra-submitit-launcher): each kernel / whole-model experiment runs as a
 # Hydra multirun of N shards (a point's shard: its config_hash mod N), all writing the one run directory.
 #
-# Environment: PY (python to use; default .venv/bin/python), RESULTS (default results), RUN_ID (default
+# Launch configs: on a GPU without a launch table (replayssm/launch_tables/) the claims' points are tuned first
+# (experiments/tune.py); every run's env.json names the table its rows read (launch_source=tuned).
+# Environment: TUNE (1: tune when the GPU has no table, 0: never), PY (python to use; default .venv/bin/python), RESULTS (default results), RUN_ID (default
 # reproduce-<UTC time>-<git sha>), BUDGET_MIN, GPUS, SHARDS, LAUNCHER (joblib | slurm), PAPER_MODELS (GPU model list, Hydra syntax), SWEEP (override the sweep
 # name), EXTRA (extra Hydra overrides for both experiments, e.g. "sweep.batch=[1,64]"); the vLLM stage:
 # ENGINE_SWEEP (default vllm_paper), ENGINE_MODELS (default [nemotron3_nano_4b,qwen35_4b]), ENGINE_EXTRA.
@@ -93,6 +95,20 @@ if [[ "$GPU" == "True" ]]; then
     # the estimate before any work (point counts x calibrated per-point costs); informational, never fatal
     "$PY" -m experiments.budget_estimate || echo "reproduce: no estimate (experiments/budget_estimate.py failed)" >&2
     (( SHARDS > 1 )) && echo "reproduce: ${SHARDS} shards (${LAUNCHER}): about 1/${SHARDS} of the device time each" >&2
+    # Launch tables (replayssm/launch_tables/<gpu>.json): a GPU model without one tunes the launch configs of
+    # the claims' points first (python -m experiments.tune: every kernel, baselines and ReplaySSM alike; the
+    # estimate above counts it), then the sweeps read it; a committed table is reused as it is. TUNE=0 skips
+    # tuning (every row then says launch_source=default).
+    if [[ "${TUNE:-1}" == 1 ]]; then
+        if "$PY" -c 'import sys; from replayssm import launch_table as t; from replayssm.checks import kernel_arch
+sys.exit(0 if t.has_table(t.device_name(kernel_arch("cuda"))) else 1)'; then
+            stage "launch table: this GPU's table exists: reused (replayssm/launch_tables/)"
+        else
+            stage "launch table: none for this GPU: python -m experiments.tune (the claims' points of sweep=${SWEEP})"
+            "$PY" -m experiments.tune -- "sweep=${SWEEP}" ${MODEL_ARGS[@]+"${MODEL_ARGS[@]}"} \
+                ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+        fi
+    fi
 else
     SWEEP="${SWEEP:-cpu}"
     MODEL_ARGS=()           # sweep=cpu lists its own models (tiny ones and TP8 splits of the large ones)
@@ -251,6 +267,11 @@ else
 fi
 
 # ----------------------------------------------------------------------------- results -> report
+if [[ "$GPU" == "True" ]]; then       # the launch table the rows read, beside them (provenance of "tuned")
+    TABLE="$("$PY" -c 'from replayssm import launch_table as t; from replayssm.checks import kernel_arch
+print(t.table_path(t.device_name(kernel_arch("cuda"))))')"
+    [[ -f "$TABLE" ]] && cp "$TABLE" "$RUN_DIR/launch_table.json"
+fi
 stage "aggregate: ${RUN_DIR}/summary.csv"
 "$PY" scripts/report/aggregate.py "$RUN_DIR"
 stage "whole-model ratios: ${RUN_DIR}/hybrid_summary.csv"

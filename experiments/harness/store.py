@@ -39,11 +39,16 @@ from tqdm import tqdm
 COLUMNS = [
     "experiment", "family", "model", "tp", "geometry", "method", "route", "backend", "batch", "buffer_len", "spec_T",
     "history_len", "acceptance", "mean_accepted", "state_dtype", "act_dtype", "context_len", "timing_mode", "l2",
-    "cache_resident", "compiled", "threads", "median_us", "p20_us", "p80_us", "flush_us", "bytes_model",
+    "cache_resident", "compiled", "launch_source", "launch_config", "threads", "median_us", "p20_us", "p80_us",
+    "flush_us", "bytes_model",
     "byte_model_ratio", "achieved_GBps", "pct_peak_measured", "pct_peak_datasheet", "peak_mem_bytes",
     "footprint_bytes", "tokens_per_s", "rel_err", "status", "message", "config_hash", "run_id",
 ]
 STATUSES = ("ok", "wrong", "oom", "error", "skipped")
+# `launch_source`: where the row's Triton launch configs came from (replayssm/launch_table.py): tuned (this
+# device's table), default (the hand rule: no entry, or the default baseline timed beside a tuned one),
+# mixed (some of each), n/a (no Triton launch: torch / cpu backends, peers); `launch_config` lists them,
+# `kernel[field=value,...]` per distinct config, "; "-separated.
 # `geometry` is the shape one rank's kernel sees ("dstate=128 headdim=64 ngroups=1 nheads=16"), so a run with
 # an overridden geometry (model.geometry.headdim=17) says so in every row, not just by the model's name.
 __doc__ += "    " + ", ".join(COLUMNS) + "\n"

@@ -13,6 +13,12 @@ L2: enough layers to exceed l2_factor x L2); time whole cycles (AR replay: L ste
 the lone flush step; spec: `spec_steps` verify+commit steps of the acceptance schedule, >= 3 flushes);
 derive bandwidth from the byte model, footprint and tokens/s. Any exception becomes a row (oom / error)
 and the sweep goes on.
+
+Launch configs: every launch a point resolves (replayssm/launch_table.py) is recorded; the row says where they
+came from (launch_source: tuned | default | mixed | n/a) and what they were (launch_config). A baseline point
+whose kernels ran a tuned config is measured a second time under the default configs
+(`launch_table.use_defaults`), as its own row (launch_source=default, config_hash + DEFAULT_SUFFIX), so the
+report can give every ratio against the tuned baseline and, beside it, against the default one.
 """
 
 from __future__ import annotations
@@ -38,7 +44,12 @@ from experiments.harness.points import CONF_DIR, Plan, Point, device_sweep, expa
 from experiments.harness.store import COLUMNS, RunStore, RunTable, failure, parse_shard, run_pending, shard_of
 from experiments.harness.workload import Workload
 from experiments.published import CLAIMS
-from replayssm.checks import interpreter_active
+from replayssm import launch_table
+from replayssm.checks import interpreter_active, kernel_arch
+
+# Methods timed a second time under the default launch configs when their first row ran tuned ones.
+BASELINE_METHODS = ("baseline_ar", "baseline_spec", "commit_replay_spec")
+DEFAULT_SUFFIX = "-default"
 
 
 @dataclass
@@ -103,6 +114,7 @@ def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
                shard={"index": shard, "count": shards, "points": len(mine), "to_run": len(todo)})
     if plan.device == "cpu":
         env["cpu_clock"] = timing.cpu_clock(settings.get("cpu_clock", "auto")).__name__
+    env["launch_table"] = launch_table.describe(kernel_arch(plan.device))   # what launch_source=tuned read
     name = store.write_provenance(plan.experiment, env, OmegaConf.to_yaml(data))
 
     ctx = Context(plan=plan, run_id=store.run_id, hardware=hardware, copy_GBps=copy_GBps)
@@ -112,10 +124,12 @@ def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
     host_table = RunTable(store, "host_costs.csv", HOST_COLUMNS, key="config_hash")
 
     def keep(row: dict) -> bool:
+        extra = row.pop("_extra", [])               # the default-launch row of a tuned baseline point
         if store.append(row):                       # False: another process wrote this point meanwhile
-            rows.append(row)
-            host = row.pop("_host", {})
-            host_table.append_many([{c: row.get(c) for c in HOST_COLUMNS} | host])
+            for r in [row, *[e for e in extra if store.append(e)]]:
+                rows.append(r)
+                host = r.pop("_host", {})
+                host_table.append_many([{c: r.get(c) for c in HOST_COLUMNS} | host])
             return True
         return False
 
@@ -185,7 +199,21 @@ def geometry_label(geometry) -> str:
 
 
 def run_point(p: Point, ctx: Context) -> dict:
-    """One row for one point; never raises (a failure is the row's status)."""
+    """One row for one point (and, for a baseline that ran tuned launch configs, its default-config row in
+    row["_extra"]); never raises (a failure is the row's status)."""
+    with launch_table.record() as launches:
+        row = _run_point(p, ctx)
+    row["launch_source"], row["launch_config"] = launch_table.summarize(launches)
+    if p.method in BASELINE_METHODS and row["launch_source"] in ("tuned", "mixed"):
+        with launch_table.use_defaults(), launch_table.record() as launches:
+            default = _run_point(p, ctx)
+        default["launch_source"], default["launch_config"] = launch_table.summarize(launches)
+        default["config_hash"] = p.config_hash() + DEFAULT_SUFFIX
+        row["_extra"] = [default]
+    return row
+
+
+def _run_point(p: Point, ctx: Context) -> dict:
     row = blank_row(p, ctx.run_id)
     method = REGISTRY[p.method]
     notes: list[str] = []

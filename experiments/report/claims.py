@@ -261,6 +261,26 @@ def short_conditions(claim: Claim) -> str:
     return " · ".join(parts)
 
 
+def launch_labels(near: pd.DataFrame, claim: Claim) -> list[str]:
+    """What the pairs' launch configs were (aggregate's launch columns): "vs tuned baseline; vs default
+    <value>" when the partner ran tuned configs and was also timed under its defaults (like vLLM PR #48018's
+    `tuned (default)`); "partner untuned" whenever a tuned method met an untuned partner; nothing when every
+    side ran its defaults (or the rows predate the launch columns)."""
+    out = []
+    if "den_launch_source" not in near:
+        return out
+    den_tuned = near["den_launch_source"].isin(("tuned", "mixed"))
+    if den_tuned.any():
+        out.append("vs tuned baseline" if den_tuned.all() else "vs tuned baseline where one exists")
+        if "value_default" in near and near["value_default"].notna().any():
+            v = near["value_default"].dropna().astype(float)
+            lo, hi = _fmt(v.min(), claim.kind), _fmt(v.max(), claim.kind)
+            out.append(f"vs default baseline {hi if lo == hi else f'{lo}-{hi}'}")
+    notes = sorted(set(near.get("launch_note", pd.Series(dtype=str)).dropna().astype(str)) - {""})
+    out += [f"{n}: a tuned method against a default-config partner" if n == "partner untuned" else n for n in notes]
+    return out
+
+
 def evaluate(claim: Claim, ratios: pd.DataFrame, cpu: bool) -> dict:
     """One report row: published value, measured value, rows used, gap."""
     if claim.lo is not None:
@@ -301,6 +321,7 @@ def evaluate(claim: Claim, ratios: pd.DataFrame, cpu: bool) -> dict:
     if cpu and not analytic:                          # the rows name their backend (cpu kernels or torch)
         backends = sorted(near["backend"].dropna().astype(str).unique()) if "backend" in near else []
         labels += [f"CPU {'/'.join(backends) or 'torch'} backend"]
+    labels = launch_labels(near, claim) + labels
     row["measured"] = value + (f" ({'; '.join(labels)})" if labels else "")
     row["gap"] = gap_text(lo, hi, claim) + (" — CPU: not comparable" if cpu and not analytic else "")
     row["rows"] = rows_text(near, claim)
@@ -405,7 +426,10 @@ def render(runs: list[Run]) -> str:
               "details say so. Headline rows first.", "",
               "Every measured speedup stands beside its byte-model bound (the traffic model's bytes ratio for the "
               "same pairs). A pair more than 10% above its bound (not bandwidth-bound) or timed from a "
-              "cache-resident stack never answers a claim; the details name it.", ""]
+              "cache-resident stack never answers a claim; the details name it.", "",
+              "Launch configs: where a baseline ran this GPU's tuned launch table (experiments/tune.py), the value "
+              "is against the tuned baseline and the default baseline's value stands beside it (`vs default "
+              "baseline`); a tuned method paired with an untuned partner says so.", ""]
     table, evaluated = claims_table(runs)
     lines += [markdown_table(table), "## Conditions, sources and the rows behind each value", ""]
     for i, e in enumerate(evaluated):

@@ -21,6 +21,12 @@ above its byte-model bound; "not bandwidth-bound" above that (the time is not se
 cache hits, overheads; such a value is no evidence for the bandwidth argument and is not reported as a
 speedup); "cache-resident" when either row's stack sat in the last-level cache (warm policy, or a cold stack
 capped below l2_factor x L2). Ratios of other kinds get "cache-resident" or "".
+Launch configs (rows' launch_source, replayssm/launch_table.py): a ratio is taken against the tuned partner
+row first (launch_source tuned / mixed) and, beside it, value_default against the same partner timed under
+its default configs (the runner's extra launch_source=default row), like `tuned (default)` in vLLM PR
+#48018; num_launch_source / den_launch_source say what each side ran and launch_note says when a tuned
+method is paired with an untuned partner ("partner untuned"), or the reverse. A numerator method with a tuned
+and a default row at one point enters with its tuned row.
 
 CLI: python scripts/report/aggregate.py RUN_DIR [RUN_DIR ...]   (writes summary.csv and counts.csv into each run dir)
 """
@@ -77,8 +83,10 @@ SUMMARY_COLUMNS = (
     "spec_T", "history_len", "acceptance", "mean_accepted", "state_dtype", "act_dtype", "context_len",
     "timing_mode", "l2", "backend", "threads", "num_method", "den_method", "value", "lo", "hi", "num_value",
     "den_value", "value_unit", "bytes_ratio", "num_backend", "den_backend", "num_compiled", "den_compiled",
-    "measured_over_model", "cache_resident", "verdict",
+    "measured_over_model", "cache_resident", "verdict", "num_launch_source", "den_launch_source", "value_default",
+    "launch_note",
 )
+TUNED_SOURCES = ("tuned", "mixed")
 BANDWIDTH_SLACK = 1.10          # a speedup more than 10% above its byte-model bound is not bandwidth-bound
 NOT_BANDWIDTH_BOUND = "not bandwidth-bound"
 CACHE_RESIDENT = "cache-resident"
@@ -214,14 +222,45 @@ def _ok(rows: pd.DataFrame, methods) -> pd.DataFrame:
 
 def _fastest_form(rows: pd.DataFrame) -> pd.DataFrame:
     """Each method in its fastest form: of rows differing only in `compiled` (eager vs torch.compile), keep
-    the fastest. The fairness rule gives the baseline the same choice as ReplaySSM."""
+    the fastest. The fairness rule gives the baseline the same choice as ReplaySSM. Tuned and default-launch
+    rows stay apart (launch_source is a key)."""
     if rows.empty:
         return rows
-    keys = RUN_KEYS + ["method"] + [k for k in POINT_KEYS if k != "compiled"]
+    keys = RUN_KEYS + ["method", "launch_source"] + [k for k in POINT_KEYS if k != "compiled"]
     norm = rows[keys].map(_norm)
     order = rows["median_us"].to_numpy().argsort(kind="stable")
     first = ~norm.iloc[order].duplicated(keep="first")
     return rows.iloc[order][first.to_numpy()].sort_index()
+
+
+def _is_tuned(rows: pd.DataFrame) -> pd.Series:
+    return rows["launch_source"].isin(TUNED_SOURCES) if "launch_source" in rows else pd.Series(False, rows.index)
+
+
+def _prefer_tuned(rows: pd.DataFrame) -> pd.DataFrame:
+    """Drop a row that ran the default configs where the same method has a tuned row at the same point (the
+    default one is the partner of value_default, never a numerator of its own)."""
+    if rows.empty or "launch_source" not in rows:
+        return rows
+    keys = RUN_KEYS + ["method"] + [k for k in POINT_KEYS if k != "compiled"]
+    norm = rows[keys].map(_norm).apply(tuple, axis=1)
+    tuned = set(norm[_is_tuned(rows)])
+    return rows[_is_tuned(rows) | ~norm.isin(tuned)]
+
+
+def primary_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows figures and per-method tables draw: at a point where a method has a tuned row, its
+    default-config row (the partner of value_default) is left out; it stays in rows.csv and the medians table."""
+    return _prefer_tuned(rows)
+
+
+def _launch_columns(frame: pd.DataFrame, m: pd.DataFrame) -> pd.DataFrame:
+    """num/den_launch_source and launch_note of ratio rows `frame` (index aligned with the pairs `m`)."""
+    src = m.get("launch_source", pd.Series(pd.NA, m.index)).reindex(frame.index)
+    den = m.get("launch_source_den", pd.Series(pd.NA, m.index)).reindex(frame.index)
+    num_t, den_t = src.isin(TUNED_SOURCES), den.isin(TUNED_SOURCES)
+    note = np.where(num_t & ~den_t, "partner untuned", np.where(~num_t & den_t & src.notna(), "method untuned", ""))
+    return frame.assign(num_launch_source=src, den_launch_source=den, launch_note=note)
 
 
 def throughput(rows: pd.DataFrame, per_token: bool) -> tuple[pd.Series, pd.Series, pd.Series]:
@@ -375,13 +414,26 @@ def summarize(rows: pd.DataFrame) -> Summary:
     rows = rows.reset_index(drop=True).assign(_rid=lambda r: np.arange(len(r)))
     frames, used = [], set()
     for metric, num_methods, den_methods, strict, wild, prefer, how in (*PAIRINGS, *_peer_pairings(rows)):
-        num, den = _ok(rows, num_methods), _ok(rows, den_methods)
+        num, den = _prefer_tuned(_ok(rows, num_methods)), _ok(rows, den_methods)
         if how == "footprint":
             num, den = num[num["footprint_bytes"] > 0], den[den["footprint_bytes"] > 0]
-        m = pair(num, den, strict, wild, prefer)
+        # the tuned partner first; a numerator row without one pairs with the default-config partner
+        tuned = _is_tuned(den)
+        m_t, m_d = pair(num, den[tuned], strict, wild, prefer), pair(num, den[~tuned], strict, wild, prefer)
+        if m_t.empty or m_d.empty:
+            m = m_d if m_t.empty else m_t
+        else:
+            m = pd.concat([m_t, m_d[~m_d["_nid"].isin(m_t["_nid"])]], ignore_index=True)
         if m.empty:
             continue
-        frames.append(_ratio_frame(m, metric, how))
+        frame = _launch_columns(_ratio_frame(m, metric, how), m)
+        if not m_t.empty and not m_d.empty:           # beside a tuned partner: the ratio against its default row
+            fd = _ratio_frame(m_d, metric, how)
+            by_nid = pd.Series(fd["value"].to_numpy(), index=m_d.loc[fd.index, "_nid"].to_numpy())
+            by_nid = by_nid[~by_nid.index.duplicated()]
+            den_tuned = m.loc[frame.index, "launch_source_den"].isin(TUNED_SOURCES)
+            frame["value_default"] = m.loc[frame.index, "_nid"].map(by_nid).where(den_tuned)
+        frames.append(frame)
         used.update(m["_rid"].tolist() + m["_rid_den"].tolist())
     # real-engine rows (level=engine, experiments/vllm_bench.py) pair among themselves: experiments/report/engine.py
     engine, engine_used = engine_ratios(rows, SUMMARY_COLUMNS)

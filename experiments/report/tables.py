@@ -26,6 +26,7 @@ from experiments.report.runs import (
     Run,
     describe_env,
     load_run,
+    primary_rows,
     summarize,
 )
 
@@ -95,9 +96,9 @@ def medians_table(run: Run, spec: bool) -> str:
     rows = rows.assign(dtypes=_dtypes(rows)).sort_values(["model", "tp", "batch", "spec_T", "buffer_len", "method"],
                                                          na_position="first")
     cols = ["experiment", "model", "tp", "batch", "buffer_len", "spec_T", "acceptance", "route", "dtypes",
-            "backend", "method", "status", "median_us", "p20_us", "p80_us", "flush_us", "mean_accepted",
-            "achieved_GBps", "pct_peak_measured", "pct_peak_datasheet"]
-    table = rows[cols].dropna(axis=1, how="all")
+            "backend", "method", "launch_source", "status", "median_us", "p20_us", "p80_us", "flush_us",
+            "mean_accepted", "achieved_GBps", "pct_peak_measured", "pct_peak_datasheet"]
+    table = rows[[c for c in cols if c in rows]].dropna(axis=1, how="all")
     return markdown_table(table, {"median_us": ".1f", "p20_us": ".1f", "p80_us": ".1f", "flush_us": ".1f",
                                   "mean_accepted": ".2f", "achieved_GBps": ".3g", "pct_peak_measured": ".3g",
                                   "pct_peak_datasheet": ".3g"})
@@ -119,9 +120,21 @@ def _ratio_cell(row) -> str:
     verdict = row.get("verdict")
     if isinstance(verdict, str) and verdict in EXCLUDED_VERDICTS:
         model = f" vs byte model {row['bytes_ratio']:.2f}x" if pd.notna(row.get("bytes_ratio")) else ""
-        return f"{verdict} ({row['value']:.2f}x{model})"
+        return f"{verdict} ({row['value']:.2f}x{model})" + _launch_suffix(row)
     band = f" [{row['lo']:.2f}-{row['hi']:.2f}]" if pd.notna(row["lo"]) and pd.notna(row["hi"]) else ""
-    return f"{row['value']:.2f}x{band}"
+    return f"{row['value']:.2f}x{band}" + _launch_suffix(row)
+
+
+def _launch_suffix(row) -> str:
+    """" (default N.NNx)" beside a ratio against a tuned baseline (vLLM PR #48018's `tuned (default)`), and
+    " [partner untuned]" when a tuned method met a default-config partner (aggregate's launch_note)."""
+    out = ""
+    if pd.notna(row.get("value_default")):
+        out += f" (default {row['value_default']:.2f}x)"
+    note = row.get("launch_note")
+    if isinstance(note, str) and note:
+        out += f" [{note}]"
+    return out
 
 
 def bound_table(ratios: pd.DataFrame) -> str:
@@ -131,12 +144,16 @@ def bound_table(ratios: pd.DataFrame) -> str:
     if r.empty:
         return "_(no speedups in this run)_\n"
     cols = ["metric", "model", "tp", "batch", "buffer_len", "route", "spec_T", "acceptance", "num_method",
-            "den_method", "value", "bytes_ratio", "measured_over_model", "verdict"]
-    table = r[cols].rename(columns={"value": "measured", "bytes_ratio": "byte model",
+            "den_method", "value", "value_default", "bytes_ratio", "measured_over_model", "verdict", "launch_note"]
+    cols = [c for c in cols if c in r]
+    table = r[cols].replace({"launch_note": {"": None}}).rename(columns={
+                                    "value": "measured", "value_default": "vs default baseline",
+                                    "launch_note": "launch", "bytes_ratio": "byte model",
                                     "measured_over_model": "measured / model"})
     table = table.sort_values(["metric", "model", "tp", "batch", "buffer_len", "spec_T"], na_position="first")
     return markdown_table(table.dropna(axis=1, how="all"),
-                          {"measured": ".2f", "byte model": ".2f", "measured / model": ".2f"})
+                          {"measured": ".2f", "vs default baseline": ".2f", "byte model": ".2f",
+                           "measured / model": ".2f"})
 
 
 def ar_speedup_table(ratios: pd.DataFrame) -> str:
@@ -156,7 +173,7 @@ def ar_speedup_table(ratios: pd.DataFrame) -> str:
 
 def spec_table(run: Run, ratios: pd.DataFrame) -> str:
     """Spec throughput per method with mean accepted length and the ratios, one row per point."""
-    spec = run.rows[(run.rows["method"].isin(SPEC_METHODS)) & (run.rows["status"] == "ok")]
+    spec = primary_rows(run.rows[(run.rows["method"].isin(SPEC_METHODS)) & (run.rows["status"] == "ok")])
     if spec.empty:
         return "_(no spec rows in this run)_\n"
     index = ["model", "tp", "batch", "spec_T", "acceptance", "backend"]

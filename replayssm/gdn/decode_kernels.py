@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm import launch_table
 from replayssm.checks import NULL_SLOT, kernel_arch, next_pow2
 
 MAX_K = 256  # q and k are loaded whole (for the L2 norm and k . q): beyond this they do not fit registers
@@ -52,7 +53,15 @@ class ReplayLaunchConfig:
     dot_precision: str
 
 
-def replay_launch_config(K: int, V: int, state_dtype: torch.dtype, arch: int) -> ReplayLaunchConfig:
+def replay_launch_config(K: int, V: int, state_dtype: torch.dtype, arch: int, L: int | None = None,
+                         kernel: str = "gdn_replay_ar") -> ReplayLaunchConfig:
+    """The config of `kernel` (gdn_replay_ar: the step and its flush; gdn_replay_materialize): this device's
+    tuned entry (replayssm/launch_table.py, keyed by K, V and the buffer length L), else the default rule."""
+    key = {"K": K, "V": V} if L is None else {"K": K, "V": V, "L": L}
+    return launch_table.resolve(kernel, key, state_dtype, arch, default_replay_config(K, V, state_dtype, arch))
+
+
+def default_replay_config(K: int, V: int, state_dtype: torch.dtype, arch: int) -> ReplayLaunchConfig:
     """Launch config keyed by geometry and GPU architecture (no autotune: it would clobber in-place state).
 
     A program rebuilds its [BV, K] block of S_h as one tile (block_kt = the padded K) and keeps it in
@@ -304,7 +313,7 @@ def launch_replay_step(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: boo
     (replayssm.kda), g [batch, HV, K]."""
     gm, L = cache.geometry, cache.buffer_len
     batch = q.shape[0]
-    cfg = replay_launch_config(gm.K, gm.V, cache.state_dtype, kernel_arch(q.device))
+    cfg = replay_launch_config(gm.K, gm.V, cache.state_dtype, kernel_arch(q.device), L)
     grid = (triton.cdiv(gm.V, cfg.block_v), batch, gm.HV)
     _gdn_replay_step_kernel[grid](
         q, k, v, g, beta, out, slots, cache.state, cache.u, cache.k, cache.g, cache.write_pos,
@@ -329,7 +338,7 @@ def launch_materialize(cache, slots: torch.Tensor, out: torch.Tensor, per_channe
     """out [batch, HV, V, K] fp32 (last dim contiguous); NULL_SLOT rows left as they are."""
     gm, L = cache.geometry, cache.buffer_len
     batch = slots.shape[0]
-    cfg = replay_launch_config(gm.K, gm.V, cache.state_dtype, kernel_arch(out.device))
+    cfg = replay_launch_config(gm.K, gm.V, cache.state_dtype, kernel_arch(out.device), L, "gdn_replay_materialize")
     grid = (triton.cdiv(gm.V, cfg.block_v), batch, gm.HV)
     _gdn_materialize_kernel[grid](
         out, slots, cache.state, cache.u, cache.k, cache.g, cache.write_pos,

@@ -43,6 +43,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from replayssm import launch_table
 from replayssm.checks import NULL_SLOT, kernel_arch, next_pow2
 from replayssm.geometry import GDNGeometry
 from replayssm.mamba2.spec_kernels import MAX_NODES, ancestor_bits
@@ -52,12 +53,28 @@ from replayssm.mamba2.spec_kernels import MAX_NODES, ancestor_bits
 MAX_K = 256
 
 
-def launch_config(geometry: GDNGeometry, history_len: int, window: int, device, per_channel: bool = False) -> dict:
+KERNELS = ("gdn_replay_spec", "gdn_replay_tree", "gdn_spec_materialize",
+           "kda_replay_spec", "kda_replay_tree", "kda_spec_materialize")
+
+
+def launch_config(geometry: GDNGeometry, history_len: int, window: int, device, state_dtype=None,
+                  kernel: str = "gdn_replay_spec", per_channel: bool = False) -> dict:
+    """The config of `kernel` (one of KERNELS; the kda_ names are the PER_CHANNEL builds, tuned apart): this
+    device's tuned entry (replayssm/launch_table.py, keyed by K, V, history and window), else
+    `default_launch_config`. TW and BC follow the window and history: a tuned entry changes only BV, BKT and
+    num_warps (the space of experiments/tune.py)."""
+    arch = kernel_arch(device)
+    key = {"K": geometry.K, "V": geometry.V, "history": history_len, "window": window}
+    return launch_table.resolve(kernel, key, state_dtype, arch,
+                                default_launch_config(geometry, history_len, window, arch, per_channel))
+
+
+def default_launch_config(geometry: GDNGeometry, history_len: int, window: int, arch: int,
+                          per_channel: bool = False) -> dict:
     """Block sizes for (geometry, GPU arch). Interpreter: biggest legal blocks (it costs per program).
     GPU: [BV, BKT] = [32, 16] tiles, 2 warps, tf32x3 dots: at K = V = 128, fp32 state, T <= 8, B <= 32 the
     AOT build for sm_90 / sm_100 uses 128-161 registers and no local memory ([32, 32] tiles reach 250
     registers; "ieee" dots would run the reconstruction on CUDA cores)."""
-    arch = kernel_arch(device)
     cfg = {"TW": max(16, next_pow2(2 * window)), "BC": max(16, next_pow2(history_len))}
     if arch == 0:
         cfg.update(BV=max(16, next_pow2(geometry.V)), BKT=max(16, next_pow2(geometry.K)), num_warps=4,
@@ -348,7 +365,9 @@ def verify_triton(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slo
     is_tree = parents is not None
     if is_tree and ring.window > MAX_NODES:
         raise ValueError(f"N={ring.window} > {MAX_NODES}: the Triton tree kernel keeps one int32 bit set per node")
-    cfg = launch_config(gm, ring.history_len, ring.window, q.device, per_channel)
+    family = "kda" if per_channel else "gdn"
+    cfg = launch_config(gm, ring.history_len, ring.window, q.device, ring.state.dtype,
+                        f"{family}_replay_tree" if is_tree else f"{family}_replay_spec", per_channel)
     anc = ancestor_bits(parents) if is_tree else None
     grid = (triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)
     _spec_verify_kernel[grid](
@@ -371,7 +390,8 @@ def verify_triton(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slo
 
 def materialize_triton(ring, slots, out, per_channel: bool = False):
     gm, batch = ring.geometry, slots.shape[0]
-    cfg = launch_config(gm, ring.history_len, ring.window, slots.device, per_channel)
+    cfg = launch_config(gm, ring.history_len, ring.window, slots.device, ring.state.dtype,
+                        f"{'kda' if per_channel else 'gdn'}_spec_materialize", per_channel)
     grid = (triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)
     _materialize_kernel[grid](
         *_ring_args(ring),

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from replayssm import launch_table
 from replayssm.checks import (
     check_backend,
     check_dtype,
@@ -59,9 +60,18 @@ class LaunchConfig:
     dot_precision: str  # fp32 parity for the reconstruction dot: plain tf32 drifts ~1e-3
 
 
+def launch_config(geometry: Mamba2Geometry, buffer_len: int, route: str, arch: int, state_dtype=None,
+                  kernel: str = "mamba2_replay_ar") -> LaunchConfig:
+    """The config of `kernel` (mamba2_replay_ar: the step and its flush; mamba2_replay_materialize): this
+    device's tuned entry (replayssm/launch_table.py, keyed by headdim, dstate, L and route), else the rule."""
+    key = {"headdim": geometry.headdim, "dstate": geometry.dstate, "L": buffer_len, "route": route}
+    return launch_table.resolve(kernel, key, state_dtype, arch, default_launch_config(geometry, buffer_len, route,
+                                                                                      arch))
+
+
 @functools.lru_cache(maxsize=256)
-def launch_config(geometry: Mamba2Geometry, buffer_len: int, route: str, arch: int) -> LaunchConfig:
-    """The launch table. arch 0 = Triton interpreter: biggest legal blocks, so the grid is tiny (it costs
+def default_launch_config(geometry: Mamba2Geometry, buffer_len: int, route: str, arch: int) -> LaunchConfig:
+    """The default rule. arch 0 = Triton interpreter: biggest legal blocks, so the grid is tiny (it costs
     per program). GPU (sm_90 / sm_100 alike): the official fork's BLOCK_M for fp32 state, output_only 16
     and state_and_output 32 (BLOCK_M 64 spills at fp32 with dstate 128). Warps from the AOT kernel report
     (scripts/kernels/kernel_report.py, dstate 128, bf16 activations, triton 3.6 / 3.7 / 3.9): 4 warps everywhere.
@@ -248,7 +258,7 @@ def _launch_step(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, route
     from replayssm.mamba2 import decode_kernels as k
 
     g, L, batch = cache.geometry, cache.buffer_len, x.shape[0]
-    cfg = launch_config(g, L, route, kernel_arch(x.device))
+    cfg = launch_config(g, L, route, kernel_arch(x.device), cache.state.dtype)
     output_only = route == "output_only"
     if output_only:
         k._bc_precompute_kernel[(batch, g.ngroups)](
@@ -291,7 +301,8 @@ def _launch_materialize(cache: ReplayCache, A: torch.Tensor, slots: torch.Tensor
     from replayssm.mamba2 import decode_kernels as k
 
     g, batch = cache.geometry, slots.shape[0]
-    cfg = launch_config(g, cache.buffer_len, "state_and_output", kernel_arch(cache.device))
+    cfg = launch_config(g, cache.buffer_len, "state_and_output", kernel_arch(cache.device), cache.state.dtype,
+                        "mamba2_replay_materialize")
     k._materialize_kernel[(_cdiv(g.headdim, cfg.block_m), batch, g.nheads)](
         A, slots, cache.state, cache.x, cache.B, cache.dt, cache.write_pos, out,
         g.headdim, g.dstate, cache.buffer_len, g.heads_per_group,

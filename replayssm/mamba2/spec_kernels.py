@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm import launch_table
 from replayssm.checks import kernel_arch, next_pow2
 from replayssm.mamba2.cache import SpecRing
 from replayssm.tree_ring import ancestor_tables
@@ -320,11 +321,11 @@ def dropped_reason(cfg: SpecLaunchConfig) -> str | None:
     """Why `cfg` is not in the tile space (it spills on a production geometry), or None."""
     return SPEC_TILE_DROPPED.get((cfg.block_n, cfg.verify_warps, cfg.block_t))
 
-# Tuned configs per ((headdim, dstate, window), arch), filled from GPU tuning runs; a geometry and GPU with no
-# entry runs the default rule of `launch_config`. No GPU has been available to this project yet: empty.
-TUNED_SPEC_TILES: dict[tuple[tuple[int, int, int], int], SpecLaunchConfig] = {}
-
-_override: list[SpecLaunchConfig] = []
+# Tuned configs live in the per-device launch tables (replayssm/launch_table.py) under kernel
+# "mamba2_replay_spec", keyed by (headdim, dstate, ring_len, window) and the state dtype; a geometry and GPU with
+# no entry runs the default rule of `launch_config`. The tree verify ("mamba2_replay_tree") and materialize
+# ("mamba2_spec_materialize") resolve under their own names: the tile space was searched on the chain kernel.
+KERNELS = ("mamba2_replay_spec", "mamba2_replay_tree", "mamba2_spec_materialize")
 
 
 def spec_tile_candidates(headdim: int, window: int, include_dropped: bool = False) -> list[SpecLaunchConfig]:
@@ -344,24 +345,16 @@ def spec_tile_candidates(headdim: int, window: int, include_dropped: bool = Fals
     return out
 
 
-class use_spec_tiles:
-    """`with use_spec_tiles(cfg):` every spec launch inside uses `cfg` (tuning trials, AOT builds of the
-    candidates). Not thread-safe: one trial at a time."""
-
-    def __init__(self, cfg: SpecLaunchConfig):
-        self.cfg = cfg
-
-    def __enter__(self):
-        _override.append(self.cfg)
-        return self.cfg
-
-    def __exit__(self, *exc):
-        _override.pop()
+def launch_config(headdim: int, dstate: int, ring_len: int, arch: int, window: int | None = None,
+                  state_dtype=None, kernel: str = "mamba2_replay_spec") -> SpecLaunchConfig:
+    """The launch config of `kernel` (one of KERNELS) for a geometry on an architecture (checks.kernel_arch:
+    0 = interpreter): a `launch_table.override`, else this device's tuned entry, else `default_launch_config`."""
+    key = {"headdim": headdim, "dstate": dstate, "ring_len": ring_len, "window": window}
+    return launch_table.resolve(kernel, key, state_dtype, arch, default_launch_config(headdim, dstate, ring_len, arch))
 
 
-def launch_config(headdim: int, dstate: int, ring_len: int, arch: int, window: int | None = None) -> SpecLaunchConfig:
-    """The launch config for a geometry on an architecture (checks.kernel_arch: 0 = interpreter): a
-    `use_spec_tiles` override, else a tuned entry (TUNED_SPEC_TILES), else the default rule below.
+def default_launch_config(headdim: int, dstate: int, ring_len: int, arch: int) -> SpecLaunchConfig:
+    """The default rule.
 
     Interpreter: one program per (row, head) and one dstate chunk: it costs per program and per op, not
     per FLOP. GPU (sm_90 / sm_100): a 32-row headdim tile, 16-wide dstate chunks, 4 warps and 2 stages:
@@ -371,10 +364,6 @@ def launch_config(headdim: int, dstate: int, ring_len: int, arch: int, window: i
     chunks spill (255 registers + local memory), and so does a whole 128-wide dstate. A 64-row ring
     (history > 28) gets 8 warps, untested. Not yet timed on hardware.
     """
-    if _override:
-        return _override[-1]
-    if window is not None and ((headdim, dstate, window), arch) in TUNED_SPEC_TILES:
-        return TUNED_SPEC_TILES[((headdim, dstate, window), arch)]
     if arch == 0:
         return SpecLaunchConfig(max(16, next_pow2(headdim)), max(16, next_pow2(dstate)), 4, 4, 1)
     block_m = 16 if headdim <= 16 else 32
@@ -414,9 +403,10 @@ def launch_verify(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: bo
     if is_tree and ring.window > MAX_NODES:
         raise ValueError(f"N={ring.window} > {MAX_NODES}: the Triton tree kernel keeps one int32 bit set per node")
     arch = kernel_arch(x.device)
-    # Tuned tiles and their window padding were searched on the chain kernel only: a tree takes the default
-    # rule (or a use_spec_tiles override without its window padding).
-    cfg = launch_config(geo.headdim, geo.dstate, ring.ring_len, arch, None if is_tree else ring.window)
+    # Tuned tiles and their window padding were searched on the chain kernel only: a tree resolves under its
+    # own kernel name (the default rule unless its own entry or override), without the window padding.
+    cfg = launch_config(geo.headdim, geo.dstate, ring.ring_len, arch, ring.window, ring.state.dtype,
+                        "mamba2_replay_tree" if is_tree else "mamba2_replay_spec")
     blk, prec = dict(_blocks(ring, None if is_tree else cfg), BLOCK_N=cfg.block_n), _precision(arch)
     common = dict(null_slot=ring.null_slot, headdim=geo.headdim, HEADS_PER_GROUP=geo.heads_per_group,
                   DSTATE=geo.dstate)
@@ -454,7 +444,8 @@ def launch_materialize(ring: SpecRing, A: torch.Tensor, slots: torch.Tensor) -> 
     if batch == 0:
         return out
     arch = kernel_arch(ring.device)
-    cfg = launch_config(geo.headdim, geo.dstate, ring.ring_len, arch, ring.window)
+    cfg = launch_config(geo.headdim, geo.dstate, ring.ring_len, arch, ring.window, ring.state.dtype,
+                        "mamba2_spec_materialize")
     _materialize_kernel[(triton.cdiv(geo.headdim, cfg.block_m), batch, geo.nheads)](
         A, out, slots, ring.state, ring.x, ring.B, ring.dt, ring.write_pos, ring.origin,
         out.stride(0), out.stride(1), out.stride(2), ring.state.stride(0), ring.state.stride(1), ring.state.stride(2),

@@ -109,6 +109,9 @@ else
     export TRITON_INTERPRET=0 REPLAYSSM_TEST_DEVICE=cuda PYTHONHASHSEED=0
 fi
 export PYTHONPATH="$PWD:$PWD/scripts/gpu${PYTHONPATH:+:$PYTHONPATH}"
+# First contact times the default launch configs (no tuning: it would take the stages' minutes) and reads no
+# launch table (replayssm/launch_table.py: off), so its rows say launch_source=default; env.json records it.
+export REPLAYSSM_LAUNCH_TABLES=off
 export OUT WORK PY RUN_ID TEST_SELECT PYTEST_ARGS DRY_RUN SITE="$WORK/site" T_TESTS="${LIMIT[tests]}"
 export HEADLINE_ARGS="${HEADLINE_ARGS:-}" E2E_ARGS="${E2E_ARGS:-}" LAUNCH_ARGS="${LAUNCH_ARGS:-}"
 # the torch/Triton pair make test-gpu-stack tests for the GPU box (constraints-gpustack.txt, `# gpu-box:` line)
@@ -184,7 +187,9 @@ env_stage() {
     nvidia-smi || echo "nvidia-smi not available"
     "$PY" - "$WORK/env.json" <<'PYEOF'
 import importlib, json, os, platform, sys
-info = {"python": sys.version.split()[0], "platform": platform.platform()}
+info = {"python": sys.version.split()[0], "platform": platform.platform(),
+        "launch_tables": f"REPLAYSSM_LAUNCH_TABLES={os.environ.get('REPLAYSSM_LAUNCH_TABLES')}: first contact "
+                         "runs every kernel's default launch config (rows: launch_source=default)"}
 try:
     import torch
     info.update(torch=torch.__version__, cuda=torch.version.cuda, cuda_available=torch.cuda.is_available())

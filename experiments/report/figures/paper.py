@@ -34,7 +34,7 @@ import pandas as pd
 from experiments.report.figures import style as fs
 from experiments.report.figures.published import references
 from experiments.report.hybrid import hybrid_ratios, load
-from experiments.report.runs import EXCLUDED_VERDICTS, Run, load_run, summarize
+from experiments.report.runs import EXCLUDED_VERDICTS, Run, load_run, primary_rows, summarize
 
 PUBLISHED_L = {"mamba2": 8, "gdn": 16}
 FAMILY_NAME = {"mamba2": "Mamba-2", "gdn": "GDN"}
@@ -247,7 +247,7 @@ def fig8(run: Run, figs: fs.FigureSet) -> list[Path]:
 # ------------------------------------------------------------------------------------------------ Fig 9
 
 def fig9(run: Run, figs: fs.FigureSet) -> list[Path]:
-    rows = run.rows[run.rows["status"] == "ok"]
+    rows = primary_rows(run.rows[run.rows["status"] == "ok"])
     spec = rows[rows["experiment"] == "kernel_spec"]
     if spec.empty:
         return []

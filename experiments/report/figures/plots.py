@@ -23,7 +23,16 @@ from experiments.report import accuracy
 from experiments.report.figures import paper as paper_figures
 from experiments.report.figures import style as fs
 from experiments.report.figures.hybrid import plot_hybrid
-from experiments.report.runs import AR_METHODS, EXCLUDED_VERDICTS, SPEC_METHODS, Run, load_run, summarize, throughput
+from experiments.report.runs import (
+    AR_METHODS,
+    EXCLUDED_VERDICTS,
+    SPEC_METHODS,
+    Run,
+    load_run,
+    primary_rows,
+    summarize,
+    throughput,
+)
 
 # One figure per "setting": rows differing in any of these are never drawn on the same axes.
 SETTING_KEYS = ["experiment", "model", "tp", "geometry", "state_dtype", "act_dtype", "backend", "timing_mode", "l2"]
@@ -134,7 +143,7 @@ def plot_spec_throughput(run: Run, figs: fs.FigureSet) -> list[Path]:
     """tokens/s vs batch, one panel per window T, one line per method; standard decode (the baseline's AR
     step of the same run) in every panel; each ReplaySSM / commit-replay line with its byte-model bound
     (the native spec path's tokens/s x the modelled bytes ratio)."""
-    rows = run.rows[run.rows["status"] == "ok"]
+    rows = primary_rows(run.rows[run.rows["status"] == "ok"])
     spec = rows[rows["method"].isin(SPEC_METHODS)]
     keys = [k for k in SETTING_KEYS if k != "experiment"]
     paths = []
@@ -218,7 +227,7 @@ def _label(row) -> str:
 def plot_bandwidth(run: Run, figs: fs.FigureSet) -> list[Path]:
     """% of peak bandwidth (measured copy peak; datasheet when that is missing; GB/s when both are) vs batch,
     one line per method and setting; cache-resident points hollow (their bandwidth is the cache's)."""
-    rows = run.rows[(run.rows["status"] == "ok") & (run.rows["median_us"] > 0)]
+    rows = primary_rows(run.rows[(run.rows["status"] == "ok") & (run.rows["median_us"] > 0)])
     paths = []
     for setting, group in groups(rows, SETTING_KEYS):
         choices = (("pct_peak_measured", "% of copy bandwidth"), ("pct_peak_datasheet", "% of datasheet peak"),

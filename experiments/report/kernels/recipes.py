@@ -284,22 +284,51 @@ def _tile_candidates(recipe: Recipe, geom, spec_tiles: bool) -> list[tuple[str, 
     candidate of the Mamba-2 spec tile space (dropped ones included, labelled with their reason)."""
     if not (spec_tiles and recipe.method == "mamba2.replay_spec"):
         return [("", contextlib.nullcontext())]
+    from replayssm import launch_table
     from replayssm.mamba2 import spec_kernels as sk
 
     out = []
     for cfg in sk.spec_tile_candidates(geom.headdim, SPEC_WINDOW, include_dropped=True):
         dropped = sk.dropped_reason(cfg)
-        out.append((f"tiles={cfg.label}" + (" (dropped)" if dropped else ""), sk.use_spec_tiles(cfg)))
+        out.append((f"tiles={cfg.label}" + (" (dropped)" if dropped else ""),
+                    launch_table.override("mamba2_replay_spec", cfg)))
+    return out
+
+
+TUNE_SPILL = "SPILL: a tuning candidate (reported, not a failure: drop it from experiments/tune.py's space)"
+
+
+def _tune_candidates(recipe: Recipe, geom, target: int,
+                     state_dtype) -> list[tuple[str, contextlib.AbstractContextManager]]:
+    """(label, override) per candidate of every tuning space (experiments/tune.py) the recipe's launches
+    resolve, found by capturing the recipe once under its defaults (nothing is built for that)."""
+    from experiments import tune
+    from replayssm import launch_table
+
+    with aot_environment(target), capture_launches(), launch_table.use_defaults(), launch_table.record() as log:
+        recipe.run(geom, torch.device("cpu"), state_dtype)
+    out = []
+    for launch in {(x.kernel, x.key): x for x in log}.values():
+        key = dict(part.split("=", 1) for part in launch.key.split("|")[0].split(",") if part)
+        key = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in key.items()}
+        for cand in tune.candidates(launch.kernel, key, include_dropped=True):
+            fields = launch_table.fields(cand)
+            dropped = " (dropped)" if tune.dropped_reason(launch.kernel, key, cand) else ""
+            out.append((f"tune={launch.kernel}:{launch_table.config_label(fields)}{dropped}",
+                        launch_table.override(launch.kernel, cand)))
     return out
 
 
 def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry | KDAGeometry], targets: list[int],
                methods: list[str] | None,
                fp32_state_only: bool, workdir: Path, log=print, bf16_state: bool = False,
-               spec_tiles: bool = False) -> list[dict[str, Any]]:
+               spec_tiles: bool = False, tune_space: bool = False) -> list[dict[str, Any]]:
     """bf16_state adds a bfloat16-state build of every recipe (AR and spec: each cache stores it). spec_tiles
     builds every candidate of the Mamba-2 spec tile space (replayssm/mamba2/spec_kernels.py); a candidate the
-    space drops is expected to spill and does not fail the report (its status says why it was dropped)."""
+    space drops is expected to spill and does not fail the report (its status says why it was dropped).
+    tune_space builds every candidate of every tuning space the recipe launches (experiments/tune.py), each
+    launch only where it differs from one already built (the default's other kernels are not repeated); a
+    spilling candidate is reported (TUNE_SPILL), not failed: the tuner would time it."""
     builder = Builder(workdir)
     rows: list[dict[str, Any]] = []
     device = torch.device("cpu")
@@ -312,8 +341,11 @@ def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry | KDAGeometry]
                 dtypes = [torch.float32] if (fp32_state_only or not recipe.ar) else [torch.float32, torch.float16]
                 if bf16_state:
                     dtypes.append(torch.bfloat16)
+                seen_all: set = set()
                 for state_dtype, (tiles, tile_ctx) in ((d, c) for d in dtypes
-                                                       for c in _tile_candidates(recipe, geom, spec_tiles)):
+                                                       for c in _tile_candidates(recipe, geom, spec_tiles)
+                                                       + (_tune_candidates(recipe, geom, target, d)
+                                                          if tune_space else [])):
                     base = dict(method=recipe.method, target=f"sm_{target}", geometry=geo_name,
                                 state=TORCH_TO_TRITON[state_dtype])
                     try:
@@ -328,10 +360,10 @@ def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry | KDAGeometry]
                     if not launches:
                         rows.append({**base, "kernel": "-", "status": "recipe error: no Triton launch captured"})
                         continue
-                    built, seen = [], set()
+                    built, seen = [], seen_all if tune_space else set()
                     for launch in launches:
                         spec, build = builder.build(launch, target)
-                        ident = (launch.fn, spec.key(), tuple(sorted(compile_options(launch).items())))
+                        ident = (state_dtype, launch.fn, spec.key(), tuple(sorted(compile_options(launch).items())))
                         if ident not in seen:             # the same kernel launched twice alike: one row
                             seen.add(ident)
                             built.append((launch, spec, build))
@@ -339,6 +371,9 @@ def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry | KDAGeometry]
                         variant = ",".join(v for v in (tiles, variant) if v)
                         if "(dropped)" in tiles and build.status == "SPILL":
                             build = dataclasses.replace(build, status="SPILL: dropped from the tile space")
+                        if tiles.startswith("tune=") and build.status == "SPILL":
+                            build = dataclasses.replace(build, status="SPILL: dropped from the tile space"
+                                                        if "(dropped)" in tiles else TUNE_SPILL)
                         row = {**base, "kernel": launch.name, "variant": variant,
                                "grid": "x".join(map(str, launch.grid)),
                                **{k: v for k, v in dataclasses.asdict(build).items() if k != "seconds"}}
@@ -351,7 +386,7 @@ def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry | KDAGeometry]
 def failures(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows that fail the report: a spill, a compile error or a recipe error (missing recipes do not)."""
     return [r for r in rows if r["status"] != "ok" and not r["status"].startswith("missing")
-            and "dropped from the tile space" not in r["status"]]
+            and "dropped from the tile space" not in r["status"] and r["status"] != TUNE_SPILL]
 
 
 def _short(text: str, width: int = 90) -> str:
@@ -378,6 +413,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bf16-state", action="store_true", help="also build a bfloat16-state variant of every recipe")
     p.add_argument("--spec-tiles", action="store_true",
                    help="build every candidate of the Mamba-2 spec tile space (mamba2.replay_spec)")
+    p.add_argument("--tune-space", action="store_true",
+                   help="build every candidate of every tuning space (experiments/tune.py); spills are reported")
     p.add_argument("--csv", type=Path, help="also write the rows as CSV")
     p.add_argument("--json", type=Path, help="also write the rows as JSON")
     return p.parse_args(argv)
@@ -396,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kernel_report_") as tmp:
         rows = run_report(geometries, targets, args.method, args.fp32_state_only, Path(tmp),
                           log=lambda s: print(s, file=sys.stderr, flush=True), bf16_state=args.bf16_state,
-                          spec_tiles=args.spec_tiles)
+                          spec_tiles=args.spec_tiles, tune_space=args.tune_space)
     print(format_table(rows))
     if args.csv:
         args.csv.parent.mkdir(parents=True, exist_ok=True)

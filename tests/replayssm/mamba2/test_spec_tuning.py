@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from replayssm import launch_table
 from replayssm.checks import interpreter_active
 from replayssm.geometry import Mamba2Geometry
 from replayssm.mamba2 import spec_kernels as sk
@@ -27,7 +28,7 @@ def test_tile_space_and_table():
     # the default rule where nothing is tuned; an override wins while it is active
     default = sk.launch_config(64, 128, 32, 90, window=4)
     assert (default.block_n, default.verify_warps) == (16, 4)
-    with sk.use_spec_tiles(space[-1]):
+    with launch_table.override("mamba2_replay_spec", space[-1]):
         assert sk.launch_config(64, 128, 32, 90, window=4) == space[-1]
     assert sk.launch_config(64, 128, 32, 90, window=4) == default
 
@@ -72,7 +73,7 @@ def test_tuning_restores_the_ring_and_rejects_a_wrong_tile(gen, monkeypatch):
 
     def wrong_under_bad_tiles(*args, **kwargs):         # a tile that computes something else
         out = real_verify(*args, **kwargs)
-        return out.add_(1.0) if sk._override and sk._override[-1] is good[1] else out
+        return out.add_(1.0) if launch_table.active_override("mamba2_replay_spec") is good[1] else out
 
     monkeypatch.setattr(spec, "spec_verify", wrong_under_bad_tiles)
     bad = tune_spec_tiles(ring, inputs, slots=slots, candidates=[good[1]], timer=timer)

@@ -1,0 +1,376 @@
+"""Tune every Triton kernel's launch config at a sweep's geometries and write this device's launch table.
+
+    python -m experiments.tune                                  # GPU: the claims' points of sweep=paper
+    python -m experiments.tune --geometry nemotron3_super_120b  # one model's claim points (sweep.models=[...])
+    python -m experiments.tune --all -- sweep=smoke             # every point of a sweep (Hydra overrides after --)
+    TRITON_INTERPRET=1 python -m experiments.tune --dry-run     # CPU: interpreter, tiny models, fake timer
+
+For each point of the kernel experiments (kernel_decode, kernel_spec) whose backend is triton, the method's
+cache is built as the sweep builds it (experiments/harness: the same Workload, allocate, step / verify /
+commit), and each phase of its step (AR: step; spec: verify, then commit after one verify) is run once under
+`launch_table.record()` to learn which kernels it launches and at which key. Each kernel that has a search
+space (SPACES below) is then tuned once per (kernel, key, state dtype) by replayssm/tuning.py: state-safe
+(every cache tensor and the output are snapshotted and restored), each candidate checked against the default
+config's outputs and state, then timed with triton.testing.do_bench (cold L2, 5 ms warm-up, 20 ms of
+repetitions: the same budget for every candidate of every kernel, ReplaySSM and baselines alike). The
+fastest candidate goes into replayssm/launch_tables/<device>.json (only the fields it changes, with its time,
+the default's time and the batch it was tuned at); every later run on that GPU model reads it, and rows say
+launch_source=tuned.
+
+The search spaces (Triton-only: block sizes, warps, stages where a loop can pipeline); a candidate larger than
+the padded dimension it tiles is left out:
+
+    kernel(s)                                      fields                 values                       max
+    mamba2_ssu_ar, mamba2_ssu_spec (baselines),    block_m x num_warps    {4,8,16,32} x {1,2,4,8}      16
+      mamba2_cr_verify, mamba2_cr_commit
+    gdn_recurrent (baseline)                       block_v x num_warps    {8,16,32} x {1,2,4,8}        12
+    gdn_spec_verify, gdn_cr_verify, gdn_cr_commit  BV x num_warps         {8,16,32} x {1,2,4,8}        12
+    mamba2_replay_ar (step + flush, per route)     block_m x num_warps    {16,32,64} x {1,2,4,8}       12
+    gdn_replay_ar (step + flush)                   block_v x num_warps x  {16,32,64} x {2,4,8} x {1,2} 18
+                                                   num_stages
+    mamba2_replay_spec (scatter + verify)          spec_kernels.spec_tile_candidates: dstate chunk     11
+                                                   {16,32,64} x warps {2,4,8} x T pad {min,32}, less
+                                                   the spilling ones (SPEC_TILE_DROPPED)
+    gdn_replay_spec (verify)                       BV x BKT x num_warps   {16,32} x {16,32} x {2,4,8}  12
+less the candidates that spill in the AOT build (TUNE_DROPPED, with the reason: 12 at the checked geometries).
+Not tuned (their own names, so they always run the default rule): the tree verifies (mamba2_replay_tree,
+gdn_replay_tree), the materialize kernels, tree_ring_move and the cursor kernels (one warp, a few bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from experiments.harness.budget import claim_rank
+from experiments.harness.entry import load_config
+from experiments.harness.methods import REGISTRY
+from experiments.harness.points import Plan, Point, expand
+from experiments.harness.workload import Workload
+from experiments.published import CLAIMS
+from replayssm import launch_table, tuning
+from replayssm.checks import interpreter_active, kernel_arch, next_pow2
+
+EXPERIMENTS = ("kernel_decode", "kernel_spec")
+MAX_CANDIDATES = 18           # the budget: no kernel's space is larger (each candidate: one do_bench)
+
+
+def _grid(**axes) -> list[dict]:
+    names = list(axes)
+    return [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))]
+
+
+def _fits(values, limit: int) -> list[int]:
+    """The values no larger than `limit` padded to a power of 2 (a taller tile only adds masked rows)."""
+    return [v for v in values if v <= max(1, next_pow2(limit))]
+
+
+# Candidates that spill in the AOT build (scripts/kernels/kernel_report.py --tune-space --target 90
+# --fp32-state-only, Super-120B and Qwen3.5-122B at TP1, triton 3.7.1): left out of the space everywhere, with
+# the reason. (kernel, route or None, fields) -> registers / spill bytes of that build.
+TUNE_DROPPED: dict[tuple, str] = {
+    **{("mamba2_replay_ar", "output_only", (("block_m", m), ("num_warps", w))): f"sm_90 spills {b} B ({r} registers)"
+       for m, w, r, b in ((32, 1, 255, 320), (32, 2, 254, 8), (32, 4, 128, 8), (64, 1, 255, 4188),
+                          (64, 2, 255, 316))},
+    **{("mamba2_replay_ar", "state_and_output", (("block_m", m), ("num_warps", w))):
+       f"sm_90 spills {b} B ({r} registers)" for m, w, r, b in ((32, 1, 255, 316), (64, 1, 255, 4504),
+                                                                (64, 2, 255, 516))},
+    ("mamba2_ssu_spec", None, (("block_m", 32), ("num_warps", 1))): "sm_90 spills 44 B (255 registers)",
+    **{("gdn_replay_ar", None, (("block_v", 64), ("num_warps", 2), ("num_stages", s))): "sm_90 spills 664 B "
+       "(255 registers)" for s in (1, 2)},
+    ("gdn_spec_verify", None, (("BV", 32), ("num_warps", 1))): "sm_90 spills 48 B (255 registers)",
+}
+
+
+def dropped_reason(kernel: str, key: dict, cand) -> str | None:
+    """Why candidate `cand` of `kernel` is not in the space at `key` (TUNE_DROPPED), or None."""
+    if not isinstance(cand, dict):
+        return None
+    return TUNE_DROPPED.get((kernel, key.get("route"), tuple(cand.items())))
+
+
+def candidates(kernel: str, key: dict, include_dropped: bool = False) -> list:
+    """The search space of `kernel` at `key` (see the module docstring; less TUNE_DROPPED unless
+    `include_dropped`, which the AOT report builds to keep the reasons true); [] when it has none."""
+    space = _space(kernel, key)
+    return space if include_dropped else [c for c in space if dropped_reason(kernel, key, c) is None]
+
+
+def _space(kernel: str, key: dict) -> list:
+    if kernel in ("mamba2_ssu_ar", "mamba2_ssu_spec", "mamba2_cr_verify", "mamba2_cr_commit"):
+        return _grid(block_m=_fits((4, 8, 16, 32), key["headdim"]), num_warps=(1, 2, 4, 8))
+    if kernel == "gdn_recurrent":
+        return _grid(block_v=_fits((8, 16, 32), key["V"]), num_warps=(1, 2, 4, 8))
+    if kernel in ("gdn_spec_verify", "gdn_cr_verify", "gdn_cr_commit"):
+        return _grid(BV=_fits((8, 16, 32), key["V"]), num_warps=(1, 2, 4, 8))
+    if kernel == "mamba2_replay_ar":
+        return _grid(block_m=_fits((16, 32, 64), max(16, key["headdim"])), num_warps=(1, 2, 4, 8))
+    if kernel == "gdn_replay_ar":
+        return _grid(block_v=_fits((16, 32, 64), max(16, key["V"])), num_warps=(2, 4, 8), num_stages=(1, 2))
+    if kernel == "mamba2_replay_spec":
+        from replayssm.mamba2.spec_kernels import spec_tile_candidates
+
+        return spec_tile_candidates(key["headdim"], key["window"])
+    if kernel == "gdn_replay_spec":
+        return _grid(BV=_fits((16, 32), max(16, key["V"])), BKT=_fits((16, 32), max(16, key["K"])),
+                     num_warps=(2, 4, 8))
+    return []
+
+
+# The tunable kernels each (method, family) launches per step (what `discover` finds at run time; the budget
+# estimate counts tuning jobs from it without running anything).
+KERNELS_OF = {
+    ("baseline_ar", "mamba2"): ("mamba2_ssu_ar",), ("baseline_ar", "gdn"): ("gdn_recurrent",),
+    ("replay_ar", "mamba2"): ("mamba2_replay_ar",), ("replay_ar", "gdn"): ("gdn_replay_ar",),
+    ("baseline_spec", "mamba2"): ("mamba2_ssu_spec",), ("baseline_spec", "gdn"): ("gdn_spec_verify",),
+    ("commit_replay_spec", "mamba2"): ("mamba2_cr_verify", "mamba2_cr_commit"),
+    ("commit_replay_spec", "gdn"): ("gdn_cr_verify", "gdn_cr_commit"),
+    ("replay_spec", "mamba2"): ("mamba2_replay_spec",), ("replay_spec", "gdn"): ("gdn_replay_spec",),
+}
+
+
+def static_key(kernel: str, p: Point, geometry) -> dict:
+    """The geometry key `kernel`'s launch-config function resolves at point `p` (for counting jobs)."""
+    g = vars(geometry) if hasattr(geometry, "__dict__") else dict(geometry)
+    if kernel.startswith("mamba2_"):
+        key = {"headdim": g["headdim"], "dstate": g["dstate"]}
+        if kernel == "mamba2_replay_ar":
+            key.update(L=p.buffer_len, route=p.route)
+        if kernel == "mamba2_replay_spec":
+            key.update(ring_len=p.history_len, window=p.spec_T)
+        return key
+    key = {"K": g["K"], "V": g["V"]}
+    if kernel == "gdn_replay_ar":
+        key["L"] = p.buffer_len
+    if kernel == "gdn_replay_spec":
+        key.update(history=p.history_len, window=p.spec_T)
+    return key
+
+
+def jobs(plans: list[tuple[Plan, list[Point]]]) -> dict[tuple, tuple[int, Point]]:
+    """{(kernel, key, state dtype): (candidates, first point)} the tuner would run for these points."""
+    out: dict[tuple, tuple[int, Point]] = {}
+    for plan, points in plans:
+        for p in points:
+            geometry = plan.models[p.model_key].geometry
+            for kernel in KERNELS_OF.get((p.method, p.family), ()):
+                key = static_key(kernel, p, geometry)
+                job = (kernel, launch_table.entry_key(key, p.state_dtype))
+                if job not in out:
+                    out[job] = (len(candidates(kernel, key)), p)
+    return out
+
+
+def touched_tensors(cache, *extra: torch.Tensor) -> list[torch.Tensor]:
+    """Every tensor a call on `cache` may write: the cache itself when it is a tensor (a baseline's state
+    pool), else its tensor attributes (and those of an attribute object, e.g.
+    a shared cursor), plus `extra` (the output buffer); each storage once."""
+    out, seen = [], set()
+
+    def add(t):
+        if isinstance(t, torch.Tensor) and t.numel() and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            out.append(t)
+
+    for value in [cache] if isinstance(cache, torch.Tensor) else vars(cache).values():
+        if isinstance(value, torch.Tensor):
+            add(value)
+        elif hasattr(value, "__dict__") and not isinstance(value, type):
+            for inner in vars(value).values():
+                add(inner)
+    for t in extra:
+        add(t)
+    return out
+
+
+@dataclass
+class Phase:
+    name: str            # step | verify | commit
+    call: object         # () -> output tensor(s) or None
+    touched: list
+
+
+def phases(p: Point, plan: Plan, device: str, seed: int = 0) -> list[Phase]:
+    """The calls of one point's step, on a freshly built cache (as experiments/kernel/run.py builds it)."""
+    method = REGISTRY[p.method]
+    gen = torch.Generator().manual_seed(seed)
+    wl = Workload(plan.models[p.model_key], p, device, gen)
+    fns = method.api(p.family)
+    cache = method.allocate(p, wl, p.batch, device)
+    method.set_state(cache, wl.random_state(p.batch))
+    slots = wl.slots(p.batch, p.batch, p.slot_layout)
+    if method.kind == "ar":
+        kw, out = wl.call_kwargs(wl.inputs(p.batch)), wl.out(p.batch)
+
+        def step():
+            method.step(fns, cache, p, kw, slots, out)
+            return out
+        return [Phase("step", step, touched_tensors(cache, out))]
+    kw, out = wl.call_kwargs(wl.inputs(p.batch, window=p.spec_T)), wl.out(p.batch, window=p.spec_T)
+    counts = torch.randint(1, p.spec_T + 1, (p.batch,), generator=gen, dtype=torch.int32).to(device)
+    A = wl.params.get("A")
+
+    def verify():
+        method.verify(fns, cache, p, kw, slots, out)
+        return out
+
+    def commit():
+        method.commit(fns, cache, p, counts, slots, A)
+
+    def commit_after_verify():      # the commit phase starts from a verified window (the stash is filled)
+        with launch_table.use_defaults():
+            verify()
+        return commit
+
+    return [Phase("verify", verify, touched_tensors(cache, out)),
+            Phase("commit", commit_after_verify, touched_tensors(cache, out))]
+
+
+def discover(phase: Phase) -> tuple[list[launch_table.Launch], object]:
+    """The launches of one run of `phase` (under the defaults, state restored after) and the call to tune."""
+    snap = tuning.Snapshot(phase.touched)
+    call = phase.call
+    if phase.name == "commit":
+        call = phase.call()           # runs one verify: the snapshot below is taken after it
+        snap = tuning.Snapshot(phase.touched)
+    try:
+        with launch_table.use_defaults(), launch_table.record() as log:
+            call()
+    finally:
+        snap.restore()
+    return log, call
+
+
+def tune_points(plan: Plan, points: list[Point], *, timer=None, tol: float = 1e-4, log=print,
+                entries: dict | None = None) -> dict:
+    """Tune every (kernel, key, state dtype) the points launch that `entries` does not have yet; returns the
+    table entries {kernel: {entry key: {...}}}, `entries` extended (nothing written)."""
+    entries = {} if entries is None else entries
+    for p in points:
+        for phase in phases(p, plan, p.device):
+            tune_phase(phase, p, entries, timer=timer, tol=tol, log=log)
+    return entries
+
+
+def tune_phase(phase: Phase, p: Point, entries: dict, *, timer=None, tol: float = 1e-4, log=print) -> dict:
+    """Tune each kernel one phase launches (that has a space and no entry yet) into `entries`."""
+    launches, call = discover(phase)
+    for launch in {(x.kernel, x.key): x for x in launches}.values():
+        if launch.key in entries.get(launch.kernel, {}):
+            continue
+        key = dict(part.split("=", 1) for part in launch.key.split("|")[0].split(",") if part)
+        space = candidates(launch.kernel, {k: int(v) if v.lstrip("-").isdigit() else v for k, v in key.items()})
+        if not space:
+            continue
+        if len(space) > MAX_CANDIDATES:
+            raise ValueError(f"{launch.kernel}: {len(space)} candidates > the budget of {MAX_CANDIDATES}")
+        t0 = time.perf_counter()
+        trials = tuning.tune(launch.kernel, call, phase.touched, space, timer=timer, tol=tol)
+        best, default = tuning.best(trials), launch.config
+        cfg = launch_table.fields(launch_table.apply(default, launch_table.fields(best.config)))
+        changed = {k: v for k, v in cfg.items() if default.get(k) != v}
+        entries.setdefault(launch.kernel, {})[launch.key] = {
+            "config": changed, "ms": best.ms, "default_ms": tuning.default_ms(trials), "candidates": len(space),
+            "rejected": sum(1 for t in trials if t.ms is None), "batch": p.batch, "model": p.model,
+            "method": p.method}
+        log(f"{launch.kernel:22s} {launch.key:48s} {launch_table.config_label(changed) or '(default)':28s} "
+            f"{best.ms:.4g} ms (default {tuning.default_ms(trials):.4g} ms; {len(space)} candidates, "
+            f"{time.perf_counter() - t0:.1f} s)")
+    return entries
+
+
+def plan_points(experiments, overrides, claims_only: bool) -> list[tuple[Plan, list[Point]]]:
+    """Per experiment: its plan and the triton points to tune (one per configuration, its largest batch;
+    with `claims_only` the points that state a published claim's setting)."""
+    out = []
+    for name in experiments:
+        plan = expand(load_config(name, list(overrides)))
+        chosen: dict[tuple, Point] = {}
+        for p in plan.points:
+            if p.backend != "triton" or p.method.startswith("peer:"):
+                continue
+            if claims_only and claim_rank(p, CLAIMS) == 2:
+                continue
+            sig = (p.model_key, p.method, p.route, p.buffer_len, p.spec_T, p.history_len, p.state_dtype, p.act_dtype)
+            if sig not in chosen or p.batch > chosen[sig].batch:
+                chosen[sig] = p
+        out.append((plan, list(chosen.values())))
+    return out
+
+
+def fake_timer():
+    """The dry run's timer: runs the call once and returns 1, 2, 3 ... ms, so the first candidate to pass
+    wins (after the default's reference trial). It checks the procedure, never a speed."""
+    count = [0]
+
+    def timer(fn):
+        fn()
+        count[0] += 1
+        return float(count[0])
+    return timer
+
+
+def main(argv=None) -> int:
+    args, overrides = _parse(argv)
+    if args.geometry:
+        overrides = [*overrides, f"sweep.models=[{','.join(args.geometry)}]"]
+    if args.dry_run:
+        if not interpreter_active():
+            print("tune --dry-run: set TRITON_INTERPRET=1 (the kernels run in the interpreter)", file=sys.stderr)
+            return 2
+        overrides = ["sweep=smoke", "sweep.on_cpu.backend=triton", "sweep.on_cpu.batch=[2]", *overrides]
+    elif not torch.cuda.is_available():
+        print("tune: needs a CUDA GPU (the interpreter's timings mean nothing); --dry-run checks the procedure",
+              file=sys.stderr)
+        return 2
+    elif not any(o.startswith("sweep=") for o in overrides):
+        overrides = ["sweep=paper", *overrides]
+    arch = kernel_arch("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
+    device = launch_table.device_name(arch)
+    directory = args.out or (Path(tempfile.mkdtemp(prefix="tune-dry-")) if args.dry_run else launch_table.table_dir())
+    entries: dict[str, dict] = {}
+    t0 = time.perf_counter()
+    claims_only = not (args.all or args.dry_run)
+    for plan, points in plan_points(args.experiment or EXPERIMENTS, overrides, claims_only=claims_only):
+        print(f"{plan.experiment}: {len(points)} points to tune on {device}")
+        tune_points(plan, points, timer=fake_timer() if args.dry_run else None, entries=entries)
+    meta = {"triton": _version("triton"), "torch": torch.__version__, "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+            time.gmtime()), "dry_run": bool(args.dry_run), "tune_seconds": round(time.perf_counter() - t0, 1)}
+    path = launch_table.save(device, entries, meta, Path(directory))
+    print(f"tune: {sum(len(v) for v in entries.values())} entries for {device} -> {path}")
+    return 0
+
+
+def _version(name: str) -> str:
+    try:
+        return __import__(name).__version__
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+def _parse(argv):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dry-run", action="store_true", help="interpreter, tiny models, fake timer, a temp dir")
+    ap.add_argument("--experiment", action="append", choices=EXPERIMENTS)
+    ap.add_argument("--all", action="store_true", help="every triton point, not only the claims' settings")
+    ap.add_argument("--geometry", action="append", metavar="MODEL",
+                    help="only these models (conf/model names, @tpN allowed): sweep.models=[...]")
+    ap.add_argument("--out", type=Path, help=f"table directory (default: ${launch_table.TABLE_ENV} or "
+                                             "replayssm/launch_tables)")
+    return ap.parse_args(argv), overrides
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The launch-config tuner's CPU dry run (experiments/tune.py, replayssm/tuning.py, replayssm/launch_table.py):
+in the Triton interpreter (fp32, tiny Mamba-2 geometry, batch 2) with an injected timer that makes one known
+candidate fastest, the tuner picks it, leaves every cache tensor bit-for-bit as it was, writes the table, and a
+later kernel sweep launches the tuned config (rows: launch_source=tuned) with the default baseline beside it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from experiments import tune
+from experiments.harness.entry import load_config
+from experiments.harness.points import expand
+from experiments.kernel.run import DEFAULT_SUFFIX, run_experiment
+from replayssm import launch_table, tuning
+from replayssm.checks import interpreter_active
+
+pytestmark = pytest.mark.skipif(not interpreter_active(), reason="runs the Triton kernels in the interpreter")
+
+OVERRIDES = ["sweep=smoke", "sweep.on_cpu.backend=triton", "sweep.on_cpu.batch=[2]", "sweep.models=[tiny_mamba2]",
+             "sweep.on_cpu.models=[tiny_mamba2]", "method.names=[baseline_ar]", "progress=false"]
+WINNER = {"block_m": 8, "num_warps": 2}          # a candidate of mamba2_ssu_ar's space at headdim 16
+
+
+@pytest.fixture
+def tables(tmp_path, monkeypatch):
+    directory = tmp_path / "tables"
+    monkeypatch.setenv(launch_table.TABLE_ENV, str(directory))
+    launch_table.reload()
+    yield directory
+    launch_table.reload()
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equal (NaN-poisoned outputs included)."""
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def winner_timer():
+    """Fastest when the WINNER override is active; runs the call once (a real in-place step each time)."""
+    def timer(fn):
+        fn()
+        return 0.5 if launch_table.active_override("mamba2_ssu_ar") == WINNER else 1.0
+    return timer
+
+
+def _baseline_phase():
+    plan = expand(load_config("kernel_decode", OVERRIDES))
+    (p,) = [p for p in plan.points if p.method == "baseline_ar"]
+    (phase,) = tune.phases(p, plan, "cpu")
+    return plan, p, phase
+
+
+def test_dry_run_picks_the_fastest_keeps_the_state_and_a_sweep_uses_it(tables, tmp_path):
+    plan, p, phase = _baseline_phase()
+    before = [t.clone() for t in phase.touched]
+    entries = tune.tune_phase(phase, p, {}, timer=winner_timer(), log=lambda *_: None)
+    for t, b in zip(phase.touched, before):
+        assert same_bits(t, b), "tuning changed a cache tensor"
+    (key, entry), = entries["mamba2_ssu_ar"].items()
+    assert key == "dstate=16,headdim=16|float32"
+    assert entry["config"] == WINNER and entry["ms"] == 0.5 and entry["default_ms"] == 1.0
+    assert entry["candidates"] == 12 and entry["rejected"] == 0
+
+    path = launch_table.save("interpreter", entries, {"dry_run": True}, tables)
+    assert path == tables / "interpreter.json"
+    assert json.loads(path.read_text())["entries"]["mamba2_ssu_ar"][key]["config"] == WINNER
+
+    result = run_experiment(load_config("kernel_decode", OVERRIDES + [f"out_dir={tmp_path / 'runs'}"]))
+    by_source = {r["launch_source"]: r for r in result.rows}
+    assert set(by_source) == {"tuned", "default"}, [r["launch_source"] for r in result.rows]
+    tuned, default = by_source["tuned"], by_source["default"]
+    assert tuned["status"] == default["status"] == "ok"
+    assert tuned["launch_config"] == "mamba2_ssu_ar[block_m=8,block_n=16,num_warps=2]"
+    assert default["launch_config"] == "mamba2_ssu_ar[block_m=16,block_n=16,num_warps=4]"
+    assert default["config_hash"] == tuned["config_hash"] + DEFAULT_SUFFIX
+    assert tuned["method"] == default["method"] == "baseline_ar"
+
+
+def test_without_a_table_rows_say_default(tables, tmp_path):
+    result = run_experiment(load_config("kernel_decode", OVERRIDES + [f"out_dir={tmp_path / 'runs'}"]))
+    (row,) = result.rows
+    assert row["launch_source"] == "default" and row["launch_config"].startswith("mamba2_ssu_ar[")
+
+
+def test_a_candidate_with_wrong_output_is_rejected_and_the_state_kept(tables):
+    _, _, phase = _baseline_phase()
+    before = [t.clone() for t in phase.touched]
+    bad = {"block_m": 4, "num_warps": 1}
+
+    def wrong_under_bad():                          # a config that computes something else
+        out = phase.call()
+        return out.add_(1.0) if launch_table.active_override("mamba2_ssu_ar") == bad else out
+
+    calls = []
+    trials = tuning.tune("mamba2_ssu_ar", wrong_under_bad, phase.touched, [bad, WINNER],
+                         timer=lambda fn: calls.append(fn()) or float(len(calls)))
+    assert trials[0].is_default and trials[0].ms == 1.0
+    assert trials[1].ms is None and "differs from the default config" in trials[1].error
+    assert trials[2].ms == 2.0 and tuning.best(trials).config == WINNER
+    for t, b in zip(phase.touched, before):
+        assert same_bits(t, b), "a rejected trial changed a cache tensor"
+
+
+def test_table_resolution_overrides_and_defaults(tables):
+    from baselines.mamba2_ssu_kernels import launch_config
+
+    default = launch_config(16, 16, torch.float32, "cpu")
+    launch_table.save("interpreter", {"mamba2_ssu_ar": {"dstate=16,headdim=16|float32": {"config": WINNER}}}, {},
+                      tables)
+    with launch_table.record() as log:
+        assert launch_config(16, 16, torch.float32, "cpu")[::2] == (8, 2)
+        with launch_table.use_defaults():
+            assert launch_config(16, 16, torch.float32, "cpu") == default
+        with launch_table.override("mamba2_ssu_ar", {"num_warps": 1}):
+            assert launch_config(16, 16, torch.float32, "cpu").num_warps == 1
+        assert launch_config(16, 16, torch.float32, "cpu", "mamba2_ssu_spec") == default   # its own name
+    assert [x.source for x in log] == ["tuned", "default", "override", "default"]
+    assert launch_table.summarize(log[:1]) == ("tuned", "mamba2_ssu_ar[block_m=8,block_n=16,num_warps=2]")
+    assert launch_table.summarize(log[:2])[0] == "mixed" and launch_table.summarize([])[0] == "n/a"
+    # REPLAYSSM_LAUNCH_TABLES=off (GPU first contact) reads no table: the defaults, said as such
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(launch_table.TABLE_ENV, "off")
+        with launch_table.record() as off:
+            assert launch_config(16, 16, torch.float32, "cpu") == default
+        assert [x.source for x in off] == ["default"] and not launch_table.has_table("interpreter")
+    # an entry naming a field the config does not have is never launched
+    launch_table.save("interpreter", {"mamba2_ssu_ar": {"dstate=16,headdim=16|float32": {"config": {"BV": 8}}}},
+                      {}, tables)
+    assert launch_config(16, 16, torch.float32, "cpu") == default
+
+
+def test_every_space_fits_the_budget():
+    geos = [{"headdim": 64, "dstate": 128, "K": 128, "V": 128, "window": 4, "L": 16}]
+    for kernel in ("mamba2_ssu_ar", "mamba2_ssu_spec", "mamba2_cr_verify", "mamba2_cr_commit", "gdn_recurrent",
+                   "gdn_spec_verify", "gdn_cr_verify", "gdn_cr_commit", "mamba2_replay_ar", "gdn_replay_ar",
+                   "mamba2_replay_spec", "gdn_replay_spec"):
+        for g in geos:
+            space = tune.candidates(kernel, g)
+            assert 1 <= len(space) <= tune.MAX_CANDIDATES, kernel
+    assert tune.candidates("mamba2_replay_tree", geos[0]) == []
+    # every dropped candidate (it spills in the AOT build) is a member of its raw space, and left out of it
+    for kernel, route, fields in tune.TUNE_DROPPED:
+        key = dict(geos[0], route=route) if route else geos[0]
+        assert dict(fields) in tune.candidates(kernel, key, include_dropped=True), (kernel, fields)
+        assert dict(fields) not in tune.candidates(kernel, key), (kernel, fields)
