@@ -201,6 +201,8 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
             budget = fpm.hbm_budget(hardware or {}, device, sweep)
             budgets[spec.name + f"@tp{spec.tp}"] = budget
             for T in Ts:
+                for i, acc in enumerate(accs):                # a published workload covers its positions only
+                    acc.check_window(T, f"sweep.acceptance[{i}]")
                 if T > spec.history_len:
                     raise ValueError(f"{key}: spec_T={T} > history_len (ring buffer) B={spec.history_len}; the ring "
                                      "needs B >= T (raise sweep.history_len or lower sweep.spec_T)")

@@ -134,6 +134,8 @@ def _cfg(tmp_path, experiment, **sweep):
 
 @pytest.mark.parametrize("experiment, sweep, match", [
     ("serving", {"spec_T": [9]}, r"spec_T=9 > history_len"),
+    ("serving", {"spec_T": [5], "acceptance": ["workload:mtp_gsm8k_qwen3next"]},
+     r"sweep.acceptance\[0\]: workload 'mtp_gsm8k_qwen3next' publishes 3 draft positions"),
     ("e2e_decode", {"context_len": [253]}, r"KV budget sweep.max_model_len=256"),
     ("serving", {"context_len": [240]}, r"KV budget"),
     ("serving", {"hbm_bytes": "room for 2.5 sequences", "batch": [4]}, r"batch 4 cannot fit the HBM budget"),
