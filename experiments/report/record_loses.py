@@ -21,7 +21,7 @@ import torch
 from experiments.hybrid import footprint as fpm
 from experiments.report import record_model as rm
 from experiments.report.accuracy import load_accuracy, ok_rows
-from experiments.report.record import describe, run_ratios
+from experiments.report.record_cells import describe, run_ratios
 from experiments.report.runs import Run
 from experiments.report.tables import markdown_table
 from replayssm import step_time as st
@@ -268,7 +268,6 @@ def section(df: pd.DataFrame, run: Run | None, floor: float) -> list[str]:
     lines = ["## Where ReplaySSM loses", ""]
     if df.empty:
         lines += ["No published cells: only the model's and this run's parts follow.", ""]
-        df = pd.DataFrame(columns=["metric", "mode", "level", "value_published", "value_model", "source"])
     for part in (lambda: small_batch(df, run, floor), lambda: half_precision(df), lambda: memory(df),
                  recomputation, lambda: numerics(df, run), lambda: capacity(df, floor)):
         lines += part()
