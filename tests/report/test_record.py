@@ -1,0 +1,144 @@
+"""The published record beside a run (experiments/report/record*.py): published_vs_run.csv on a copy of the
+committed CPU reference run with the fixture cells (tests/report/fixtures/published_cells.csv, cells taken
+from vLLM PRs #48018, #48792, #47576, #49887 and the third-party FP8 study), REPORT.md's two new sections,
+a GPU run's measured and own-hardware columns, and an honest report for a run with no rows."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import synthetic_runs as syn  # tests/report/: pytest puts a test's folder (no __init__.py) on sys.path
+
+from experiments.report import claims, record, record_cells, record_model
+from experiments.report.runs import load_run
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = Path(__file__).parent / "fixtures" / "published_cells.csv"
+REFERENCE = sorted(p for p in (ROOT / "results" / "cpu").glob("reproduce-*") if not p.name.endswith("-vllm"))[-1]
+REGIMES = {"bandwidth-bound", "compute-bound", "latency-bound", "other-layers-bound", "capacity", "not-modelled"}
+KEEP = ("rows.csv", "env.json", "config.yaml", "e2e_rows.csv", "serving_rows.csv", "accuracy.csv", "summary.csv",
+        "bench_cpu.json", "bench_cpu.txt", "hybrid_summary.csv", "counts.csv")
+
+
+@pytest.fixture(scope="module")
+def reference_copy(tmp_path_factory) -> Path:
+    """The committed CPU reference run's row files, copied: a test never writes into results/."""
+    dst = tmp_path_factory.mktemp("ref") / "cpu" / REFERENCE.name
+    dst.mkdir(parents=True)
+    for name in KEEP:
+        if (REFERENCE / name).is_file():
+            shutil.copy(REFERENCE / name, dst / name)
+    for p in REFERENCE.glob("config.*.yaml"):
+        shutil.copy(p, dst / p.name)
+    for p in REFERENCE.glob("env.*.json"):
+        shutil.copy(p, dst / p.name)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def reference_report(reference_copy) -> tuple[str, pd.DataFrame]:
+    claims.main([str(reference_copy), "--cells", str(FIXTURE)])
+    return (reference_copy / "REPORT.md").read_text(), pd.read_csv(reference_copy / record.OUT_NAME)
+
+
+def test_read_cells_schema_and_absent_file(tmp_path):
+    cells = record.read_cells(FIXTURE)
+    assert tuple(cells.columns) == record_cells.CELL_COLUMNS
+    assert len(cells) >= 90 and cells["source"].nunique() >= 5
+    empty = record.read_cells(tmp_path / "absent.csv")
+    assert empty.empty and tuple(empty.columns) == record_cells.CELL_COLUMNS
+
+
+def test_published_vs_run_on_the_cpu_reference_run(reference_report):
+    _, df = reference_report
+    cells = record.read_cells(FIXTURE)
+    assert list(df.columns) == list(record_cells.OUT_COLUMNS)
+    assert len(df) == len(cells)
+    assert (df["value_published"] == cells["value"]).all()
+    # a CPU run measures no published cell: each says why
+    assert df["value_measured"].isna().all()
+    assert df["measured_note"].str.startswith("run hardware cpu is not").all()
+    assert set(df["regime"].dropna()) <= REGIMES and df["regime"].notna().all()
+    # the terms are seconds per step, and total is the larger work term plus the launches (+ other layers)
+    k = df[(df["level"] == "kernel") & df["value_model"].notna()]
+    assert len(k)
+    assert list(k["total_s"]) == pytest.approx(list(k[["bytes_s", "flops_s"]].max(axis=1) + k["launch_s"]))
+    # where model and cell are more than 1.25x apart the row names the missing term, and only there
+    r = df["model_over_published"]
+    apart = (r > record_model.DISAGREE) | (r < 1 / record_model.DISAGREE)
+    assert (df.loc[apart, "missing_term"].fillna("") != "").all()
+    assert (df.loc[~apart & r.notna(), "missing_term"].fillna("") == "").all()
+    # no GPU run: no own-hardware column
+    assert df["value_model_run_hw"].isna().all()
+
+
+def test_every_published_loss_is_modelled_below_1_1_or_carries_a_regime(reference_report):
+    _, df = reference_report
+    loss = df[(df["metric"] == "speedup") & (df["value_published"] < 1.0)]
+    assert len(loss) >= 10
+    for row in loss.to_dict("records"):
+        assert (row["value_model"] < 1.1) or row["regime"] in ("not-modelled", "capacity"), row
+
+
+def test_model_agrees_with_the_fixture_cells(reference_report):
+    _, df = reference_report
+    table = record.agreement_table(df)
+    overall = table[table["source"] == "**all**"].iloc[0]
+    assert overall["modelled"] >= 70
+    assert overall["median abs(log(model/pub))"] < 0.1
+    e2e = table[(table["source"] == "vLLM PR #48018") & (table["table"] == "End-to-end speedup")].iloc[0]
+    assert e2e["median abs(log(model/pub))"] < 0.05
+
+
+def test_report_has_both_sections_after_the_claims(reference_report):
+    report, _ = reference_report
+    assert report.startswith("# ReplaySSM Bench: published claims vs this run")
+    claims_at = report.index("## Conditions, sources and the rows behind each value")
+    record_at, loses_at = report.index("## Published record"), report.index("## Where ReplaySSM loses")
+    assert claims_at < record_at < loses_at
+    for part in ("### Small batch", "### Half-precision state", "### Memory", "### Recomputation", "### Numerics",
+                 "### Capacity failures"):
+        assert part in report[loses_at:], part
+    assert "Modelled break-even batch per hardware and family" in report
+    assert "Measured by this run" in report                      # the CPU run's own break-even
+    assert "| vLLM PR #48018" in report[record_at:loses_at]
+
+
+def test_a_gpu_run_measures_its_own_hardwares_cells_and_models_at_its_hardware(tmp_path):
+    env = {"device_type": "cuda", "gpu_name": "NVIDIA B300", "hardware": {"name": "b300"}, "torch": "2.11.0",
+           "triton": "3.6.0", "git_sha": "feedbeef"}
+    run_dir = syn.write_run(tmp_path, syn.ar_rows(), hardware="b300", env=env)
+    cells = record.read_cells(FIXTURE)
+    df = record.published_vs_run(load_run(run_dir), cells)
+    mine = df[(df["hardware"] == "b300") & (df["level"] == "kernel") & (df["model"] == "nemotron3_super_120b")
+              & (df["state_dtype"] == "fp32")]
+    # the synthetic run's AR speedup at L=16 is 1.4x at every batch (synthetic_runs.AR_SPEEDUP)
+    assert len(mine) == 4
+    assert list(mine["value_measured"]) == pytest.approx([syn.AR_SPEEDUP[16]] * 4)
+    fp16 = df[(df["hardware"] == "b300") & (df["state_dtype"] == "fp16") & (df["level"] == "kernel")]
+    assert fp16["value_measured"].isna().all() and fp16["measured_note"].str.contains("float16").all()
+    other = df[(df["hardware"] == "h100") & (df["level"] == "kernel")]
+    assert other["value_measured"].isna().all() and other["measured_note"].str.contains("is not h100").all()
+    assert other["value_model_run_hw"].notna().all()
+    assert not math.isclose(other["value_model_run_hw"].iloc[0], other["value_model"].iloc[0])
+
+
+def test_a_run_with_no_rows_still_gets_an_honest_report(tmp_path):
+    empty = syn.write_run(tmp_path / "empty", syn.ar_rows())
+    header = (empty / "rows.csv").read_text().splitlines()[0]
+    (empty / "rows.csv").write_text(header + "\n")
+    assert claims.main([str(empty), "--cells", str(FIXTURE)]) == 1
+    report = (empty / "REPORT.md").read_text()
+    assert "NOTHING WAS MEASURED" in report
+    assert "## Published record" in report and "## Where ReplaySSM loses" in report
+    df = pd.read_csv(empty / record.OUT_NAME)
+    assert len(df) == len(record.read_cells(FIXTURE)) and df["value_measured"].isna().all()
+    # and without any cells: the sections say so instead of inventing a table
+    none = syn.write_run(tmp_path / "none", syn.ar_rows())
+    assert claims.main([str(none), "--cells", str(tmp_path / "absent.csv")]) == 0
+    report = (none / "REPORT.md").read_text()
+    assert "No published cells were found" in report and "## Where ReplaySSM loses" in report
