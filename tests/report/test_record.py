@@ -142,3 +142,19 @@ def test_a_run_with_no_rows_still_gets_an_honest_report(tmp_path):
     assert claims.main([str(none), "--cells", str(tmp_path / "absent.csv")]) == 0
     report = (none / "REPORT.md").read_text()
     assert "No published cells were found" in report and "## Where ReplaySSM loses" in report
+
+
+def test_figures_of_the_record(tmp_path, reference_copy):
+    from experiments.report.figures import record as record_figures
+    from experiments.report.figures import style as fs
+    figs = fs.FigureSet(tmp_path / "plots", header="test")
+    cells = record.read_cells(FIXTURE)
+    paths = record_figures.figures(load_run(reference_copy), figs, cells)
+    # every source table with a batch axis or concurrency caps: PR #48018 kernel + e2e, #48792 e2e, #47576 B=32 vs
+    # B=16 and max concurrency, #49887 throughput vs batch
+    assert len(paths) == 6
+    for p in paths:
+        assert p.is_file() and p.with_suffix(".pdf").is_file()
+    index = figs.write_index().read_text()
+    assert "per-step time model" in index and "vLLM PR #48018" in index
+    assert record_figures.figures(None, fs.FigureSet(tmp_path / "none"), cells.iloc[0:0]) == []
