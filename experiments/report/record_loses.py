@@ -35,26 +35,6 @@ MAX_LEN = 2048
 HALF_DTYPES = ("float16", "bfloat16", "float8_e4m3fn")
 
 
-def model_break_even(cell: dict, floor: float, max_batch: int = 4096) -> int | None:
-    """Smallest batch at which the model's speedup for the cell's setting reaches 1 (powers of two, refined)."""
-    def sp(b):
-        return rm.model_cell({**cell, "batch": b, "metric": "speedup"}, floor=floor).get("value_model")
-    b = 1
-    while b <= max_batch:
-        v = sp(b)
-        if v is None:
-            return None
-        if v >= 1.0:
-            break
-        b *= 2
-    if b > max_batch:
-        return None
-    for x in range(b // 2 + 1 if b > 1 else 1, b + 1):
-        if sp(x) >= 1.0:
-            return x
-    return b
-
-
 def _published_break_even(g: pd.DataFrame) -> str:
     g = g.assign(_b=pd.to_numeric(g["batch"], errors="coerce"), _v=pd.to_numeric(g["value"], errors="coerce"))
     g = g.dropna(subset=["_b", "_v"]).sort_values("_b")
@@ -99,7 +79,7 @@ def small_batch(df: pd.DataFrame, run: Run | None, floor: float) -> list[str]:
         cell = g.iloc[0].to_dict()
         rows.append({"source": src, "model": model, "hardware": hw, "level": level, "state": dtype, "baseline": base,
                      "published break-even": _published_break_even(g),
-                     "modelled break-even": model_break_even(cell, floor) or "-"})
+                     "modelled break-even": rm.break_even(cell, floor=floor) or "-"})
     if rows:
         lines += ["Published and modelled break-even batch, per published series:", "",
                   markdown_table(pd.DataFrame(rows)), ""]
@@ -111,7 +91,7 @@ def small_batch(df: pd.DataFrame, run: Run | None, floor: float) -> list[str]:
                 for level in ("kernel", "e2e"):
                     cell = {"model": model, "hardware": hw, "level": level, "mode": "ar", "state_dtype": dtype,
                             "buffer_len": 16, "baseline": "tuned"}
-                    row[f"{level} {dtype}"] = model_break_even(cell, floor) or "-"
+                    row[f"{level} {dtype}"] = rm.break_even(cell, floor=floor) or "-"
             grid.append(row)
     lines += ["Modelled break-even batch per hardware and family (the headline models, buffer 16, TP1):", "",
               markdown_table(pd.DataFrame(grid)), ""]

@@ -17,7 +17,10 @@ the regime and, where the model does not claim to cover a cell, regime "not-mode
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import cache
+
+import torch
 
 from experiments.harness.points import load_model_config
 from experiments.hybrid import footprint as fpm
@@ -116,6 +119,22 @@ def model_time(spec: HybridSpec, method: str, hw: st.Hardware, batch: int, *, st
 
 # ------------------------------------------------------------------------------------------- one cell
 
+# Cells about a group of models (a range the source states across them, "_min" / "_max"): the members, each on its
+# published hardware where the cell spans several (the blog's pairing: 4B models on H100, the NVFP4 ones on B300).
+GROUPS = {"nemotron-3 family": ("nemotron3_nano_4b", "nemotron3_super_120b", "nemotron3_ultra_550b"),
+          "qwen3.5 family": ("qwen35_4b", "qwen35_122b_a10b"),
+          "nvfp4 moe models": ("nemotron3_super_120b", "nemotron3_ultra_550b", "qwen35_122b_a10b"),
+          "nvfp4 models": ("nemotron3_super_120b", "nemotron3_ultra_550b", "qwen35_122b_a10b"),
+          "all five models": ("nemotron3_nano_4b", "nemotron3_super_120b", "nemotron3_ultra_550b", "qwen35_4b",
+                              "qwen35_122b_a10b")}
+HOME_HW = {"nemotron3_nano_4b": "h100", "qwen35_4b": "h100", "nemotron3_super_120b": "b300",
+           "nemotron3_ultra_550b": "b300", "qwen35_122b_a10b": "b300"}
+BUFFER_LENS = (4, 8, 16, 32)          # blog Fig 7's sweep (best_buffer_len cells)
+BEST_L_BATCH = 256                    # blog Fig 7: batch sizes 64 and 256
+NOT_A_TIME = ("acceptance", "mean_accepted", "gsm8k", "invalid_answers", "p95_abs_dlogprob", "drift_per_flush",
+              "error_ratio", "admitted_cache_tokens", "capacity_ratio", "resident_bytes_ratio")
+
+
 def _empty(regime: str, why: str) -> dict:
     return {"value_model": None, "regime": regime, "model_note": why}
 
@@ -125,43 +144,99 @@ def _hw(cell: dict, hw_override: str | None):
     return st.HARDWARE.get(name)
 
 
+def _split_metric(metric: str) -> tuple[str, str]:
+    for agg in ("_min", "_max"):
+        if metric.endswith(agg):
+            return metric[: -len(agg)], agg[1:]
+    return metric, ""
+
+
 def model_cell(cell: dict, hw_override: str | None = None, floor: float = st.LAUNCH_FLOOR_S) -> dict:
     """The model at the cell's model, hardware (or `hw_override`: the run's own GPU), dtype, batch, L, T, history."""
-    metric, level, mode = str(cell.get("metric") or ""), str(cell.get("level") or ""), str(cell.get("mode") or "")
+    metric, agg = _split_metric(str(cell.get("metric") or ""))
+    group = GROUPS.get(str(cell.get("model") or "").lower())
+    if group:
+        return _group(cell, group, metric, agg, hw_override, floor)
+    return _one(cell, metric, agg, hw_override, floor)
+
+
+def _group(cell: dict, members: tuple, metric: str, agg: str, hw_override, floor) -> dict:
+    """A range across models: the model at each member (its published hardware where the cell spans several),
+    then the min / max (the median for a single published value)."""
+    results = []
+    for m in members:
+        hw = cell.get("hardware") if _hw(cell, None) is not None else HOME_HW[m]
+        results.append(_one({**cell, "model": m, "hardware": hw}, metric, agg, hw_override, floor))
+    ok = [r for r in results if _num(r.get("value_model")) is not None]
+    if not ok:
+        return results[0]
+    values = [r["value_model"] for r in ok]
+    pick = {"min": min, "max": max}.get(agg)
+    value = pick(values) if pick else sorted(values)[len(values) // 2]
+    chosen = ok[values.index(value)]
+    return {**chosen, "value_model": value,
+            "model_note": f"{agg or 'median'} over {', '.join(members)}" + (f"; {chosen['model_note']}"
+                                                                           if chosen.get("model_note") else "")}
+
+
+def _one(cell: dict, metric: str, agg: str, hw_override, floor) -> dict:
+    level, mode = str(cell.get("level") or ""), str(cell.get("mode") or "")
     model = str(cell.get("model") or "")
-    if metric == "oom":
-        return _empty("capacity", "a published out-of-memory: the step-time model has no memory term; see the "
+    if metric in ("oom", "error"):
+        return _empty("capacity", "a published failure to run: the step-time model has no memory term; see the "
                                   "concurrency model (max_concurrency cells)")
-    if level in ("accuracy", "memory") or metric in ("accuracy", "logprob_delta"):
-        return _empty("not-modelled", f"{level or metric}: numerics / memory are not a time")
-    hw = _hw(cell, hw_override)
-    if hw is None:
-        return _empty("not-modelled", f"no datasheet for hardware {cell.get('hardware')!r}")
+    if metric.startswith(NOT_A_TIME) or level in ("accuracy", "memory"):
+        return _empty("not-modelled", f"{metric}: numerics, acceptance and capacity are not a step time "
+                                      "(acceptance is an input of the serving model)")
     try:
         spec = spec_of(model)
     except (ValueError, FileNotFoundError):
         return _empty("not-modelled", f"model {model!r} is not a conf/model config")
-    T = _int(cell.get("spec_T"), 4)
-    B_hist = _int(cell.get("history_len"), spec.history_len)
-    if metric == "max_concurrency":
-        return _concurrency(cell, spec, hw, T, B_hist)
     sb = state_bytes_of(cell.get("state_dtype"))
     if sb is None:
         return _empty("not-modelled", f"state dtype {cell.get('state_dtype')!r}: the byte model has fp32 and "
                                       "half-precision states only")
+    L = _int(cell.get("buffer_len"), spec.buffer_len)
+    if metric == "byte_ratio":                      # the byte model itself: no hardware in it
+        base = st.layer_traffic(spec.geometry, "baseline_ar", state_bytes=sb)
+        ours = st.layer_traffic(spec.geometry, "replay_ar", L=L, state_bytes=sb)
+        return {"value_model": base.total / ours.total, "regime": "bandwidth-bound",
+                "model_note": "replayssm.traffic bytes ratio (flush-cycle mean)"}
+    hw = _hw(cell, hw_override)
+    if hw is None:
+        return _empty("not-modelled", f"no datasheet for hardware {cell.get('hardware')!r}")
+    T = _int(cell.get("spec_T"), 4)
+    B_hist = _int(cell.get("history_len"), spec.history_len)
+    if "concurrency" in metric:
+        return _concurrency(cell, metric, spec, hw, T, B_hist)
+    if metric == "best_buffer_len":
+        return _best_buffer(cell, hw_override, floor)
+    if metric == "break_even_batch":
+        b = break_even({**cell, "metric": "speedup"}, hw_override, floor)
+        return {"value_model": b, "regime": "latency-bound", "model_note": "smallest batch modelled >= 1x"} \
+            if b is not None else _empty("not-modelled", "the model never breaks even up to batch 4096")
     batch = _int(cell.get("batch"))
     if batch is None or batch < 1:
         return _empty("not-modelled", "no batch size")
-    L = _int(cell.get("buffer_len"), spec.buffer_len)
+    if metric.endswith("_step_cost_vs_ar"):         # a spec kernel step over a standard decode kernel step
+        method = "baseline_spec" if metric.startswith("native") else "replay_spec"
+        acc = {"min": 1, "max": T}.get(agg, default_accepted(T))   # all-reject .. all-accept (blog Fig 9)
+        kw = dict(L=L, T=T, B_hist=B_hist, accepted=acc, state_bytes=sb)
+        ours = st.step_time(spec.geometry, method, hw, batch, launch_floor_s=floor, **kw)
+        ar = st.step_time(spec.geometry, "baseline_ar", hw, batch, launch_floor_s=floor, **kw)
+        return {"bytes_s": ours.bytes_s, "flops_s": ours.flops_s, "launch_s": ours.launch_s, "other_s": 0.0,
+                "total_s": ours.total, "baseline_total_s": ar.total, "value_model": ours.total / ar.total,
+                "regime": ours.regime, "model_note": f"accepted {acc} of T={T}"}
     baseline = str(cell.get("baseline") or "")
     if mode not in REPLAY_OF:
         return _empty("not-modelled", f"mode {mode!r}")
     if mode == "spec" and baseline in ("no_spec", "ar", "standard"):
         return _empty("not-modelled", "spec over standard decode needs the accepted tokens per step "
                                       "(an acceptance profile) and the drafter's cost")
+    if metric != "speedup":               # absolute tokens/s, bandwidth: no serving overheads in the model
+        return _empty("not-modelled", f"metric {metric!r}: the model compares methods, it gives no absolute rate")
     num, den = REPLAY_OF[mode]
-    acc = default_accepted(T)
-    kw = dict(L=L, T=T, B_hist=B_hist, accepted=acc, state_bytes=sb)
+    kw = dict(L=L, T=T, B_hist=B_hist, accepted=default_accepted(T), state_bytes=sb)
     if level == "kernel":
         ours = st.step_time(spec.geometry, num, hw, batch, launch_floor_s=floor, **kw)
         theirs = st.step_time(spec.geometry, den, hw, batch, launch_floor_s=floor, **kw)
@@ -176,27 +251,70 @@ def model_cell(cell: dict, hw_override: str | None = None, floor: float = st.LAU
         regime = ours["ssm_regime"] if ours["ssm_s"] >= ours["other_s"] else "other-layers-bound"
     else:
         return _empty("not-modelled", f"level {level!r}")
-    if metric == "speedup":
-        value = terms["baseline_total_s"] / terms["total_s"]
-    else:                               # absolute tokens/s: no serving overheads in the model, compare ratios
-        return {**terms, **_empty("not-modelled", f"metric {metric!r} in mode {mode!r}")}
     note = "default baseline modelled as the tuned one (the model has no tuning)" if baseline == "default" else ""
-    return {**terms, "value_model": value, "regime": regime, "model_note": note}
+    return {**terms, "value_model": terms["baseline_total_s"] / terms["total_s"], "regime": regime,
+            "model_note": note}
 
 
-def _concurrency(cell: dict, spec: HybridSpec, hw: st.Hardware, T: int, B_hist: int) -> dict:
-    """vLLM's allocator model (footprint.concurrency_table) at the cell's (B, T) on the cell's hardware. The cell
-    is the native path's cap when its baseline or note says native, else ReplaySSM's."""
+def break_even(cell: dict, hw_override: str | None = None, floor: float = st.LAUNCH_FLOOR_S,
+               max_batch: int = 4096) -> int | None:
+    """Smallest batch at which the modelled speedup of the cell's setting reaches 1 (powers of two, refined)."""
+    def sp(b):
+        return model_cell({**cell, "batch": b, "metric": "speedup"}, hw_override, floor).get("value_model")
+    b = 1
+    while b <= max_batch:
+        v = sp(b)
+        if v is None:
+            return None
+        if v >= 1.0:
+            break
+        b *= 2
+    if b > max_batch:
+        return None
+    return next((x for x in range(b // 2 + 1 if b > 1 else 1, b + 1) if sp(x) >= 1.0), b)
+
+
+def _best_buffer(cell: dict, hw_override, floor) -> dict:
+    """The buffer length of BUFFER_LENS with the highest modelled kernel speedup at BEST_L_BATCH."""
+    batch = _int(cell.get("batch"), BEST_L_BATCH)
+    sp = {L: model_cell({**cell, "metric": "speedup", "level": "kernel", "mode": "ar", "batch": batch,
+                         "buffer_len": L, "baseline": "tuned"}, hw_override, floor).get("value_model")
+          for L in BUFFER_LENS}
+    sp = {L: v for L, v in sp.items() if v is not None}
+    if not sp:
+        return _empty("not-modelled", "no modelled speedup")
+    best = max(sp, key=sp.get)
+    return {"value_model": float(best), "regime": "bandwidth-bound",
+            "model_note": "modelled speedup per L: " + ", ".join(f"{L}: {v:.2f}x" for L, v in sp.items())}
+
+
+def _concurrency(cell: dict, metric: str, spec: HybridSpec, hw: st.Hardware, T: int, B_hist: int) -> dict:
+    """vLLM's allocator model (footprint.concurrency_table) at the cell's (B, T) on the cell's hardware:
+    max_concurrency is the native path's cap when the cell's baseline or note says native, else ReplaySSM's;
+    concurrency_ratio ReplaySSM's over native's; native_spec_concurrency_cut standard decode's over native spec's
+    (the plain bytes model: the allocator table has no AR mode)."""
+    if metric == "native_spec_concurrency_cut":
+        caps = {mode: fpm.max_concurrency(hw.hbm_bytes * 0.9, fpm.footprint(
+            replace(spec, history_len=B_hist), mode, act_dtype=torch.bfloat16, state_dtype=torch.float32,
+            max_model_len=2048, spec_T=T, weight_format="checkpoint")) for mode in ("ar", "native")}
+        if not caps["native"]:
+            return _empty("capacity", "the native path fits no sequence")
+        return {"value_model": caps["ar"] / caps["native"], "regime": "capacity",
+                "model_note": "plain bytes model at max_model_len 2048"}
     rows = fpm.concurrency_table([spec.name], {"name": hw.name, "hbm_bytes": hw.hbm_bytes},
                                  {"B": str(B_hist), "T": str(T), "max_model_len": "2048",
                                   "gpu_memory_utilization": "0.9", "max_num_batched_tokens": "8192",
                                   "activation_reserve_gb": "", "tp": "", "weights": "checkpoint"})
+    by_mode = {r["mode"]: r for r in rows}
+    if metric.startswith("concurrency_ratio"):
+        if not by_mode["native"]["vllm"]:
+            return _empty("capacity", "the native path fits no sequence")
+        return {"value_model": by_mode["replayssm"]["vllm"] / by_mode["native"]["vllm"], "regime": "capacity",
+                "model_note": "vLLM allocator model, ReplaySSM / native caps"}
     which = "native" if "native" in (str(cell.get("baseline") or "") + str(cell.get("note") or "")).lower() \
         else "replayssm"
-    by_mode = {r["mode"]: r for r in rows}
-    unit = str(cell.get("unit") or "")
-    value = (by_mode["replayssm"]["vllm"] / by_mode["native"]["vllm"]) if unit == "x" else by_mode[which]["vllm"]
-    return {"value_model": value, "regime": "capacity", "model_note": f"vLLM allocator model, {which} path"}
+    return {"value_model": by_mode[which]["vllm"], "regime": "capacity",
+            "model_note": f"vLLM allocator model, {which} path"}
 
 
 def missing_term(cell: dict, row: dict) -> str:
@@ -208,6 +326,15 @@ def missing_term(cell: dict, row: dict) -> str:
     if 1 / DISAGREE <= r <= DISAGREE:
         return ""
     regime = row.get("regime", "")
+    metric = _split_metric(str(cell.get("metric") or ""))[0]
+    if metric == "best_buffer_len":
+        return "the cost per cached entry beyond its bytes (the history loop's latency / compute), which favours " \
+               "shorter buffers than the byte optimum"
+    if metric.endswith("_step_cost_vs_ar"):       # lower is better: ours / a standard decode step
+        return ("the spec kernel below its roofline (window solve and history rebuild: compute and latency the "
+                "SIMT term undercounts)" if r < 1 else "the standard decode kernel below its byte bound")
+    if "concurrency" in metric:
+        return "memory the allocator reserves beyond the bytes model (activations, CUDA graphs, page padding)"
     if str(cell.get("baseline")) == "default" and r < 1:
         return "the default baseline's own inefficiency (untuned launch configuration: below its byte bound)"
     if str(cell.get("level")) in ("e2e", "serving") and r > 1:

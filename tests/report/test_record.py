@@ -64,7 +64,7 @@ def test_published_vs_run_on_the_cpu_reference_run(reference_report):
     assert df["measured_note"].str.startswith("run hardware cpu is not").all()
     assert set(df["regime"].dropna()) <= REGIMES and df["regime"].notna().all()
     # the terms are seconds per step, and total is the larger work term plus the launches (+ other layers)
-    k = df[(df["level"] == "kernel") & df["value_model"].notna()]
+    k = df[(df["level"] == "kernel") & df["value_model"].notna() & df["bytes_s"].notna()]
     assert len(k)
     assert list(k["total_s"]) == pytest.approx(list(k[["bytes_s", "flops_s"]].max(axis=1) + k["launch_s"]))
     # where model and cell are more than 1.25x apart the row names the missing term, and only there
@@ -158,3 +158,56 @@ def test_figures_of_the_record(tmp_path, reference_copy):
     index = figs.write_index().read_text()
     assert "per-step time model" in index and "vLLM PR #48018" in index
     assert record_figures.figures(None, fs.FigureSet(tmp_path / "none"), cells.iloc[0:0]) == []
+
+
+def _cell(**kw) -> dict:
+    return {c: kw.get(c) for c in record_cells.CELL_COLUMNS}
+
+
+def test_the_model_at_cells_of_every_kind():
+    from replayssm import step_time as st
+    from replayssm.geometry import Mamba2Geometry
+    # the byte model itself, across the five models (median; no hardware needed)
+    br = record_model.model_cell(_cell(model="all five models", level="kernel", mode="ar", state_dtype="fp32",
+                                       buffer_len=16, metric="byte_ratio"))
+    assert 1.78 < br["value_model"] < 1.82
+    # a family range: min <= max, each a member's own value at its published hardware
+    rng = dict(model="Nemotron-3 family", hardware="h100|b300", level="kernel", mode="ar", state_dtype="fp32",
+               batch=256, buffer_len=8, baseline="standard")
+    lo = record_model.model_cell(_cell(**rng, metric="speedup_min"))["value_model"]
+    hi = record_model.model_cell(_cell(**rng, metric="speedup_max"))["value_model"]
+    nano = Mamba2Geometry(nheads=96, headdim=80, dstate=128, ngroups=8)
+    assert lo <= hi
+    assert min(lo, hi) <= st.speedup(nano, "replay_ar", "baseline_ar", "h100", 256, L=8) <= max(lo, hi)
+    # a spec step's cost over a standard decode step: all-accept flushes more often than all-reject
+    fig9 = dict(model="qwen35_122b_a10b", hardware="b300", level="kernel", mode="spec", state_dtype="fp32",
+                batch=128, buffer_len=16, spec_T=6, baseline="standard")
+    lo = record_model.model_cell(_cell(**fig9, metric="replay_spec_step_cost_vs_ar_min"))
+    hi = record_model.model_cell(_cell(**fig9, metric="replay_spec_step_cost_vs_ar_max"))
+    native = record_model.model_cell(_cell(**fig9, metric="native_spec_step_cost_vs_ar"))
+    assert lo["value_model"] <= hi["value_model"] < native["value_model"]
+    assert native["value_model"] == pytest.approx(native["total_s"] / native["baseline_total_s"])
+    # concurrency: the ratio is the two caps' ratio
+    conc = dict(model="qwen35_122b_a10b", hardware="b300", level="concurrency", mode="spec", state_dtype="fp32",
+                spec_T=4, history_len=16, unit="requests")
+    ours = record_model.model_cell(_cell(**conc, metric="max_concurrency"))["value_model"]
+    theirs = record_model.model_cell(_cell(**conc, baseline="native_spec", metric="max_concurrency"))["value_model"]
+    ratio = record_model.model_cell(_cell(**{**conc, "unit": "x"}, baseline="native_spec",
+                                          metric="concurrency_ratio"))["value_model"]
+    assert ratio == pytest.approx(ours / theirs) and ratio > 2
+    # the best buffer of blog Fig 7's sweep, and a break-even batch
+    best = record_model.model_cell(_cell(model="qwen35_122b_a10b", hardware="b300", level="kernel", mode="ar",
+                                         state_dtype="fp32", metric="best_buffer_len"))
+    assert best["value_model"] in record_model.BUFFER_LENS
+    be = record_model.model_cell(_cell(model="nemotron3_nano_4b", hardware="h100", level="kernel", mode="ar",
+                                       state_dtype="fp32", buffer_len=16, metric="break_even_batch"))
+    assert be["value_model"] == st.break_even_batch(nano, "replay_ar", "baseline_ar", "h100")
+    # what the model does not cover says so
+    for kw in (dict(metric="oom", model="qwen35_122b_a10b", hardware="b300"),
+               dict(metric="acceptance_length", model="x"),
+               dict(metric="speedup", model="qwen35_4b", hardware="rtx4090", level="kernel", mode="ar",
+                    state_dtype="fp8_e4m3", batch=8),
+               dict(metric="speedup", model="qwen35_122b_a10b", hardware="b300", level="serving", mode="spec",
+                    state_dtype="fp32", batch=8, baseline="no_spec")):
+        out = record_model.model_cell(_cell(**kw))
+        assert out["value_model"] is None and out["regime"] in ("capacity", "not-modelled") and out["model_note"]
