@@ -41,7 +41,11 @@ def default_accepted(T: int) -> int:
     return max(1, math.ceil(T / 2))
 
 
-DTYPE_BYTES = {"fp32": 4, "float32": 4, "f32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "half": 2}
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "f32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "half": 2,
+               "fp8_e4m3": 1, "float8_e4m3fn": 1, "fp8": 1, "int8": 1}
+# A baseline that names its own state dtype (results/published/README.md): the third party's `production` kernel
+# keeps a bf16 state; `fp32_state` / `bf16_state` the same engine with that state.
+BASELINE_STATE_BYTES = {"production": 2, "bf16_state": 2, "fp32_state": 4}
 REPLAY_OF = {"ar": ("replay_ar", "baseline_ar"), "spec": ("replay_spec", "baseline_spec")}
 DISAGREE = 1.25                     # model and cell further apart than this: the row names a missing term
 
@@ -194,11 +198,11 @@ def _one(cell: dict, metric: str, agg: str, hw_override, floor) -> dict:
         return _empty("not-modelled", f"model {model!r} is not a conf/model config")
     sb = state_bytes_of(cell.get("state_dtype"))
     if sb is None:
-        return _empty("not-modelled", f"state dtype {cell.get('state_dtype')!r}: the byte model has fp32 and "
-                                      "half-precision states only")
+        return _empty("not-modelled", f"state dtype {cell.get('state_dtype')!r}: not a dtype the byte model sizes")
     L = _int(cell.get("buffer_len"), spec.buffer_len)
     if metric == "byte_ratio":                      # the byte model itself: no hardware in it
-        base = st.layer_traffic(spec.geometry, "baseline_ar", state_bytes=sb)
+        base = st.layer_traffic(spec.geometry, "baseline_ar",
+                                state_bytes=BASELINE_STATE_BYTES.get(str(cell.get("baseline") or ""), sb))
         ours = st.layer_traffic(spec.geometry, "replay_ar", L=L, state_bytes=sb)
         return {"value_model": base.total / ours.total, "regime": "bandwidth-bound",
                 "model_note": "replayssm.traffic bytes ratio (flush-cycle mean)"}
@@ -237,15 +241,16 @@ def _one(cell: dict, metric: str, agg: str, hw_override, floor) -> dict:
         return _empty("not-modelled", f"metric {metric!r}: the model compares methods, it gives no absolute rate")
     num, den = REPLAY_OF[mode]
     kw = dict(L=L, T=T, B_hist=B_hist, accepted=default_accepted(T), state_bytes=sb)
+    kw_den = {**kw, "state_bytes": BASELINE_STATE_BYTES.get(baseline, sb)}
     if level == "kernel":
         ours = st.step_time(spec.geometry, num, hw, batch, launch_floor_s=floor, **kw)
-        theirs = st.step_time(spec.geometry, den, hw, batch, launch_floor_s=floor, **kw)
+        theirs = st.step_time(spec.geometry, den, hw, batch, launch_floor_s=floor, **kw_den)
         terms = {"bytes_s": ours.bytes_s, "flops_s": ours.flops_s, "launch_s": ours.launch_s, "other_s": 0.0,
                  "total_s": ours.total, "baseline_total_s": theirs.total}
         regime = ours.regime
     elif level in ("e2e", "serving", "concurrency"):
         ours = model_time(spec, num, hw, batch, floor=floor, **kw)
-        theirs = model_time(spec, den, hw, batch, floor=floor, **kw)
+        theirs = model_time(spec, den, hw, batch, floor=floor, **kw_den)
         terms = {k: ours[k] for k in ("bytes_s", "flops_s", "launch_s", "other_s", "total_s")}
         terms["baseline_total_s"] = theirs["total_s"]
         regime = ours["ssm_regime"] if ours["ssm_s"] >= ours["other_s"] else "other-layers-bound"
@@ -333,6 +338,10 @@ def missing_term(cell: dict, row: dict) -> str:
     if metric.endswith("_step_cost_vs_ar"):       # lower is better: ours / a standard decode step
         return ("the spec kernel below its roofline (window solve and history rebuild: compute and latency the "
                 "SIMT term undercounts)" if r < 1 else "the standard decode kernel below its byte bound")
+    if metric == "break_even_batch":                # lower is better for ReplaySSM
+        return ("fixed costs per step of the published kernel beyond this harness's launches (e.g. quantisation, "
+                "scales, a slower launch path)" if r < 1 else "the published kernel's launches are cheaper than "
+                "this harness's count")
     if "concurrency" in metric:
         return "memory the allocator reserves beyond the bytes model (activations, CUDA graphs, page padding)"
     if str(cell.get("baseline")) == "default" and r < 1:

@@ -104,3 +104,16 @@ def test_a_gpu_runs_launch_floor_csv(tmp_path):
     assert st.launch_floor_from_csv(path, mode="host") == pytest.approx(9e-6)
     assert st.launch_floor_from_csv(tmp_path / "absent.csv") is None
     assert st.launches_from_csv(path) == {("mamba2", "replay_ar", "output_only"): 3}
+
+
+def test_an_8bit_state_from_the_affine_byte_counts():
+    # traffic is affine in the state's element size: at 1 byte the baseline moves 2 x state[HV, V, K] of one byte
+    # plus the same inputs and outputs as at 2 bytes
+    one, two = st.layer_traffic(QWEN, "baseline_ar", state_bytes=1), traffic.gdn_baseline_ar(QWEN, 2)
+    assert one.total == two.total - 2 * traffic.gdn_state_bytes(QWEN, 1)
+    assert one.flops == two.flops
+    L = 8
+    ours = st.layer_traffic(QWEN, "replay_ar", L=L, state_bytes=1)
+    # the checkpoint is read every step and written once per cycle
+    assert ours.total == pytest.approx(traffic.gdn_replay_ar_cycle(QWEN, L, 2).total
+                                       - (1 + 1 / L) * traffic.gdn_state_bytes(QWEN, 1))

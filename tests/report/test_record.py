@@ -206,7 +206,7 @@ def test_the_model_at_cells_of_every_kind():
     for kw in (dict(metric="oom", model="qwen35_122b_a10b", hardware="b300"),
                dict(metric="acceptance_length", model="x"),
                dict(metric="speedup", model="qwen35_4b", hardware="rtx4090", level="kernel", mode="ar",
-                    state_dtype="fp8_e4m3", batch=8),
+                    state_dtype="nvfp4", batch=8),
                dict(metric="speedup", model="qwen35_122b_a10b", hardware="b300", level="serving", mode="spec",
                     state_dtype="fp32", batch=8, baseline="no_spec")):
         out = record_model.model_cell(_cell(**kw))
