@@ -293,6 +293,17 @@ def _best_buffer(cell: dict, hw_override, floor) -> dict:
             "model_note": "modelled speedup per L: " + ", ".join(f"{L}: {v:.2f}x" for L, v in sp.items())}
 
 
+@cache
+def _caps(model: str, hw_name: str, B_hist: int, T: int) -> dict:
+    """{mode: concurrency_table row} at PR #47576's conditions (max_model_len 2048, gpu_memory_utilization 0.9)."""
+    hw = st.HARDWARE[hw_name]
+    rows = fpm.concurrency_table([model], {"name": hw.name, "hbm_bytes": hw.hbm_bytes},
+                                 {"B": str(B_hist), "T": str(T), "max_model_len": "2048",
+                                  "gpu_memory_utilization": "0.9", "max_num_batched_tokens": "8192",
+                                  "activation_reserve_gb": "", "tp": "", "weights": "checkpoint"})
+    return {r["mode"]: r for r in rows}
+
+
 def _concurrency(cell: dict, metric: str, spec: HybridSpec, hw: st.Hardware, T: int, B_hist: int) -> dict:
     """vLLM's allocator model (footprint.concurrency_table) at the cell's (B, T) on the cell's hardware:
     max_concurrency is the native path's cap when the cell's baseline or note says native, else ReplaySSM's;
@@ -306,11 +317,7 @@ def _concurrency(cell: dict, metric: str, spec: HybridSpec, hw: st.Hardware, T: 
             return _empty("capacity", "the native path fits no sequence")
         return {"value_model": caps["ar"] / caps["native"], "regime": "capacity",
                 "model_note": "plain bytes model at max_model_len 2048"}
-    rows = fpm.concurrency_table([spec.name], {"name": hw.name, "hbm_bytes": hw.hbm_bytes},
-                                 {"B": str(B_hist), "T": str(T), "max_model_len": "2048",
-                                  "gpu_memory_utilization": "0.9", "max_num_batched_tokens": "8192",
-                                  "activation_reserve_gb": "", "tp": "", "weights": "checkpoint"})
-    by_mode = {r["mode"]: r for r in rows}
+    by_mode = _caps(spec.name, hw.name, B_hist, T)
     if metric.startswith("concurrency_ratio"):
         if not by_mode["native"]["vllm"]:
             return _empty("capacity", "the native path fits no sequence")

@@ -340,7 +340,8 @@ def plot_run(run_dir: Path | str, out_dir: Path | str | None = None, paper: bool
              + plot_accuracy(run, figs) + plot_hybrid(run, figs))
     if paper:
         paths += paper_figures.figures(run, figs)
-    paths += record_figures.figures(run, figs)      # the published record's tables (none without cells.csv)
+    if "status" in run.rows and (run.rows["status"] == "ok").any():      # a run that measured nothing: no figure
+        paths += record_figures.figures(run, figs)  # the published record's tables (none without cells.csv)
     if paths:
         figs.write_index()
     return paths
