@@ -12,10 +12,16 @@ import pandas as pd
 
 from experiments.report import record_loses
 from experiments.report import record_model as rm
-from experiments.report.record_cells import OUT_NAME, describe, published_vs_run, read_cells, write_published_vs_run
+from experiments.report.record_cells import (
+    OUT_NAME,
+    describe,
+    published_vs_run,
+    read_cells,
+    run_launch_floor,
+    write_published_vs_run,
+)
 from experiments.report.runs import Run
 from experiments.report.tables import markdown_table
-from replayssm import step_time as st
 
 __all__ = ["read_cells", "published_vs_run", "write_record", "agreement_table", "OUT_NAME"]
 
@@ -75,6 +81,5 @@ def write_record(runs: list[Run], cells: pd.DataFrame | None = None, cells_path:
     frames = [write_published_vs_run(r, cells)[1] for r in runs]
     df = frames[0] if frames else published_vs_run(None, cells)
     run = runs[0] if runs else None
-    floor = (st.launch_floor_from_csv(run.path / "launch_floor.csv") if run is not None else None) \
-        or st.LAUNCH_FLOOR_S
+    floor = run_launch_floor(run)
     return published_record_section(df, label, floor) + record_loses.section(df, run, floor)

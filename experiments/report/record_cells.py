@@ -74,6 +74,18 @@ def run_hardware(run: Run) -> tuple[str, str]:
     return ("cpu" if d["kind"] == "cpu" else text), d["kind"]
 
 
+def run_launch_floor(run: Run | None) -> float:
+    """Seconds per launch: this GPU run's own measurement (experiments/launch_floor.py's launch_floor.csv, in the
+    run directory or, as scripts/gpu/gpu_check.sh leaves it, in the work directory above results/<hw>/<run-id>),
+    else the documented figure step_time.LAUNCH_FLOOR_S."""
+    if run is not None:
+        for d in (run.path, run.path.parent.parent.parent):
+            got = st.launch_floor_from_csv(d / "launch_floor.csv")
+            if got:
+                return got
+    return st.LAUNCH_FLOOR_S
+
+
 def run_ratios(run: Run) -> pd.DataFrame:
     """Every ratio of the run (kernel rows' summary and the whole-model rows'), verdict-flagged ones dropped."""
     frames = [summarize(run.rows).ratios]
@@ -135,8 +147,7 @@ def published_vs_run(run: Run | None, cells: pd.DataFrame, floor: float | None =
     launch_floor.csv where it has one, else step_time.LAUNCH_FLOOR_S)."""
     hw, kind = run_hardware(run) if run is not None else ("", "")
     if floor is None:
-        floor = (st.launch_floor_from_csv(run.path / "launch_floor.csv") if run is not None else None) \
-            or st.LAUNCH_FLOOR_S
+        floor = run_launch_floor(run)
     ratios = run_ratios(run) if run is not None else pd.DataFrame()
     out = []
     for cell in cells.to_dict("records"):

@@ -111,9 +111,15 @@ def test_report_has_both_sections_after_the_claims(reference_report):
 def test_a_gpu_run_measures_its_own_hardwares_cells_and_models_at_its_hardware(tmp_path):
     env = {"device_type": "cuda", "gpu_name": "NVIDIA B300", "hardware": {"name": "b300"}, "torch": "2.11.0",
            "triton": "3.6.0", "git_sha": "feedbeef"}
-    run_dir = syn.write_run(tmp_path, syn.ar_rows(), hardware="b300", env=env)
+    run_dir = syn.write_run(tmp_path / "results", syn.ar_rows(), hardware="b300", env=env)
+    # scripts/gpu/gpu_check.sh leaves launch_floor.csv in its work directory, above results/<hw>/<run-id>
+    (tmp_path / "launch_floor.csv").write_text("name,family,model,method,route,batch,mode,ms_median,ms_mean,ms_min,"
+                                               "samples,launches,compile_s,status\n"
+                                               "minimal,,,,,1,graph,0.003,0.003,0.003,100,1,0.1,ok\n")
     cells = record.read_cells(FIXTURE)
     df = record.published_vs_run(load_run(run_dir), cells)
+    kernel = df[(df["level"] == "kernel") & (df["model"] == "nemotron3_nano_4b")]
+    assert list(kernel["launch_s"]) == pytest.approx([3 * 3e-6] * len(kernel))     # 3 launches x the run's floor
     mine = df[(df["hardware"] == "b300") & (df["level"] == "kernel") & (df["model"] == "nemotron3_super_120b")
               & (df["state_dtype"] == "fp32")]
     # the synthetic run's AR speedup at L=16 is 1.4x at every batch (synthetic_runs.AR_SPEEDUP)

@@ -21,7 +21,7 @@ from matplotlib.lines import Line2D
 
 from experiments.report import record_model as rm
 from experiments.report.figures import style as fs
-from experiments.report.record_cells import published_vs_run, read_cells
+from experiments.report.record_cells import published_vs_run, read_cells, run_launch_floor
 from experiments.report.runs import Run
 
 SERIES_KEYS = ("model", "hardware", "state_dtype", "baseline", "spec_T", "history_len", "buffer_len", "level")
@@ -124,9 +124,7 @@ def figures(run: Run | None, figs: fs.FigureSet, cells: pd.DataFrame | None = No
         return []
     fs.apply_style()
     df = published_vs_run(run, cells)
-    floor = rm.st.LAUNCH_FLOOR_S
-    if run is not None:
-        floor = rm.st.launch_floor_from_csv(run.path / "launch_floor.csv") or floor
+    floor = run_launch_floor(run)
     paths = []
     for (source, table), g in df.groupby(["source", "table"], sort=True):
         sp = g[(g["metric"] == "speedup") & pd.to_numeric(g["batch"], errors="coerce").notna()]
