@@ -14,6 +14,8 @@ experiments/report/record_model.py), the byte model (replayssm/traffic.py), the 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import torch
@@ -175,7 +177,23 @@ def memory(df: pd.DataFrame) -> list[str]:
     return lines
 
 
-def recomputation() -> list[str]:
+def cpu_ridge(run: Run | None) -> tuple[float, str] | None:
+    """(FLOPs per byte, what) of this run's CPU roofline: bench_cpu.json's measured rates at the most threads."""
+    path = run.path / "bench_cpu.json" if run is not None else None
+    if path is None or not path.is_file():
+        return None
+    benches = json.loads(path.read_text()).get("benchmarks", [])
+    rates = [b.get("extra_info", {}).get("roof_rates") or {} for b in benches]
+    rates = [r for r in rates if r.get("flop_GFLOPs") and r.get("read_GBps")]
+    if not rates:
+        return None
+    r = max(rates, key=lambda x: x.get("threads", 0))
+    ridge = r["flop_GFLOPs"] / r["read_GBps"]
+    return ridge, (f"{r['flop_GFLOPs']:.0f} GFLOP/s over {r['read_GBps']:.1f} GB/s read at {r.get('threads')} "
+                   "threads, measured by bench_cpu")
+
+
+def recomputation(run: Run | None = None) -> list[str]:
     Ls = (4, 8, 16, 32, 64, 128)
     ridge = {hw: h.ridge for hw, h in st.HARDWARE.items()}
     lines = ["### Recomputation", "",
@@ -201,6 +219,12 @@ def recomputation() -> list[str]:
     lines += [markdown_table(tab, {f"L={L}": ".2f" for L in Ls}), "",
               ("Compute-bound on the lowest-ridge GPU: " + ", ".join(over) + ".") if over else
               f"No method crosses the lowest GPU ridge ({lo:.1f}) up to L = {Ls[-1]}.", ""]
+    cpu = cpu_ridge(run)
+    if cpu is not None:
+        ridge, what = cpu
+        on_cpu = [f"{r['family']} {r['method']} L={L}" for r in rows for L in Ls if r[f"L={L}"] > ridge]
+        lines += [f"This run's CPU ridge: {ridge:.1f} FLOPs per byte ({what}); compute-bound here: "
+                  + (", ".join(on_cpu) if on_cpu else "none") + ".", ""]
     return lines
 
 
@@ -249,7 +273,7 @@ def section(df: pd.DataFrame, run: Run | None, floor: float) -> list[str]:
     if df.empty:
         lines += ["No published cells: only the model's and this run's parts follow.", ""]
     for part in (lambda: small_batch(df, run, floor), lambda: half_precision(df), lambda: memory(df),
-                 recomputation, lambda: numerics(df, run), lambda: capacity(df, floor)):
+                 lambda: recomputation(run), lambda: numerics(df, run), lambda: capacity(df, floor)):
         lines += part()
     return lines
 

@@ -105,6 +105,7 @@ def test_report_has_both_sections_after_the_claims(reference_report):
         assert part in report[loses_at:], part
     assert "Modelled break-even batch per hardware and family" in report
     assert "Measured by this run" in report                      # the CPU run's own break-even
+    assert "This run's CPU ridge:" in report                     # bench_cpu's measured roofline
     assert "| vLLM PR #48018" in report[record_at:loses_at]
 
 
