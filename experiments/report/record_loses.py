@@ -125,8 +125,9 @@ def byte_ratio(model: str, state_bytes: int, L: int = 16) -> float:
 def half_precision(df: pd.DataFrame) -> list[str]:
     lines = ["### Half-precision state", "",
              "Halving the state halves the term ReplaySSM saves on, but the byte model's own ratio barely moves "
-             "(the entries are half precision either way); the published fp16 gains are much smaller: the kernels "
-             "do not reach the byte bound there (a reached-bandwidth term the model lacks).", ""]
+             "(the entries are half precision either way). Where a published fp16 value sits well below its fp32 "
+             "twin, the kernel does not reach the byte bound at half precision (a reached-bandwidth term the model "
+             "lacks; e.g. PR #48792's note on B300's Triton fp16 kernel).", ""]
     rows = [{"model": m, "byte ratio fp32": byte_ratio(m, 4), "byte ratio fp16/bf16": byte_ratio(m, 2)}
             for m in MODELS]
     sp = df[(df["metric"] == "speedup") & (df["mode"] == "ar") & (df["baseline"].astype(str) != "default")].copy()
