@@ -41,12 +41,33 @@ def default_accepted(T: int) -> int:
     return max(1, math.ceil(T / 2))
 
 
+def mean_tokens_per_step(T: int) -> float | None:
+    """Tokens one verify step of window T yields on average (1 + the expected accepted drafts) under the published
+    acceptance profiles (ACCEPT_*); None past the longest profile."""
+    drafts = T - 1
+    if drafts <= len(ACCEPT_CONDITIONAL):
+        total, p = 0.0, 1.0
+        for rate in ACCEPT_CONDITIONAL[:drafts]:
+            p *= rate
+            total += p
+        return 1 + total
+    if drafts <= len(ACCEPT_UNCONDITIONAL):
+        return 1 + sum(ACCEPT_UNCONDITIONAL[:drafts])
+    return None
+
+
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "f32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "half": 2,
                "fp8_e4m3": 1, "float8_e4m3fn": 1, "fp8": 1, "int8": 1}
 # A baseline that names its own state dtype (results/published/README.md): the third party's `production` kernel
 # keeps a bf16 state; `fp32_state` / `bf16_state` the same engine with that state.
 BASELINE_STATE_BYTES = {"production": 2, "bf16_state": 2, "fp32_state": 4}
 REPLAY_OF = {"ar": ("replay_ar", "baseline_ar"), "spec": ("replay_spec", "baseline_spec")}
+# Published per-position acceptance on GSM8K, ASSUMED for this repo's models' MTP drafters (none of theirs is
+# published): up to 3 drafts the Qwen3-Next MTP head's conditional rates (vllm-project/speculators PR #366: 0.873,
+# 0.778, 0.675; its MeanAccepted 2.01), beyond the multi-module MTP-8's unconditional rates (vLLM PR #48892).
+ACCEPT_CONDITIONAL = (0.873, 0.778, 0.675)
+ACCEPT_UNCONDITIONAL = (0.7568, 0.6011, 0.4976, 0.4113, 0.3538, 0.2980, 0.2608, 0.2229)
+ACCEPT_SOURCE = "GSM8K acceptance: speculators PR #366 (<= 3 drafts), vLLM PR #48892 MTP-8 (more); assumed"
 DISAGREE = 1.25                     # model and cell further apart than this: the row names a missing term
 
 
@@ -76,12 +97,14 @@ def state_bytes_of(dtype) -> int | None:
 
 # ----------------------------------------------------------------------------------------- whole model
 
-def _weights_read(spec: HybridSpec, tokens: int) -> tuple[float, float]:
-    """(bytes of weights one pass over `tokens` tokens reads in the checkpoint's format, active params per token)."""
+def _weights_read(spec: HybridSpec, tokens: int, chars: tuple | None = None,
+                  extra: dict | None = None) -> tuple[float, float]:
+    """(bytes of weights one pass over `tokens` tokens reads in the checkpoint's format, active params per token):
+    the sub-layers `chars` (default the model's pattern), the LM head and `extra` {kind: params}."""
     fmt = spec.weight_format or "bfloat16"
-    touched: dict[str, float] = {"lm_head": spec.vocab * spec.hidden}
-    active = float(spec.vocab * spec.hidden)
-    for ch in spec.pattern:
+    touched: dict[str, float] = {"lm_head": spec.vocab * spec.hidden, **(extra or {})}
+    active = float(sum(touched.values()))
+    for ch in spec.pattern if chars is None else chars:
         for kind, n in fpm.layer_weights(spec, ch).items():
             if kind == "experts":
                 m = spec.mlp
@@ -107,6 +130,21 @@ def other_time(spec: HybridSpec, hw: st.Hardware, batch: int, T: int = 1, floor:
             "other_s": max(bytes_s, flops_s) + launches * floor}
 
 
+def drafter_time(spec: HybridSpec, hw: st.Hardware, batch: int, T: int, floor: float = st.LAUNCH_FLOOR_S) -> float:
+    """Seconds of the MTP drafter's T - 1 passes (one token per sequence each): its sub-layers (conf/model
+    mtp.pattern), eh_proj (2 hidden^2) and the shared LM head, weights over bandwidth or FLOPs over the tensor peak,
+    its attention's KV at CONTEXT_LEN, and its launches."""
+    if T <= 1:
+        return 0.0
+    chars = spec.mtp_pattern
+    wbytes, active = _weights_read(spec, batch, chars, {"eh_proj": 2 * spec.hidden ** 2})
+    a = spec.attention
+    kv = chars.count("*") * batch * (CONTEXT_LEN + 1) * 2 * a.num_kv_heads * a.head_dim * 2 if a else 0
+    launches = sum(KERNELS_PER_SUBLAYER[ch] for ch in chars) + HEAD_KERNELS + 1
+    one = max((wbytes + kv) / hw.hbm_Bps, 2 * active * batch / hw.tensor_flops) + launches * floor
+    return (T - 1) * one
+
+
 def model_time(spec: HybridSpec, method: str, hw: st.Hardware, batch: int, *, state_bytes: int, L: int, T: int = 1,
                B_hist: int = 16, accepted: int | None = None, floor: float = st.LAUNCH_FLOOR_S) -> dict:
     """One whole-model step: the other layers plus n_ssm SSM layers of `method` (cursor shared by the layers)."""
@@ -114,7 +152,11 @@ def model_time(spec: HybridSpec, method: str, hw: st.Hardware, batch: int, *, st
                          T=T, B_hist=B_hist, accepted=accepted, state_bytes=state_bytes)
     n = spec.ssm_layers
     cursor = st.CURSOR_LAUNCHES.get(method, 0) * floor
-    other = other_time(spec, hw, batch, T if method.endswith("spec") else 1, floor)
+    is_spec = method.endswith("spec")
+    other = other_time(spec, hw, batch, T if is_spec else 1, floor)
+    if is_spec:                                   # a speculative step drafts first: the drafter is every method's
+        draft = drafter_time(spec, hw, batch, T, floor)
+        other = {**other, "drafter_s": draft, "other_s": other["other_s"] + draft}
     ssm_s = n * layer.total + cursor
     return {**other, "ssm_s": ssm_s, "bytes_s": n * layer.bytes_s, "flops_s": n * layer.flops_s,
             "launch_s": n * layer.launch_s + cursor, "total_s": other["other_s"] + ssm_s,
@@ -234,9 +276,11 @@ def _one(cell: dict, metric: str, agg: str, hw_override, floor) -> dict:
     baseline = str(cell.get("baseline") or "")
     if mode not in REPLAY_OF:
         return _empty("not-modelled", f"mode {mode!r}")
+    if mode == "spec" and baseline in ("no_spec", "ar", "standard") and level != "kernel":
+        return _spec_over_ar(cell, spec, hw, batch, sb, L, T, B_hist, floor)
     if mode == "spec" and baseline in ("no_spec", "ar", "standard"):
-        return _empty("not-modelled", "spec over standard decode needs the accepted tokens per step "
-                                      "(an acceptance profile) and the drafter's cost")
+        return _empty("not-modelled", "a spec kernel over a standard decode kernel per token needs the serving "
+                                      "step (see the whole-model cells)")
     if metric != "speedup":               # absolute tokens/s, bandwidth: no serving overheads in the model
         return _empty("not-modelled", f"metric {metric!r}: the model compares methods, it gives no absolute rate")
     num, den = REPLAY_OF[mode]
@@ -259,6 +303,24 @@ def _one(cell: dict, metric: str, agg: str, hw_override, floor) -> dict:
     note = "default baseline modelled as the tuned one (the model has no tuning)" if baseline == "default" else ""
     return {**terms, "value_model": terms["baseline_total_s"] / terms["total_s"], "regime": regime,
             "model_note": note}
+
+
+def _spec_over_ar(cell, spec, hw, batch, sb, L, T, B_hist, floor) -> dict:
+    """ReplaySSM spec over standard (no-spec) decode, whole model: tokens per step (the published acceptance
+    profile, ACCEPT_*) x a standard step's time / a spec step's (verify of T tokens, drafter, commit)."""
+    if str(cell.get("metric")) != "speedup":
+        return _empty("not-modelled", f"metric {cell.get('metric')!r}: the model gives ratios, not rates")
+    tokens = mean_tokens_per_step(T)
+    if tokens is None:
+        return _empty("not-modelled", f"no published acceptance profile for T={T}")
+    acc = max(1, min(T, round(tokens)))
+    ours = model_time(spec, "replay_spec", hw, batch, state_bytes=sb, L=L, T=T, B_hist=B_hist, accepted=acc,
+                      floor=floor)
+    ar = model_time(spec, "baseline_ar", hw, batch, state_bytes=sb, L=L, floor=floor)
+    terms = {k: ours[k] for k in ("bytes_s", "flops_s", "launch_s", "other_s", "total_s")}
+    regime = ours["ssm_regime"] if ours["ssm_s"] >= ours["other_s"] else "other-layers-bound"
+    return {**terms, "baseline_total_s": ar["total_s"], "value_model": tokens * ar["total_s"] / ours["total_s"],
+            "regime": regime, "model_note": f"{tokens:.2f} tokens per step ({ACCEPT_SOURCE})"}
 
 
 def break_even(cell: dict, hw_override: str | None = None, floor: float = st.LAUNCH_FLOOR_S,

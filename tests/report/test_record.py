@@ -215,6 +215,26 @@ def test_the_model_at_cells_of_every_kind():
                dict(metric="speedup", model="qwen35_4b", hardware="rtx4090", level="kernel", mode="ar",
                     state_dtype="nvfp4", batch=8),
                dict(metric="speedup", model="qwen35_122b_a10b", hardware="b300", level="serving", mode="spec",
-                    state_dtype="fp32", batch=8, baseline="no_spec")):
+                    state_dtype="fp32", batch=8, spec_T=12, baseline="no_spec")):     # past every acceptance profile
         out = record_model.model_cell(_cell(**kw))
         assert out["value_model"] is None and out["regime"] in ("capacity", "not-modelled") and out["model_note"]
+
+
+def test_spec_over_standard_decode_uses_the_published_acceptance_profile():
+    # speculators PR #366's Qwen3-Next MTP head: MeanAccepted 2.01 drafts at 3 drafts (T = 4)
+    assert record_model.mean_tokens_per_step(4) == pytest.approx(1 + 0.873 + 0.873 * 0.778 + 0.873 * 0.778 * 0.675)
+    assert record_model.mean_tokens_per_step(1) == 1.0
+    assert record_model.mean_tokens_per_step(6) == pytest.approx(1 + sum(record_model.ACCEPT_UNCONDITIONAL[:5]))
+    assert record_model.mean_tokens_per_step(10) is None
+    cell = _cell(model="qwen35_122b_a10b", hardware="b300", level="serving", mode="spec", state_dtype="fp32",
+                 batch=32, spec_T=4, history_len=16, baseline="no_spec", metric="speedup")
+    out = record_model.model_cell(cell)
+    tokens = record_model.mean_tokens_per_step(4)
+    assert out["value_model"] == pytest.approx(tokens * out["baseline_total_s"] / out["total_s"])
+    assert "speculators PR #366" in out["model_note"]
+    # the drafter's T - 1 passes are part of every spec step
+    spec = record_model.spec_of("qwen35_122b_a10b")
+    hw = record_model.st.HARDWARE["b300"]
+    t = record_model.model_time(spec, "replay_spec", hw, 32, state_bytes=4, L=16, T=4, B_hist=16, accepted=3)
+    assert t["drafter_s"] == pytest.approx(record_model.drafter_time(spec, hw, 32, 4)) and t["drafter_s"] > 0
+    assert record_model.drafter_time(spec, hw, 32, 1) == 0.0
