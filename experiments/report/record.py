@@ -22,6 +22,7 @@ from experiments.report.record_cells import (
 )
 from experiments.report.runs import Run
 from experiments.report.tables import markdown_table
+from replayssm import step_time as st
 
 __all__ = ["read_cells", "published_vs_run", "write_record", "agreement_table", "OUT_NAME"]
 
@@ -70,7 +71,28 @@ def published_record_section(df: pd.DataFrame, cells_path: str, floor: float) ->
               "and launches). No model parameter is fitted to these cells. Row by row: "
               f"`{OUT_NAME}` in this run's directory.", "",
               markdown_table(agreement_table(df), {"median abs(log(model/pub))": ".3f"}), ""]
-    return lines
+    return lines + parameters(floor)
+
+
+def parameters(floor: float) -> list[str]:
+    """The model's parameters, each with its source (none fitted to the cells)."""
+    hw = pd.DataFrame([{"hardware": h.name, "HBM TB/s": h.hbm_Bps / 1e12, "FP32 SIMT TFLOP/s": h.simt_fp32_flops / 1e12,
+                        "BF16 tensor TFLOP/s": h.tensor_flops / 1e12, "HBM GB": h.hbm_bytes / 1e9,
+                        "ridge FLOP/B": h.ridge, "source": h.source} for h in st.HARDWARE.values()])
+    own = abs(floor - st.LAUNCH_FLOOR_S) > 1e-12
+    launches = ", ".join(f"{f} {m}{' ' + r if r else ''} {n}" for (f, m, r), n in st.LAUNCHES.items())
+    return ["Model parameters (replayssm/step_time.py, experiments/report/record_model.py):", "",
+            markdown_table(hw, {"HBM TB/s": ".3g", "FP32 SIMT TFLOP/s": ".3g", "BF16 tensor TFLOP/s": ".4g",
+                                "HBM GB": ".0f", "ridge FLOP/B": ".1f"}), "",
+            f"- launch floor {floor * 1e6:.2f} us per kernel: "
+            + ("this GPU run's own launch_floor.csv (the minimal kernel under CUDA graphs)" if own
+               else st.LAUNCH_FLOOR_SOURCE),
+            "- kernel launches per layer step (this repo's launchers), plus one cursor kernel for "
+            f"{' / '.join(st.CURSOR_LAUNCHES)} (per layer in kernel cells, once per model step in whole-model cells): "
+            f"{launches}",
+            f"- assumed (no source states them): context {rm.CONTEXT_LEN} tokens for the KV term; kernels per other "
+            f"sub-layer {rm.KERNELS_PER_SUBLAYER}; accepted tokens where a spec cell states none: ceil(T/2); "
+            f"{rm.ACCEPT_SOURCE}", ""]
 
 
 def write_record(runs: list[Run], cells: pd.DataFrame | None = None, cells_path: str | None = None) -> list[str]:

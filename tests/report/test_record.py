@@ -107,6 +107,7 @@ def test_report_has_both_sections_after_the_claims(reference_report):
     assert "Measured by this run" in report                      # the CPU run's own break-even
     assert "This run's CPU ridge:" in report                     # bench_cpu's measured roofline
     assert "| vLLM PR #48018" in report[record_at:loses_at]
+    assert "cuda.juliagpu.org" in report[record_at:loses_at] and "NVIDIA H100 SXM datasheet" in report
 
 
 def test_a_gpu_run_measures_its_own_hardwares_cells_and_models_at_its_hardware(tmp_path):
