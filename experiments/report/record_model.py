@@ -68,6 +68,10 @@ REPLAY_OF = {"ar": ("replay_ar", "baseline_ar"), "spec": ("replay_spec", "baseli
 ACCEPT_CONDITIONAL = (0.873, 0.778, 0.675)
 ACCEPT_UNCONDITIONAL = (0.7568, 0.6011, 0.4976, 0.4113, 0.3538, 0.2980, 0.2608, 0.2229)
 ACCEPT_SOURCE = "GSM8K acceptance: speculators PR #366 (<= 3 drafts), vLLM PR #48892 MTP-8 (more); assumed"
+# An 8-bit state's bytes are exact (traffic is affine in the element size), but its time also holds dequantisation,
+# per-head scales and the third party's own kernels (launches, conversions): the value is an indication only.
+EIGHT_BIT = ("8-bit state: bytes extrapolated exactly, but dequantisation / scale work and the kernel's own launches "
+             "are not counted (an indication, not a claim)")
 DISAGREE = 1.25                     # model and cell further apart than this: the row names a missing term
 
 
@@ -259,8 +263,10 @@ def _one(cell: dict, metric: str, agg: str, hw_override, floor) -> dict:
         return _best_buffer(cell, hw_override, floor)
     if metric == "break_even_batch":
         b = break_even({**cell, "metric": "speedup"}, hw_override, floor)
-        return {"value_model": b, "regime": "latency-bound", "model_note": "smallest batch modelled >= 1x"} \
-            if b is not None else _empty("not-modelled", "the model never breaks even up to batch 4096")
+        if b is None:
+            return _empty("not-modelled", "the model never breaks even up to batch 4096")
+        return {"value_model": b, "regime": "not-modelled" if sb < 2 else "latency-bound",
+                "model_note": EIGHT_BIT if sb < 2 else "smallest batch modelled >= 1x"}
     batch = _int(cell.get("batch"))
     if batch is None or batch < 1:
         return _empty("not-modelled", "no batch size")
@@ -301,6 +307,8 @@ def _one(cell: dict, metric: str, agg: str, hw_override, floor) -> dict:
     else:
         return _empty("not-modelled", f"level {level!r}")
     note = "default baseline modelled as the tuned one (the model has no tuning)" if baseline == "default" else ""
+    if sb < 2:                  # an indication only: the time of an 8-bit state is not just its bytes
+        regime, note = "not-modelled", EIGHT_BIT
     return {**terms, "value_model": terms["baseline_total_s"] / terms["total_s"], "regime": regime,
             "model_note": note}
 

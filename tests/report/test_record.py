@@ -239,3 +239,12 @@ def test_spec_over_standard_decode_uses_the_published_acceptance_profile():
     t = record_model.model_time(spec, "replay_spec", hw, 32, state_bytes=4, L=16, T=4, B_hist=16, accepted=3)
     assert t["drafter_s"] == pytest.approx(record_model.drafter_time(spec, hw, 32, 4)) and t["drafter_s"] > 0
     assert record_model.drafter_time(spec, hw, 32, 1) == 0.0
+
+
+@pytest.mark.skipif(not record_cells.DEFAULT_CELLS.is_file(), reason="results/published/cells.csv not in this checkout")
+def test_every_loss_of_the_committed_record_is_modelled_or_out_of_scope():
+    df = record.published_vs_run(None, record.read_cells(record_cells.DEFAULT_CELLS))
+    loss = df[(df["metric"] == "speedup") & (pd.to_numeric(df["value_published"], errors="coerce") < 1.0)]
+    for row in loss.to_dict("records"):
+        assert (row["value_model"] < 1.1) or row["regime"] in ("not-modelled", "capacity"), row
+    assert set(df["regime"].dropna()) <= REGIMES
