@@ -48,14 +48,24 @@ def _grid(batches: list[float]) -> list[int]:
     return sorted(set(out) | {int(x) for x in batches})
 
 
-def speedup_figure(df: pd.DataFrame, source: str, table: str, figs: fs.FigureSet, floor: float):
+def _title(source: str, table: str) -> str:
+    """The house style's short one-line title, within one column at 8 pt (<= 52 characters); the caption names
+    the table in full."""
+    text = f"{source}: {table}"
+    return text if len(text) <= 52 else text[:49].rstrip() + "..."
+
+
+def _run_text(run: Run | None) -> str:
+    return f"run `{run.run_id}` ({run.hardware})" if run is not None else "no run"
+
+
+def speedup_figure(df: pd.DataFrame, source: str, table: str, figs: fs.FigureSet, floor: float,
+                   run: Run | None = None):
     """One speedup-vs-batch figure of one source table (rows of published_vs_run)."""
     varying = [k for k in SERIES_KEYS if df[k].astype(str).nunique() > 1]
     n = df.groupby(varying, dropna=False).ngroups if varying else 1
-    # the legend sits below the axes: a taller figure (and two columns wide past four series) keeps the axes' height
-    cols, per_row = (2, 3) if n > 4 else (1, 1)
-    width = fs.figsize(cols)[0]
-    fig, ax = plt.subplots(figsize=(width, 2.4 + 0.16 * math.ceil((n + 3) / per_row)))
+    # one column (the house width); the legend sits below the axes, so the figure grows by one line per entry
+    fig, ax = plt.subplots(figsize=(fs.ONE_COLUMN, 2.4 + 0.16 * (n + 3)))
     handles = []
     all_b = pd.to_numeric(df["batch"], errors="coerce").dropna().tolist()
     groups = df.groupby(varying, sort=True, dropna=False) if varying else [((), df)]
@@ -82,7 +92,7 @@ def speedup_figure(df: pd.DataFrame, source: str, table: str, figs: fs.FigureSet
     fs.batch_axis(ax, all_b)
     ax.set_xlabel("batch size")
     ax.set_ylabel("speedup (x)")
-    ax.set_title(f"{source}: {table}")
+    ax.set_title(_title(source, table))
     handles += [Line2D([], [], linestyle="none", marker="*", markersize=7, color="white", markeredgecolor="black",
                        label=f"star: published ({source})"),
                 Line2D([], [], linestyle="--", color="black", label="dashed: per-step time model"),
@@ -92,13 +102,12 @@ def speedup_figure(df: pd.DataFrame, source: str, table: str, figs: fs.FigureSet
                "model, hardware, state dtype, buffer, T and history (dashed, replayssm/step_time.py: bytes over "
                "datasheet bandwidth, FLOPs over the SIMT peak, plus a launch floor per kernel; no parameter fitted "
                f"to these cells; launch floor {floor * 1e6:.2f} us) and this run's nearest measurement where its "
-               "hardware is the cell's (filled markers; none on a CPU run). A series without a dashed line is not "
-               "modelled (e.g. spec over standard decode needs an acceptance profile): its regime and reason are in "
-               "published_vs_run.csv.")
-    return figs.save(fig, fs.slug("record", source, table), f"{source}: {table}", caption)
+               f"hardware is the cell's (filled markers, {_run_text(run)}; none on a CPU run). A series without a "
+               "dashed line is not modelled: its regime and reason are in published_vs_run.csv.")
+    return figs.save(fig, fs.slug("record", source, table), _title(source, table), caption)
 
 
-def concurrency_figure(df: pd.DataFrame, source: str, table: str, figs: fs.FigureSet):
+def concurrency_figure(df: pd.DataFrame, source: str, table: str, figs: fs.FigureSet, run: Run | None = None):
     fig, ax = plt.subplots(figsize=fs.figsize(1, 0.7))
     def path(r) -> str:
         return "native" if "native" in (str(r["note"]) + str(r["baseline"])).lower() else "ReplaySSM"
@@ -110,11 +119,12 @@ def concurrency_figure(df: pd.DataFrame, source: str, table: str, figs: fs.Figur
            label="model (vLLM allocator, experiments/hybrid/footprint.py)")
     ax.set_xticks(x, labels, fontsize=6)
     ax.set_ylabel("max concurrent requests")
-    ax.set_title(f"{source}: {table}")
+    ax.set_title(_title(source, table))
     fs.legend_below(fig, list(ax.get_legend_handles_labels()[0]))
     caption = (f"{source}, table '{table}': published maximum decode concurrency beside the analytic model of vLLM's "
-               "hybrid allocator (experiments/hybrid/footprint.py) at the cell's (B, T) and hardware.")
-    return figs.save(fig, fs.slug("record", source, table), f"{source}: {table}", caption)
+               "hybrid allocator (experiments/hybrid/footprint.py) at the cell's (B, T) and hardware; drawn with "
+               f"{_run_text(run)}, which measures no cap.")
+    return figs.save(fig, fs.slug("record", source, table), _title(source, table), caption)
 
 
 def figures(run: Run | None, figs: fs.FigureSet, cells: pd.DataFrame | None = None) -> list:
@@ -129,8 +139,8 @@ def figures(run: Run | None, figs: fs.FigureSet, cells: pd.DataFrame | None = No
     for (source, table), g in df.groupby(["source", "table"], sort=True):
         sp = g[(g["metric"] == "speedup") & pd.to_numeric(g["batch"], errors="coerce").notna()]
         if sp["batch"].nunique() >= 2:
-            paths.append(speedup_figure(sp, source, table, figs, floor))
+            paths.append(speedup_figure(sp, source, table, figs, floor, run))
         conc = g[g["metric"] == "max_concurrency"]
         if len(conc):
-            paths.append(concurrency_figure(conc, source, table, figs))
+            paths.append(concurrency_figure(conc, source, table, figs, run))
     return paths
