@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.published import CLAIMS, Claim
-from experiments.report import accuracy
+from experiments.report import accuracy, record
 from experiments.report.engine import ENGINE_EXPERIMENT
 from experiments.report.hybrid import WHOLE_MODEL_EXPERIMENTS, concurrency_claim_rows, hybrid_ratios, whole_model_claim
 from experiments.report.runs import EXCLUDED_VERDICTS, SPEEDUP_METRICS, Run, describe_env, load_run, summarize
@@ -456,10 +456,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("run_dirs", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="default: REPORT.md in the first run dir")
+    parser.add_argument("--cells", type=Path, default=None,
+                        help="published cells CSV (default: results/published/cells.csv via experiments.report.record)")
     args = parser.parse_args(argv)
     runs = [load_run(d) for d in args.run_dirs]
     out = args.out or args.run_dirs[0] / "REPORT.md"
-    out.write_text(render(runs))
+    # the published record: published_vs_run.csv into each run dir, two sections after the claims' (unchanged)
+    sections = record.write_record(runs, cells_path=str(args.cells) if args.cells else None)
+    out.write_text(render(runs) + "\n\n" + "\n".join(sections))
     print(f"report written to {out}")
     c = census(runs)
     loud = census_text(c)

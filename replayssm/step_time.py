@@ -1,0 +1,249 @@
+"""Time per decode step of one SSM layer on a named GPU: the byte model (replayssm/traffic.py) made into seconds.
+
+    t(method, batch) = max(batch * bytes / bandwidth, batch * FLOPs / fp32 SIMT peak) + launches * launch floor
+
+The first two terms are the roofline of the traffic model's own bytes and FLOPs (per sequence, scaled by the
+batch: every sequence owns its state); the third is a floor per kernel launch, paid whatever the batch. At
+large batch the bytes term dominates and the speedup tends to the byte ratio (~1.8x at fp32 state); at batch 1
+a ReplaySSM step moves ~half the bytes of a ~2-3 us baseline step but launches more kernels (Mamba-2's output-only
+route: a B.C precompute, the step and the cursor advance, against the baseline's one selective-state-update
+kernel), so the floor decides and the method loses: the batch-1 loss the published record shows.
+
+Every parameter names its source (HARDWARE, LAUNCH_FLOOR_S, LAUNCHES); none is fitted to the published cells.
+`launch_floor_from_csv` reads this harness's own measurement (experiments/launch_floor.py's launch_floor.csv,
+the minimal kernel's median, under CUDA graphs) where a GPU run has one; `launches_from_csv` reads the launches
+per step that run counted.
+
+What the model leaves out (a disagreement with a published cell names one of these): the latency of a grid too
+small to keep the HBM pipes full (batch 1 on a 148-SM B300), the measured fraction of peak bandwidth a kernel
+reaches (the model uses 100% for every method, so ratios are unaffected while both are bandwidth-bound),
+L2 residency, tensor cores for the spec window's small GEMMs, and serving effects (scheduling, sampling).
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from replayssm import traffic
+from replayssm.geometry import GDNGeometry, Mamba2Geometry
+from replayssm.traffic import Traffic
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Datasheet peaks of one GPU, decimal units. `tensor_flops`: dense bf16 tensor-core peak (the other layers'
+    GEMMs in a whole-model step); `hbm_bytes`: memory capacity."""
+
+    name: str
+    hbm_Bps: float
+    simt_fp32_flops: float
+    tensor_flops: float
+    hbm_bytes: float
+    source: str
+
+    @property
+    def ridge(self) -> float:
+        """FLOPs per byte above which a kernel is compute-bound on the SIMT cores (the roofline's ridge point)."""
+        return self.simt_fp32_flops / self.hbm_Bps
+
+
+HARDWARE: dict[str, Hardware] = {
+    "h100": Hardware("h100", 3.35e12, 67e12, 989e12, 80e9,
+                     "NVIDIA H100 SXM datasheet (nvidia.com/en-us/data-center/h100): 3.35 TB/s HBM3, 67 TFLOP/s FP32, "
+                     "989 TFLOP/s dense BF16 tensor, 80 GB"),
+    "h200": Hardware("h200", 4.8e12, 67e12, 989e12, 141e9,
+                     "NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): 4.8 TB/s HBM3e, 141 GB; FP32 67 and "
+                     "BF16 989 TFLOP/s (the datasheet's, same Hopper die as the H100)"),
+    "b200": Hardware("b200", 8.0e12, 90e12, 2.25e15, 192e9,
+                     "NVIDIA HGX B200 specifications (nvidia.com/en-us/data-center/hgx): 8 TB/s HBM3e and 192 GB per "
+                     "GPU, 36 PFLOP/s sparse FP16/BF16 per 8 GPUs (2.25 dense per GPU); FP32 90 TFLOP/s: FlashInfer's "
+                     "speed-of-light table (github.com/flashinfer-ai/flashinfer benchmarks), as conf/hardware/b200"),
+    "b300": Hardware("b300", 8.0e12, 90e12, 2.25e15, 288e9,
+                     "NVIDIA HGX B300 specifications (nvidia.com/en-us/data-center/hgx): 8 TB/s HBM3e and 288 GB per "
+                     "GPU, as conf/hardware/b300.yaml; FP32 and dense BF16: no B300 figure at hand, the B200's "
+                     "(ASSUMED: same SM count class)"),
+    "rtx4090": Hardware("rtx4090", 1.008e12, 82.6e12, 165.2e12, 24e9,
+                        "NVIDIA Ada Lovelace architecture whitepaper (RTX 4090: 1008 GB/s GDDR6X, 82.6 TFLOP/s FP32, "
+                        "165.2 TFLOP/s FP16 tensor with FP32 accumulate, dense; 24 GB)"),
+}
+
+# One kernel launch's floor under CUDA graphs (what the published decode numbers use: "CUDA graphs on").
+# Source: the CUDA.jl documentation (cuda.juliagpu.org/dev/usage/graphs/): an MLP at batch 16 of eight tiny
+# kernels (four mul! + four broadcasts) takes 16 us launched as one graph, i.e. 2 us per kernel including
+# its own (negligible) work. Cross-check: pytorch/pytorch issue #161104 times a 1024-element add at 1.1-1.3 us.
+# A GPU run replaces it with its own: launch_floor_from_csv(RUN_DIR / "launch_floor.csv").
+LAUNCH_FLOOR_S = 2.0e-6
+LAUNCH_FLOOR_SOURCE = ("CUDA.jl docs, cuda.juliagpu.org/dev/usage/graphs/ (8 small kernels in 16 us as one graph: "
+                       "2 us per launch); pytorch/pytorch#161104 (1.1-1.3 us for a tiny add) as a cross-check")
+
+# Kernel launches per layer per step, counted from this repo's launchers (the kernel-level rows time these):
+#   mamba2  baseline_ar 1 (baselines/mamba2_ssu.py ssu_ar_kernel); replay_ar output_only 2 (replayssm/mamba2/
+#           decode.py _launch_step: _bc_precompute_kernel + _replay_step_kernel), state_and_output 1;
+#           baseline_spec 1 (ssu_spec_kernel); commit_replay_spec 2 (verify + commit); replay_spec 2
+#           (replayssm/mamba2/spec_kernels.py _scatter_bc_kernel + _verify_kernel)
+#   gdn     baseline_ar 1 (baselines/gdn_recurrent.py); replay_ar 1 (replayssm/gdn/decode_kernels.py
+#           _gdn_replay_step_kernel); baseline_spec 1; commit_replay_spec 2 (baselines/gdn_commit_replay.py);
+#           replay_spec 1 (replayssm/gdn/spec_kernels.py _spec_verify_kernel)
+# plus CURSOR_LAUNCHES for the ReplaySSM methods: the cursor advance / commit kernel, one per layer when each
+# layer owns its cursor (the kernel rows), one per model step when the layers share it (vLLM, whole-model rows).
+LAUNCHES: dict[tuple[str, str, str], int] = {
+    ("mamba2", "baseline_ar", ""): 1, ("mamba2", "replay_ar", "output_only"): 2,
+    ("mamba2", "replay_ar", "state_and_output"): 1, ("mamba2", "baseline_spec", ""): 1,
+    ("mamba2", "commit_replay_spec", ""): 2, ("mamba2", "replay_spec", ""): 2,
+    ("gdn", "baseline_ar", ""): 1, ("gdn", "replay_ar", ""): 1, ("gdn", "baseline_spec", ""): 1,
+    ("gdn", "commit_replay_spec", ""): 2, ("gdn", "replay_spec", ""): 1,
+}
+CURSOR_LAUNCHES = {"replay_ar": 1, "replay_spec": 1}
+METHODS = ("baseline_ar", "replay_ar", "baseline_spec", "commit_replay_spec", "replay_spec")
+REGIMES = ("bandwidth-bound", "compute-bound", "latency-bound")
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds of one step of one layer at `batch`: the three terms and their total."""
+
+    bytes_s: float
+    flops_s: float
+    launch_s: float
+    bytes: float            # per step, whole batch
+    flops: float
+    launches: int
+
+    @property
+    def total(self) -> float:
+        return max(self.bytes_s, self.flops_s) + self.launch_s
+
+    @property
+    def regime(self) -> str:
+        """The largest term: launches (latency-bound), FLOPs (compute-bound) or bytes (bandwidth-bound)."""
+        work = max(self.bytes_s, self.flops_s)
+        if self.launch_s > work:
+            return "latency-bound"
+        return "compute-bound" if self.flops_s > self.bytes_s else "bandwidth-bound"
+
+    def __add__(self, other: StepTime) -> StepTime:
+        return StepTime(self.bytes_s + other.bytes_s, self.flops_s + other.flops_s, self.launch_s + other.launch_s,
+                        self.bytes + other.bytes, self.flops + other.flops, self.launches + other.launches)
+
+
+def hardware(name: str) -> Hardware:
+    key = str(name).lower()
+    if key not in HARDWARE:
+        raise ValueError(f"unknown hardware {name!r}; known: {sorted(HARDWARE)}")
+    return HARDWARE[key]
+
+
+def family_of(geom) -> str:
+    if isinstance(geom, Mamba2Geometry):
+        return "mamba2"
+    if isinstance(geom, GDNGeometry):
+        return "gdn"
+    raise ValueError(f"expected a Mamba2Geometry or GDNGeometry, got {type(geom).__name__}")
+
+
+def launches(family: str, method: str, route: str = "output_only", shared_cursor: bool = False) -> int:
+    """Launches per layer step (LAUNCHES), with the cursor kernel unless the layers share one cursor."""
+    key = (family, method, route if (family, method) == ("mamba2", "replay_ar") else "")
+    if key not in LAUNCHES:
+        raise ValueError(f"no launch count for {key}; known: {sorted(LAUNCHES)}")
+    return LAUNCHES[key] + (0 if shared_cursor else CURSOR_LAUNCHES.get(method, 0))
+
+
+def layer_traffic(geom, method: str, *, L: int = 16, route: str = "output_only", T: int = 4,
+                  accepted: int | None = None, B_hist: int = 16, state_bytes: int = traffic.FP32,
+                  act_bytes: int = traffic.HALF) -> traffic.Traffic:
+    """Mean bytes and FLOPs per step of one layer and one sequence (replayssm.traffic). AR: the flush cycle's mean;
+    spec: verify + commit at `accepted` tokens per step (default T: every draft accepted). `state_bytes` 1: an 8-bit
+    state, from the 2- and 4-byte counts."""
+    if state_bytes not in (traffic.HALF, traffic.FP32):
+        # An 8-bit state (fp8 / int8 checkpoint): traffic is affine in the state's element size (only the state
+        # terms carry it), so the 2- and 4-byte counts give it exactly; per-head scales are left out.
+        kw = dict(L=L, route=route, T=T, accepted=accepted, B_hist=B_hist, act_bytes=act_bytes)
+        two = layer_traffic(geom, method, state_bytes=traffic.HALF, **kw)
+        four = layer_traffic(geom, method, state_bytes=traffic.FP32, **kw)
+        per = (four + two * -1) / 2                   # the state terms per byte of element size
+        return Traffic(two.read + per.read * (state_bytes - 2), two.write + per.write * (state_bytes - 2), two.flops)
+    fam = family_of(geom)
+    acc = T if accepted is None else accepted
+    m = fam == "mamba2"
+    if method == "baseline_ar":
+        return (traffic.mamba2_baseline_ar if m else traffic.gdn_baseline_ar)(geom, state_bytes, act_bytes)
+    if method == "replay_ar":
+        if m:
+            return traffic.mamba2_replay_ar_cycle(geom, L, route, state_bytes, act_bytes)
+        return traffic.gdn_replay_ar_cycle(geom, L, state_bytes, act_bytes)
+    if method == "baseline_spec":
+        return (traffic.mamba2_baseline_spec if m else traffic.gdn_baseline_spec)(geom, T, state_bytes, act_bytes)
+    if method == "commit_replay_spec":
+        fn = traffic.mamba2_commit_replay_spec if m else traffic.gdn_commit_replay_spec
+        return fn(geom, T, acc, state_bytes, act_bytes)
+    if method == "replay_spec":
+        fn = traffic.mamba2_replay_spec if m else traffic.gdn_replay_spec
+        return fn(geom, max(B_hist, T), T, acc, state_bytes, act_bytes)
+    raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+
+
+def step_time(geom, method: str, hw: Hardware | str, batch: int, *, launch_floor_s: float = LAUNCH_FLOOR_S,
+              shared_cursor: bool = False, n_launches: int | None = None, **kw) -> StepTime:
+    """Seconds of one step of one layer for `batch` sequences (inputs [batch, nheads, headdim] per token) on `hw`.
+    `kw`: layer_traffic's L, route, T, accepted, B_hist, state_bytes, act_bytes. `n_launches` overrides the count
+    (e.g. launches_from_csv of a GPU run)."""
+    hw = hardware(hw) if isinstance(hw, str) else hw
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+    tr = layer_traffic(geom, method, **kw)
+    n = launches(family_of(geom), method, kw.get("route", "output_only"), shared_cursor) if n_launches is None \
+        else n_launches
+    b, f = batch * tr.total, batch * tr.flops
+    return StepTime(bytes_s=b / hw.hbm_Bps, flops_s=f / hw.simt_fp32_flops, launch_s=n * launch_floor_s,
+                    bytes=b, flops=f, launches=n)
+
+
+def speedup(geom, num: str, den: str, hw: Hardware | str, batch: int, **kw) -> float:
+    """den's time / num's time at one point: a ReplaySSM-over-baseline speedup when num is the ReplaySSM method."""
+    return step_time(geom, den, hw, batch, **kw).total / step_time(geom, num, hw, batch, **kw).total
+
+
+def break_even_batch(geom, num: str, den: str, hw: Hardware | str, max_batch: int = 4096, **kw) -> int | None:
+    """The smallest batch (powers of two up to max_batch, then refined) at which num is at least as fast as den;
+    None when it never is."""
+    b = 1
+    while b <= max_batch and speedup(geom, num, den, hw, b, **kw) < 1.0:
+        b *= 2
+    if b > max_batch:
+        return None
+    lo = b // 2 + 1 if b > 1 else 1
+    for x in range(lo, b + 1):
+        if speedup(geom, num, den, hw, x, **kw) >= 1.0:
+            return x
+    return b
+
+
+# ----------------------------------------------------------------------------------- a GPU run's own numbers
+
+def _rows(path: Path | str) -> list[dict]:
+    p = Path(path)
+    if not p.is_file():
+        return []
+    with p.open(newline="") as f:
+        return [r for r in csv.DictReader(f) if r.get("status", "ok") in ("ok", "")]
+
+
+def launch_floor_from_csv(path: Path | str, mode: str = "graph") -> float | None:
+    """The minimal kernel's median seconds per launch in experiments/launch_floor.py's launch_floor.csv (mode graph:
+    CUDA-graph replay, what the published numbers use); None when the file or row is absent."""
+    for r in _rows(path):
+        if r.get("name") == "minimal" and r.get("mode") == mode and r.get("ms_median"):
+            return float(r["ms_median"]) * 1e-3
+    return None
+
+
+def launches_from_csv(path: Path | str) -> dict[tuple[str, str, str], int]:
+    """{(family, method, route): Triton launches per step} counted by launch_floor.py on that run."""
+    out = {}
+    for r in _rows(path):
+        if r.get("method") and r.get("launches"):
+            out[(r["family"], r["method"], r.get("route") or "")] = int(float(r["launches"]))
+    return out
