@@ -32,9 +32,16 @@ the padded dimension it tiles is left out:
                                                    {16,32,64} x warps {2,4,8} x T pad {min,32}, less
                                                    the spilling ones (SPEC_TILE_DROPPED)
     gdn_replay_spec (verify)                       BV x BKT x num_warps   {16,32} x {16,32} x {2,4,8}  12
-less the candidates that spill in the AOT build (TUNE_DROPPED, with the reason: 12 at the checked geometries).
+    kda_recurrent, kda_spec_verify, kda_cr_verify, the space of the GDN twin (gdn_twin)          as GDN
+      kda_cr_commit, kda_replay_ar, kda_replay_spec
+less the candidates that spill in the AOT build (TUNE_DROPPED, with the reason: 12 at the checked geometries;
+checked for the GDN builds only: a kda_ kernel keeps its whole space until its own AOT build is checked).
+KDA runs GDN's kernels with PER_CHANNEL=True, which holds more registers (KDA's spec verify spills at 2 warps
+where GDN's does not), so every KDA launch resolves under a kda_ name (launch_table.kda_name) and is tuned
+apart: a GDN entry is never applied to a KDA launch.
 Not tuned (their own names, so they always run the default rule): the tree verifies (mamba2_replay_tree,
-gdn_replay_tree), the materialize kernels, tree_ring_move and the cursor kernels (one warp, a few bytes).
+gdn_replay_tree, kda_replay_tree), the materialize kernels, tree_ring_move and the cursor kernels (one warp, a
+few bytes).
 """
 
 from __future__ import annotations
@@ -104,7 +111,13 @@ def candidates(kernel: str, key: dict, include_dropped: bool = False) -> list:
     return space if include_dropped else [c for c in space if dropped_reason(kernel, key, c) is None]
 
 
+def gdn_twin(kernel: str) -> str:
+    """A kda_ kernel's GDN twin (the same Triton kernel, built with PER_CHANNEL): 'kda_x' -> 'gdn_x'."""
+    return "gdn_" + kernel[len("kda_"):] if kernel.startswith("kda_") else kernel
+
+
 def _space(kernel: str, key: dict) -> list:
+    kernel = gdn_twin(kernel)          # a KDA build searches its GDN twin's space, under its own name
     if kernel in ("mamba2_ssu_ar", "mamba2_ssu_spec", "mamba2_cr_verify", "mamba2_cr_commit"):
         return _grid(block_m=_fits((4, 8, 16, 32), key["headdim"]), num_warps=(1, 2, 4, 8))
     if kernel == "gdn_recurrent":
@@ -135,6 +148,9 @@ KERNELS_OF = {
     ("commit_replay_spec", "gdn"): ("gdn_cr_verify", "gdn_cr_commit"),
     ("replay_spec", "mamba2"): ("mamba2_replay_spec",), ("replay_spec", "gdn"): ("gdn_replay_spec",),
 }
+# KDA launches GDN's kernels with PER_CHANNEL=True, keyed under kda_ names (launch_table.kda_name).
+KERNELS_OF.update({(method, "kda"): tuple(launch_table.kda_name(k) for k in kernels)
+                   for (method, family), kernels in list(KERNELS_OF.items()) if family == "gdn"})
 
 
 def static_key(kernel: str, p: Point, geometry) -> dict:
@@ -148,6 +164,7 @@ def static_key(kernel: str, p: Point, geometry) -> dict:
             key.update(ring_len=p.history_len, window=p.spec_T)
         return key
     key = {"K": g["K"], "V": g["V"]}
+    kernel = gdn_twin(kernel)
     if kernel == "gdn_replay_ar":
         key["L"] = p.buffer_len
     if kernel == "gdn_replay_spec":

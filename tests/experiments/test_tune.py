@@ -146,3 +146,64 @@ def test_every_space_fits_the_budget():
         key = dict(geos[0], route=route) if route else geos[0]
         assert dict(fields) in tune.candidates(kernel, key, include_dropped=True), (kernel, fields)
         assert dict(fields) not in tune.candidates(kernel, key), (kernel, fields)
+
+
+KDA = ["sweep=smoke", "sweep.on_cpu.backend=triton", "sweep.on_cpu.batch=[2]", "sweep.models=[tiny_kda]",
+       "sweep.on_cpu.models=[tiny_kda]", "progress=false"]
+
+
+def test_kda_points_tune_under_kda_names_and_never_read_a_gdn_entry(tables):
+    """KDA launches GDN's kernels with PER_CHANNEL: every KDA launch resolves under a kda_ name (KERNELS_OF's
+    kda rows, the same space as the GDN twin), and a gdn_ entry at the same key leaves a KDA launch alone."""
+    launches: dict[str, str] = {}
+    for experiment in tune.EXPERIMENTS:
+        ((plan, points),) = tune.plan_points([experiment], KDA, claims_only=False)
+        assert points and {p.family for p in points} == {"kda"}
+        for p in points:
+            seen = set()
+            for phase in tune.phases(p, plan, "cpu"):
+                log, _ = tune.discover(phase)
+                launches.update((x.kernel, x.key) for x in log)
+                seen |= {x.kernel for x in log}
+            assert not any(k.startswith("gdn_") for k in seen), seen
+            assert set(tune.KERNELS_OF[(p.method, "kda")]) <= seen, (p.method, seen)
+    tunable = {k for k in launches if tune.candidates(k, _parsed(launches[k]))}
+    assert {"kda_recurrent", "kda_replay_ar", "kda_spec_verify", "kda_cr_verify", "kda_cr_commit",
+            "kda_replay_spec"} <= tunable
+    for kernel in tunable:
+        twin = tune.gdn_twin(kernel)
+        assert tune.candidates(kernel, _parsed(launches[kernel])) == tune.candidates(twin, _parsed(launches[kernel]))
+
+    # the dry run tunes a KDA AR point under kda_ names (state kept, as for every kernel)
+    ((plan, points),) = tune.plan_points(["kernel_decode"], KDA + ["method.names=[baseline_ar]"], claims_only=False)
+    (p,) = points
+    (ar,) = tune.phases(p, plan, "cpu")
+    before = [t.clone() for t in ar.touched]
+    entries = tune.tune_phase(ar, p, {}, timer=tune.fake_timer(), log=lambda *_: None)
+    assert set(entries) == {"kda_recurrent"}
+    assert all(same_bits(t, b) for t, b in zip(ar.touched, before))
+
+    # a GDN entry at every key a KDA launch resolves: the KDA launches keep their defaults
+    gdn_entries = {tune.gdn_twin(k): {key: {"config": {"num_warps": 1}}} for k, key in launches.items()}
+    launch_table.save("interpreter", gdn_entries, {}, tables)
+    resolved = []
+    for experiment in tune.EXPERIMENTS:
+        ((plan, points),) = tune.plan_points([experiment], KDA, claims_only=False)
+        for p in points:
+            for phase in tune.phases(p, plan, "cpu"):
+                call = phase.call() if phase.name == "commit" else phase.call
+                with launch_table.record() as log:
+                    call()
+                resolved += log
+    assert {x.kernel for x in resolved} == set(launches)
+    assert {x.source for x in resolved} == {"default"}, [(x.kernel, x.source) for x in resolved]
+    # while the same entry under the kda_ name is the one a KDA launch takes
+    launch_table.save("interpreter", {"kda_recurrent": entries["kda_recurrent"]}, {}, tables)
+    with launch_table.record() as log:
+        ar.call()
+    assert [x.source for x in log] == ["tuned"] and log[0].kernel == "kda_recurrent"
+
+
+def _parsed(entry_key: str) -> dict:
+    return {k: int(v) if v.isdigit() else v for k, v in
+            (part.split("=", 1) for part in entry_key.split("|")[0].split(","))}
