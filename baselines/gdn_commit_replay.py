@@ -190,7 +190,7 @@ def _replay_commit_kernel(
 def _verify_triton(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, per_channel: bool = False):
     gm, batch = cache.geometry, q.shape[0]
     st = cache.state
-    cfg = serial_launch_config(gm, q.device, st.dtype, "gdn_cr_verify")
+    cfg = serial_launch_config(gm, q.device, st.dtype, "gdn_cr_verify", per_channel)
     _frozen_verify_kernel[(triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)](
         st, st.stride(0), st.stride(1), st.stride(2), slots, *_stash_args(cache),
         q, q.stride(0), q.stride(1), q.stride(2), k, k.stride(0), k.stride(1), k.stride(2),
@@ -205,7 +205,7 @@ def _verify_triton(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, pe
 def _commit_triton(cache, num_accepted, slots, per_channel: bool = False):
     gm, batch = cache.geometry, slots.shape[0]
     st = cache.state
-    cfg = serial_launch_config(gm, slots.device, st.dtype, "gdn_cr_commit")
+    cfg = serial_launch_config(gm, slots.device, st.dtype, "gdn_cr_commit", per_channel)
     _replay_commit_kernel[(triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)](
         st, st.stride(0), st.stride(1), st.stride(2), slots, num_accepted, *_stash_args(cache),
         T=cache.window, GROUP=gm.value_heads_per_key_head, K=gm.K, V=gm.V, BV=cfg["BV"], BK=cfg["BK"], NULL=NULL_SLOT,

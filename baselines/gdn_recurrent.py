@@ -43,9 +43,12 @@ class RecurrentLaunchConfig:
     num_stages: int
 
 
-def recurrent_launch_config(K: int, V: int, state_dtype: torch.dtype, arch: int) -> RecurrentLaunchConfig:
-    """This device's tuned entry for kernel "gdn_recurrent" (replayssm/launch_table.py), else the default."""
-    return launch_table.resolve("gdn_recurrent", {"K": K, "V": V}, state_dtype, arch,
+def recurrent_launch_config(K: int, V: int, state_dtype: torch.dtype, arch: int,
+                            per_channel: bool = False) -> RecurrentLaunchConfig:
+    """This device's tuned entry for kernel "gdn_recurrent" (per_channel: "kda_recurrent", the KDA build,
+    tuned apart) in replayssm/launch_table.py, else the default."""
+    kernel = "kda_recurrent" if per_channel else "gdn_recurrent"
+    return launch_table.resolve(kernel, {"K": K, "V": V}, state_dtype, arch,
                                 default_recurrent_config(K, V, state_dtype, arch))
 
 
@@ -115,7 +118,7 @@ def _launch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, per_chann
     """per_channel: KDA (g [batch, HV, K]); GDN passes nothing and launches what it did before."""
     batch, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
-    cfg = recurrent_launch_config(K, V, state.dtype, kernel_arch(q.device))
+    cfg = recurrent_launch_config(K, V, state.dtype, kernel_arch(q.device), per_channel)
     grid = (triton.cdiv(V, cfg.block_v), batch, HV)
     _gdn_recurrent_step_kernel[grid](
         q, k, v, g, beta, out, slots, state,

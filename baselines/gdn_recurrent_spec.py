@@ -73,10 +73,14 @@ class SpecStates(SlotPool):
         return self.state[torch.arange(self.num_slots, device=self.device), self.last.long()]
 
 
-def serial_launch_config(geometry: GDNGeometry, device, state_dtype=None, kernel: str = "gdn_spec_verify") -> dict:
+def serial_launch_config(geometry: GDNGeometry, device, state_dtype=None, kernel: str = "gdn_spec_verify",
+                         per_channel: bool = False) -> dict:
     """This device's tuned entry for `kernel` (gdn_spec_verify: native spec; gdn_cr_verify / gdn_cr_commit:
-    commit replay) in replayssm/launch_table.py, else the default rule."""
+    commit replay; per_channel: the KDA build, resolved under its kda_ name, e.g. kda_spec_verify, so a GDN
+    entry never reaches it: KDA's verify holds more registers) in replayssm/launch_table.py, else the default."""
     arch = kernel_arch(device)
+    if per_channel:
+        kernel = launch_table.kda_name(kernel)
     return launch_table.resolve(kernel, {"K": geometry.K, "V": geometry.V}, state_dtype, arch,
                                 default_serial_config(geometry, arch))
 
@@ -152,7 +156,7 @@ def _set_last_kernel(last_ptr, slots_ptr, num_accepted_ptr, batch, HAS_COUNTS: t
 def _verify_triton(states, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, per_channel: bool = False):
     gm, batch = states.geometry, q.shape[0]
     st = states.state
-    cfg = serial_launch_config(gm, q.device, st.dtype, "gdn_spec_verify")
+    cfg = serial_launch_config(gm, q.device, st.dtype, "gdn_spec_verify", per_channel)
     _recurrent_spec_verify_kernel[(triton.cdiv(gm.V, cfg["BV"]), batch, gm.HV)](
         st, st.stride(0), st.stride(1), st.stride(2), st.stride(3), states.last, slots,
         q, q.stride(0), q.stride(1), q.stride(2), k, k.stride(0), k.stride(1), k.stride(2),

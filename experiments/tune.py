@@ -7,8 +7,9 @@
 
 For each point of the kernel experiments (kernel_decode, kernel_spec) whose backend is triton, the method's
 cache is built as the sweep builds it (experiments/harness: the same Workload, allocate, step / verify /
-commit), and each phase of its step (AR: step; spec: verify, then commit after one verify) is run once under
-`launch_table.record()` to learn which kernels it launches and at which key. Each kernel that has a search
+commit), and each phase of its step (AR: step; spec: verify, then commit after one verify; replay_spec also a
+chain-tree verify, below) is run once under `launch_table.record()` to learn which kernels it launches and at
+which key. Each kernel that has a search
 space (SPACES below) is then tuned once per (kernel, key, state dtype) by replayssm/tuning.py: state-safe
 (every cache tensor and the output are snapshotted and restored), each candidate checked against the default
 config's outputs and state, then timed with triton.testing.do_bench (cold L2, 5 ms warm-up, 20 ms of
@@ -32,9 +33,25 @@ the padded dimension it tiles is left out:
                                                    {16,32,64} x warps {2,4,8} x T pad {min,32}, less
                                                    the spilling ones (SPEC_TILE_DROPPED)
     gdn_replay_spec (verify)                       BV x BKT x num_warps   {16,32} x {16,32} x {2,4,8}  12
-less the candidates that spill in the AOT build (TUNE_DROPPED, with the reason: 12 at the checked geometries).
-Not tuned (their own names, so they always run the default rule): the tree verifies (mamba2_replay_tree,
-gdn_replay_tree), the materialize kernels, tree_ring_move and the cursor kernels (one warp, a few bytes).
+    mamba2_replay_tree (scatter + tree verify)     mamba2_replay_spec's without the T pad (a tree      6
+                                                   launch does not pad the window): dstate chunk
+                                                   {16,32,64} x warps {2,4,8}, less SPEC_TILE_DROPPED
+    gdn_replay_tree (tree verify)                  as gdn_replay_spec     {16,32} x {16,32} x {2,4,8}  12
+    kda_recurrent, kda_spec_verify, kda_cr_verify, the space of the GDN twin (gdn_twin)          as GDN
+      kda_cr_commit, kda_replay_ar, kda_replay_spec,
+      kda_replay_tree
+less the candidates that spill in the AOT build (TUNE_DROPPED, with the reason: 12 at the checked geometries;
+checked for the GDN builds only: a kda_ kernel keeps its whole space until its own AOT build is checked).
+KDA runs GDN's kernels with PER_CHANNEL=True, which holds more registers (KDA's spec verify spills at 2 warps
+where GDN's does not), so every KDA launch resolves under a kda_ name (launch_table.kda_name) and is tuned
+apart: a GDN entry is never applied to a KDA launch.
+The tree verifies are tuned at the spec points (replay_spec's third phase, tree_verify): the family's
+tree_verify on the point's ring with a chain tree of spec_T nodes, keyed like the chain verify (the window is N);
+the ancestor mask is a constexpr switch, so tiles and registers depend on N and not on the tree's shape.
+A tree of another N (kernel_tree's shapes; that experiment has no GPU path yet) runs the default rule.
+Not tuned (their own names, so they always run the default rule): the materialize kernels
+(<family>_spec_materialize, gdn_/kda_replay_materialize), tree_ring_move and the cursor kernels (one warp, a
+few bytes).
 """
 
 from __future__ import annotations
@@ -46,6 +63,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
 
 import torch
@@ -104,7 +122,13 @@ def candidates(kernel: str, key: dict, include_dropped: bool = False) -> list:
     return space if include_dropped else [c for c in space if dropped_reason(kernel, key, c) is None]
 
 
+def gdn_twin(kernel: str) -> str:
+    """A kda_ kernel's GDN twin (the same Triton kernel, built with PER_CHANNEL): 'kda_x' -> 'gdn_x'."""
+    return "gdn_" + kernel[len("kda_"):] if kernel.startswith("kda_") else kernel
+
+
 def _space(kernel: str, key: dict) -> list:
+    kernel = gdn_twin(kernel)          # a KDA build searches its GDN twin's space, under its own name
     if kernel in ("mamba2_ssu_ar", "mamba2_ssu_spec", "mamba2_cr_verify", "mamba2_cr_commit"):
         return _grid(block_m=_fits((4, 8, 16, 32), key["headdim"]), num_warps=(1, 2, 4, 8))
     if kernel == "gdn_recurrent":
@@ -119,7 +143,11 @@ def _space(kernel: str, key: dict) -> list:
         from replayssm.mamba2.spec_kernels import spec_tile_candidates
 
         return spec_tile_candidates(key["headdim"], key["window"])
-    if kernel == "gdn_replay_spec":
+    if kernel == "mamba2_replay_tree":          # the chain's tiles; the tree launch ignores block_t (no padding)
+        from replayssm.mamba2.spec_kernels import spec_tile_candidates
+
+        return [c for c in spec_tile_candidates(key["headdim"], key["window"]) if c.block_t is None]
+    if kernel in ("gdn_replay_spec", "gdn_replay_tree"):
         return _grid(BV=_fits((16, 32), max(16, key["V"])), BKT=_fits((16, 32), max(16, key["K"])),
                      num_warps=(2, 4, 8))
     return []
@@ -133,8 +161,12 @@ KERNELS_OF = {
     ("baseline_spec", "mamba2"): ("mamba2_ssu_spec",), ("baseline_spec", "gdn"): ("gdn_spec_verify",),
     ("commit_replay_spec", "mamba2"): ("mamba2_cr_verify", "mamba2_cr_commit"),
     ("commit_replay_spec", "gdn"): ("gdn_cr_verify", "gdn_cr_commit"),
-    ("replay_spec", "mamba2"): ("mamba2_replay_spec",), ("replay_spec", "gdn"): ("gdn_replay_spec",),
+    ("replay_spec", "mamba2"): ("mamba2_replay_spec", "mamba2_replay_tree"),
+    ("replay_spec", "gdn"): ("gdn_replay_spec", "gdn_replay_tree"),      # the tree: a chain tree (see phases)
 }
+# KDA launches GDN's kernels with PER_CHANNEL=True, keyed under kda_ names (launch_table.kda_name).
+KERNELS_OF.update({(method, "kda"): tuple(launch_table.kda_name(k) for k in kernels)
+                   for (method, family), kernels in list(KERNELS_OF.items()) if family == "gdn"})
 
 
 def static_key(kernel: str, p: Point, geometry) -> dict:
@@ -144,13 +176,14 @@ def static_key(kernel: str, p: Point, geometry) -> dict:
         key = {"headdim": g["headdim"], "dstate": g["dstate"]}
         if kernel == "mamba2_replay_ar":
             key.update(L=p.buffer_len, route=p.route)
-        if kernel == "mamba2_replay_spec":
+        if kernel in ("mamba2_replay_spec", "mamba2_replay_tree"):
             key.update(ring_len=p.history_len, window=p.spec_T)
         return key
     key = {"K": g["K"], "V": g["V"]}
+    kernel = gdn_twin(kernel)
     if kernel == "gdn_replay_ar":
         key["L"] = p.buffer_len
-    if kernel == "gdn_replay_spec":
+    if kernel in ("gdn_replay_spec", "gdn_replay_tree"):
         key.update(history=p.history_len, window=p.spec_T)
     return key
 
@@ -230,8 +263,29 @@ def phases(p: Point, plan: Plan, device: str, seed: int = 0) -> list[Phase]:
             verify()
         return commit
 
-    return [Phase("verify", verify, touched_tensors(cache, out)),
-            Phase("commit", commit_after_verify, touched_tensors(cache, out))]
+    out_phases = [Phase("verify", verify, touched_tensors(cache, out)),
+                  Phase("commit", commit_after_verify, touched_tensors(cache, out))]
+    if p.method == "replay_spec":
+        out_phases.append(Phase("tree_verify", _chain_tree_verify(p, cache, kw, slots, out),
+                                touched_tensors(cache, out)))
+    return out_phases
+
+
+def _chain_tree_verify(p: Point, ring, kw: dict, slots, out):
+    """The family's tree verify on the spec point's ring, with a chain tree of spec_T nodes (parents s - 1).
+
+    The tree verifies (<family>_replay_tree) are tuned at the spec points' geometry, not at kernel_tree's tree
+    points (that experiment has no GPU path yet): the tree kernel is the chain verify with the ancestor mask as
+    a constexpr switch, so its tiles, registers and traffic depend on N (= the window, part of the key) and
+    not on the tree's shape; a chain of N nodes times the same work as any N-node tree. A tree run at an N no
+    spec point has (kernel_tree's binary2, 2x4, full2ary15) keeps the default rule."""
+    tree_verify = import_module(f"replayssm.{p.family}").tree_verify
+    parents = torch.arange(-1, p.spec_T - 1, dtype=torch.int32, device=slots.device)
+
+    def call():
+        tree_verify(ring, **kw, parents=parents, slots=slots, out=out, backend=p.backend)
+        return out
+    return call
 
 
 def discover(phase: Phase) -> tuple[list[launch_table.Launch], object]:

@@ -72,6 +72,15 @@ def config_label(config: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in config.items())
 
 
+def kda_name(kernel: str) -> str:
+    """'gdn_x' -> 'kda_x': the table name of a GDN kernel's PER_CHANNEL (KDA) build. The KDA family launches
+    GDN's kernels with PER_CHANNEL=True, which changes their register needs: each build is keyed apart, so a
+    GDN entry is never applied to a KDA launch."""
+    if not kernel.startswith("gdn_"):
+        raise ValueError(f"{kernel!r} is not a GDN kernel name")
+    return "kda_" + kernel[len("gdn_"):]
+
+
 def slug(name: str) -> str:
     """'NVIDIA H200' -> 'nvidia_h200' (file-name safe)."""
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "unknown"

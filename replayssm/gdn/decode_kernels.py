@@ -54,9 +54,13 @@ class ReplayLaunchConfig:
 
 
 def replay_launch_config(K: int, V: int, state_dtype: torch.dtype, arch: int, L: int | None = None,
-                         kernel: str = "gdn_replay_ar") -> ReplayLaunchConfig:
+                         kernel: str = "gdn_replay_ar", per_channel: bool = False) -> ReplayLaunchConfig:
     """The config of `kernel` (gdn_replay_ar: the step and its flush; gdn_replay_materialize): this device's
-    tuned entry (replayssm/launch_table.py, keyed by K, V and the buffer length L), else the default rule."""
+    tuned entry (replayssm/launch_table.py, keyed by K, V and the buffer length L), else the default rule.
+    per_channel: the KDA build of the same kernel, resolved under its kda_ name (kda_replay_ar,
+    kda_replay_materialize): its register needs differ, so a GDN entry is never applied to it."""
+    if per_channel:
+        kernel = launch_table.kda_name(kernel)
     key = {"K": K, "V": V} if L is None else {"K": K, "V": V, "L": L}
     return launch_table.resolve(kernel, key, state_dtype, arch, default_replay_config(K, V, state_dtype, arch))
 
@@ -313,7 +317,7 @@ def launch_replay_step(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: boo
     (replayssm.kda), g [batch, HV, K]."""
     gm, L = cache.geometry, cache.buffer_len
     batch = q.shape[0]
-    cfg = replay_launch_config(gm.K, gm.V, cache.state_dtype, kernel_arch(q.device), L)
+    cfg = replay_launch_config(gm.K, gm.V, cache.state_dtype, kernel_arch(q.device), L, per_channel=per_channel)
     grid = (triton.cdiv(gm.V, cfg.block_v), batch, gm.HV)
     _gdn_replay_step_kernel[grid](
         q, k, v, g, beta, out, slots, cache.state, cache.u, cache.k, cache.g, cache.write_pos,
@@ -338,7 +342,8 @@ def launch_materialize(cache, slots: torch.Tensor, out: torch.Tensor, per_channe
     """out [batch, HV, V, K] fp32 (last dim contiguous); NULL_SLOT rows left as they are."""
     gm, L = cache.geometry, cache.buffer_len
     batch = slots.shape[0]
-    cfg = replay_launch_config(gm.K, gm.V, cache.state_dtype, kernel_arch(out.device), L, "gdn_replay_materialize")
+    cfg = replay_launch_config(gm.K, gm.V, cache.state_dtype, kernel_arch(out.device), L, "gdn_replay_materialize",
+                               per_channel)
     grid = (triton.cdiv(gm.V, cfg.block_v), batch, gm.HV)
     _gdn_materialize_kernel[grid](
         out, slots, cache.state, cache.u, cache.k, cache.g, cache.write_pos,

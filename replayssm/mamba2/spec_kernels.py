@@ -324,7 +324,8 @@ def dropped_reason(cfg: SpecLaunchConfig) -> str | None:
 # Tuned configs live in the per-device launch tables (replayssm/launch_table.py) under kernel
 # "mamba2_replay_spec", keyed by (headdim, dstate, ring_len, window) and the state dtype; a geometry and GPU with
 # no entry runs the default rule of `launch_config`. The tree verify ("mamba2_replay_tree") and materialize
-# ("mamba2_spec_materialize") resolve under their own names: the tile space was searched on the chain kernel.
+# ("mamba2_spec_materialize") resolve under their own names: a chain entry never reaches them (the tree is
+# tuned apart, on a chain tree without the window padding: experiments/tune.py; materialize is not tuned).
 KERNELS = ("mamba2_replay_spec", "mamba2_replay_tree", "mamba2_spec_materialize")
 
 

@@ -136,13 +136,122 @@ def test_every_space_fits_the_budget():
     geos = [{"headdim": 64, "dstate": 128, "K": 128, "V": 128, "window": 4, "L": 16}]
     for kernel in ("mamba2_ssu_ar", "mamba2_ssu_spec", "mamba2_cr_verify", "mamba2_cr_commit", "gdn_recurrent",
                    "gdn_spec_verify", "gdn_cr_verify", "gdn_cr_commit", "mamba2_replay_ar", "gdn_replay_ar",
-                   "mamba2_replay_spec", "gdn_replay_spec"):
+                   "mamba2_replay_spec", "gdn_replay_spec", "mamba2_replay_tree", "gdn_replay_tree",
+                   *(k for kernels in tune.KERNELS_OF.values() for k in kernels if k.startswith("kda_"))):
         for g in geos:
             space = tune.candidates(kernel, g)
             assert 1 <= len(space) <= tune.MAX_CANDIDATES, kernel
-    assert tune.candidates("mamba2_replay_tree", geos[0]) == []
+    # the tree verify: the chain's tiles without the window padding (the tree launch ignores block_t)
+    tree = tune.candidates("mamba2_replay_tree", geos[0])
+    assert tree and all(c.block_t is None for c in tree)
+    assert tree == [c for c in tune.candidates("mamba2_replay_spec", geos[0]) if c.block_t is None]
+    assert tune.candidates("gdn_replay_tree", geos[0]) == tune.candidates("gdn_replay_spec", geos[0])
+    for kernel in ("mamba2_spec_materialize", "gdn_spec_materialize", "kda_replay_materialize"):
+        assert tune.candidates(kernel, geos[0]) == [], kernel
     # every dropped candidate (it spills in the AOT build) is a member of its raw space, and left out of it
     for kernel, route, fields in tune.TUNE_DROPPED:
         key = dict(geos[0], route=route) if route else geos[0]
         assert dict(fields) in tune.candidates(kernel, key, include_dropped=True), (kernel, fields)
         assert dict(fields) not in tune.candidates(kernel, key), (kernel, fields)
+
+
+KDA = ["sweep=smoke", "sweep.on_cpu.backend=triton", "sweep.on_cpu.batch=[2]", "sweep.models=[tiny_kda]",
+       "sweep.on_cpu.models=[tiny_kda]", "progress=false"]
+
+
+def test_kda_points_tune_under_kda_names_and_never_read_a_gdn_entry(tables):
+    """KDA launches GDN's kernels with PER_CHANNEL: every KDA launch resolves under a kda_ name (KERNELS_OF's
+    kda rows, the same space as the GDN twin), and a gdn_ entry at the same key leaves a KDA launch alone."""
+    launches: dict[str, str] = {}
+    for experiment in tune.EXPERIMENTS:
+        ((plan, points),) = tune.plan_points([experiment], KDA, claims_only=False)
+        assert points and {p.family for p in points} == {"kda"}
+        for p in points:
+            seen = set()
+            for phase in tune.phases(p, plan, "cpu"):
+                log, _ = tune.discover(phase)
+                launches.update((x.kernel, x.key) for x in log)
+                seen |= {x.kernel for x in log}
+            assert not any(k.startswith("gdn_") for k in seen), seen
+            assert set(tune.KERNELS_OF[(p.method, "kda")]) <= seen, (p.method, seen)
+    tunable = {k for k in launches if tune.candidates(k, _parsed(launches[k]))}
+    assert {"kda_recurrent", "kda_replay_ar", "kda_spec_verify", "kda_cr_verify", "kda_cr_commit",
+            "kda_replay_spec"} <= tunable
+    for kernel in tunable:
+        twin = tune.gdn_twin(kernel)
+        assert tune.candidates(kernel, _parsed(launches[kernel])) == tune.candidates(twin, _parsed(launches[kernel]))
+
+    # the dry run tunes a KDA AR point under kda_ names (state kept, as for every kernel)
+    ((plan, points),) = tune.plan_points(["kernel_decode"], KDA + ["method.names=[baseline_ar]"], claims_only=False)
+    (p,) = points
+    (ar,) = tune.phases(p, plan, "cpu")
+    before = [t.clone() for t in ar.touched]
+    entries = tune.tune_phase(ar, p, {}, timer=tune.fake_timer(), log=lambda *_: None)
+    assert set(entries) == {"kda_recurrent"}
+    assert all(same_bits(t, b) for t, b in zip(ar.touched, before))
+
+    # a GDN entry at every key a KDA launch resolves: the KDA launches keep their defaults
+    gdn_entries = {tune.gdn_twin(k): {key: {"config": {"num_warps": 1}}} for k, key in launches.items()}
+    launch_table.save("interpreter", gdn_entries, {}, tables)
+    resolved = []
+    for experiment in tune.EXPERIMENTS:
+        ((plan, points),) = tune.plan_points([experiment], KDA, claims_only=False)
+        for p in points:
+            for phase in tune.phases(p, plan, "cpu"):
+                call = phase.call() if phase.name == "commit" else phase.call
+                with launch_table.record() as log:
+                    call()
+                resolved += log
+    assert {x.kernel for x in resolved} == set(launches)
+    assert {x.source for x in resolved} == {"default"}, [(x.kernel, x.source) for x in resolved]
+    # while the same entry under the kda_ name is the one a KDA launch takes
+    launch_table.save("interpreter", {"kda_recurrent": entries["kda_recurrent"]}, {}, tables)
+    with launch_table.record() as log:
+        ar.call()
+    assert [x.source for x in log] == ["tuned"] and log[0].kernel == "kda_recurrent"
+
+
+def _parsed(entry_key: str) -> dict:
+    return {k: int(v) if v.isdigit() else v for k, v in
+            (part.split("=", 1) for part in entry_key.split("|")[0].split(","))}
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_a_tree_verify_is_tuned_state_safely_and_a_later_tree_verify_uses_it(tables, family):
+    """The tree verify is tuned on the spec point's ring with a chain tree of spec_T nodes (tune.phases): the
+    winner under its own name (<family>_replay_tree), every cache tensor kept, and a later tree verify on a
+    fresh ring launches the tuned config."""
+    kernel = f"{family}_replay_tree"
+    overrides = ["sweep=smoke", "sweep.on_cpu.backend=triton", "sweep.on_cpu.batch=[2]",
+                 f"sweep.models=[tiny_{family}]", f"sweep.on_cpu.models=[tiny_{family}]",
+                 "method.names=[replay_spec]", "progress=false"]
+    ((plan, points),) = tune.plan_points(["kernel_spec"], overrides, claims_only=False)
+    p = points[0]
+    (tree,) = [ph for ph in tune.phases(p, plan, "cpu") if ph.name == "tree_verify"]
+    launches, _ = tune.discover(tree)
+    (launch,) = [x for x in launches if x.kernel == kernel]
+    key = dict(part.split("=") for part in launch.key.split("|")[0].split(","))
+    space = tune.candidates(kernel, {k: int(v) for k, v in key.items()})
+    assert 2 <= len(space) <= tune.MAX_CANDIDATES
+    winner = launch_table.fields(space[-1])
+
+    def timer(fn):
+        fn()
+        cand = launch_table.active_override(kernel)
+        return 0.5 if cand is not None and launch_table.fields(cand) == winner else 1.0
+
+    before = [t.clone() for t in tree.touched]
+    entries = tune.tune_phase(tree, p, {}, timer=timer, log=lambda *_: None)
+    for t, b in zip(tree.touched, before):
+        assert same_bits(t, b), "tuning the tree verify changed a cache tensor"
+    entry = entries[kernel][launch.key]
+    assert entry["ms"] == 0.5 and entry["default_ms"] == 1.0 and entry["rejected"] == 0
+    launch_table.save("interpreter", entries, {"dry_run": True}, tables)
+
+    (later,) = [ph for ph in tune.phases(p, plan, "cpu", seed=1) if ph.name == "tree_verify"]
+    with launch_table.record() as log:
+        later.call()
+    (used,) = [x for x in log if x.kernel == kernel]
+    assert used.source == "tuned" and used.key == launch.key
+    assert entry["config"] and used.config == launch_table.apply(launch.config, entry["config"])
+    assert winner.items() <= used.config.items()            # the tuned winner, on top of the default rule
