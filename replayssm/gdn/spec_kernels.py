@@ -66,11 +66,12 @@ def launch_config(geometry: GDNGeometry, history_len: int, window: int, device, 
     arch = kernel_arch(device)
     key = {"K": geometry.K, "V": geometry.V, "history": history_len, "window": window}
     return launch_table.resolve(kernel, key, state_dtype, arch,
-                                default_launch_config(geometry, history_len, window, arch, per_channel))
+                                default_launch_config(geometry, history_len, window, arch, per_channel,
+                                                      tree=kernel.endswith("_replay_tree")))
 
 
 def default_launch_config(geometry: GDNGeometry, history_len: int, window: int, arch: int,
-                          per_channel: bool = False) -> dict:
+                          per_channel: bool = False, tree: bool = False) -> dict:
     """Block sizes for (geometry, GPU arch). Interpreter: biggest legal blocks (it costs per program).
     GPU: [BV, BKT] = [32, 16] tiles, 2 warps, tf32x3 dots: at K = V = 128, fp32 state, T <= 8, B <= 32 the
     AOT build for sm_90 / sm_100 uses 128-161 registers and no local memory ([32, 32] tiles reach 250
@@ -85,6 +86,12 @@ def default_launch_config(geometry: GDNGeometry, history_len: int, window: int, 
             # KDA: the per-tile window decays and the pairwise decayed dots hold [TW, BKT] tiles beside GDN's;
             # 4 warps spread them (2 warps spill at Kimi-Linear's geometry, scripts/kernels/kernel_report.py)
             cfg.update(num_warps=4)
+            if tree:
+                # the KDA tree verify adds the ancestor bit sets and per-path decays: [32, 16] tiles at 4 warps
+                # need 226-234 registers under Triton 3.7.1 and spill under 3.6.0 (make test-gpu-stack); [16, 16]
+                # tiles at 4 warps reach 246-254 under 3.6.0, at 8 warps 222 (3.6.0) / 186 (3.7.1), sm_90 and
+                # sm_100 at Kimi-Linear's geometry (kernel_report.py --tune-space)
+                cfg.update(BV=16, num_warps=8)
     return cfg
 
 
