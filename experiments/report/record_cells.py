@@ -22,14 +22,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from experiments.published import CELL_COLUMNS, load_cells
 from experiments.report import record_model as rm
 from experiments.report.hybrid import hybrid_ratios
 from experiments.report.runs import EXCLUDED_VERDICTS, Run, describe_env, summarize
 from replayssm import step_time as st
 
-CELL_COLUMNS = ("source", "table", "model", "hardware", "level", "mode", "state_dtype", "batch", "buffer_len",
-                "spec_T", "history_len", "baseline", "metric", "value", "unit", "provenance", "note")
-DEFAULT_CELLS = Path(__file__).resolve().parents[2] / "results" / "published" / "cells.csv"
 TERMS = ("bytes_s", "flops_s", "launch_s", "other_s", "total_s", "baseline_total_s")
 OUT_COLUMNS = (list(CELL_COLUMNS) + ["value_published", "value_measured", "measured_note", "value_model"]
                + list(TERMS) + ["regime", "model_note", "model_over_published", "missing_term",
@@ -44,16 +42,10 @@ MEASURED_METRIC = {("kernel", "ar"): ("ar_speedup", ("kernel_decode",)), ("e2e",
 
 
 def read_cells(path: Path | str | None = None) -> pd.DataFrame:
-    """The published cells. `path` None: experiments.published.load_cells() where that exists (the pubdata
-    branch), else results/published/cells.csv; an absent file gives an empty table with the columns."""
+    """The published cells. `path` None: the committed record, validated (experiments.published.load_cells);
+    a path (claims.py --cells): that file as it is; an absent file gives an empty table with the columns."""
     if path is None:
-        try:
-            from experiments.published import load_cells  # the record's own loader, once it has landed
-        except ImportError:
-            load_cells = None
-        if load_cells is not None:
-            return load_cells()
-        path = DEFAULT_CELLS
+        return load_cells()
     p = Path(path)
     if not p.is_file():
         return pd.DataFrame(columns=list(CELL_COLUMNS))

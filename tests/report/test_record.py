@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import synthetic_runs as syn  # tests/report/: pytest puts a test's folder (no __init__.py) on sys.path
 
+from experiments import published
 from experiments.report import claims, record, record_cells, record_model
 from experiments.report.runs import load_run
 
@@ -241,9 +242,9 @@ def test_spec_over_standard_decode_uses_the_published_acceptance_profile():
     assert record_model.drafter_time(spec, hw, 32, 1) == 0.0
 
 
-@pytest.mark.skipif(not record_cells.DEFAULT_CELLS.is_file(), reason="results/published/cells.csv not in this checkout")
+@pytest.mark.skipif(not published.CELLS_PATH.is_file(), reason="results/published/cells.csv not in this checkout")
 def test_every_loss_of_the_committed_record_is_modelled_or_out_of_scope():
-    df = record.published_vs_run(None, record.read_cells(record_cells.DEFAULT_CELLS))
+    df = record.published_vs_run(None, record.read_cells(published.CELLS_PATH))
     loss = df[(df["metric"] == "speedup") & (pd.to_numeric(df["value_published"], errors="coerce") < 1.0)]
     for row in loss.to_dict("records"):
         assert (row["value_model"] < 1.1) or row["regime"] in ("not-modelled", "capacity"), row
