@@ -194,3 +194,11 @@ def check_num_accepted(num_accepted: torch.Tensor, batch: int, window: int) -> t
         if lo < 1 or hi > window:
             raise ValueError(f"num_accepted must be in 1..T={window}, got values in [{lo}, {hi}]")
     return num_accepted.to(torch.int32)
+
+
+def check_cache_type(cache, cls: type) -> None:
+    """A family's entry points accept only their own cache class: GDN and KDA caches share a base class
+    (replayssm/gdn/cache.py) but a KDA cache is not a GDN one, nor the other way round."""
+    if not isinstance(cache, cls):
+        package = cls.__module__.rsplit(".", 1)[0] if cls.__module__.startswith("replayssm.") else cls.__module__
+        raise ValueError(f"expected a {package}.{cls.__name__}, got {type(cache).__name__}")

@@ -58,6 +58,7 @@ class _DeltaRuleHeads:
     HV: int
     K: int
     V: int
+    PER_CHANNEL_DECAY = False     # KDA: True (g has a trailing K dim everywhere GDN has a scalar)
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -71,6 +72,11 @@ class _DeltaRuleHeads:
 
     def state_numel(self) -> int:
         return self.HV * self.V * self.K
+
+    @property
+    def decay_dims(self) -> tuple[int, ...]:
+        """The trailing dims of one log decay g per value head and token: () for GDN, (K,) for KDA."""
+        return (self.K,) if self.PER_CHANNEL_DECAY else ()
 
     def tp_split(self, tp: int):
         _check_positive("tp_split", tp=tp)
@@ -99,6 +105,7 @@ class KDAGeometry(_DeltaRuleHeads):
     HV: int
     K: int
     V: int
+    PER_CHANNEL_DECAY = True
 
 
 # The five production geometries (full width, TP=1). Keys are the model names used in conf/model/.

@@ -27,25 +27,28 @@ import torch
 
 from replayssm.checks import NULL_SLOT, check_pool_alloc
 from replayssm.fp8_checkpoint import allocate_scale
-from replayssm.geometry import GDNGeometry
+from replayssm.geometry import GDNGeometry, KDAGeometry
 from replayssm.slot_pool import SlotPool
 
 
 @dataclass
-class ReplayCache(SlotPool):
-    """Checkpoint + linear input buffer for GDN AR decode.
+class DeltaRuleReplayCache(SlotPool):
+    """Checkpoint + linear input buffer of the gated delta rule, for both families (GDN: a scalar log decay per
+    value head and token; KDA, replayssm/kda/cache.py: a K-vector). Use the family's subclass: GEOMETRY names
+    its geometry class, and the family's entry points accept only their own.
 
     state     [num_slots, HV, V, K]          checkpoint S0 (state_dtype, K-last like vLLM / FlashInfer)
     u         [num_slots, HV, buffer_len, V] cached corrected updates u (act_dtype)
     k         [num_slots, H, buffer_len, K]  cached keys, L2-normalised if the step asked for it (act_dtype)
-    g         [num_slots, HV, buffer_len]    cached log decays (fp32)
+    g         [num_slots, HV, buffer_len]    cached log decays (fp32); KDA: [num_slots, HV, buffer_len, K]
     write_pos [num_slots] int32              entries cached since the checkpoint
     state_scale [num_slots, HV] fp32         fp8 checkpoint only (else None): S0 = state * scale
     """
 
     ACT_FIELD: ClassVar[str] = "u"
+    GEOMETRY: ClassVar[type] = GDNGeometry
 
-    geometry: GDNGeometry
+    geometry: GDNGeometry | KDAGeometry
     buffer_len: int
     state: torch.Tensor
     u: torch.Tensor
@@ -57,11 +60,11 @@ class ReplayCache(SlotPool):
     shared_cursor: bool = False      # write_pos is a DecodeCursor's (replayssm/ring_cursors.py), shared by layers
 
     @classmethod
-    def allocate(cls, geometry: GDNGeometry, num_slots: int, buffer_len: int, state_dtype=torch.float32,
-                 act_dtype=torch.float32, device="cpu", cursor=None) -> ReplayCache:
+    def allocate(cls, geometry, num_slots: int, buffer_len: int, state_dtype=torch.float32,
+                 act_dtype=torch.float32, device="cpu", cursor=None):
         """`cursor`: a ring_cursors.DecodeCursor whose write_pos this cache uses (one per decode row for every
         layer; replay_step then leaves it to cursor.advance); None allocates the cache's own."""
-        check_pool_alloc(geometry, GDNGeometry, state_dtype, act_dtype, allow_fp8=True, num_slots=num_slots,
+        check_pool_alloc(geometry, cls.GEOMETRY, state_dtype, act_dtype, allow_fp8=True, num_slots=num_slots,
                          buffer_len=buffer_len)
         gm, n, L = geometry, num_slots, buffer_len
         state = torch.zeros(n, gm.HV, gm.V, gm.K, dtype=state_dtype, device=device)
@@ -69,7 +72,7 @@ class ReplayCache(SlotPool):
             geometry=gm, buffer_len=L, state=state, state_scale=allocate_scale(state),
             u=torch.zeros(n, gm.HV, L, gm.V, dtype=act_dtype, device=device),
             k=torch.zeros(n, gm.H, L, gm.K, dtype=act_dtype, device=device),
-            g=torch.zeros(n, gm.HV, L, dtype=torch.float32, device=device),
+            g=torch.zeros(n, gm.HV, L, *gm.decay_dims, dtype=torch.float32, device=device),
             write_pos=(torch.zeros(n, dtype=torch.int32, device=device) if cursor is None
                        else cursor.check_cache(n, L, device)),
             shared_cursor=cursor is not None,
@@ -81,3 +84,10 @@ class ReplayCache(SlotPool):
             self.write_pos.zero_()
         else:
             self.write_pos[slots.long()] = 0
+
+
+class ReplayCache(DeltaRuleReplayCache):
+    """Checkpoint + linear input buffer for GDN AR decode (fields: DeltaRuleReplayCache; g [num_slots, HV,
+    buffer_len] fp32). `ReplayCache.allocate(GDNGeometry(...), num_slots, buffer_len, ...)`."""
+
+    GEOMETRY: ClassVar[type] = GDNGeometry

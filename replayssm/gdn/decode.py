@@ -23,6 +23,7 @@ import torch
 from replayssm.checks import (
     ACT_DTYPES,
     check_backend,
+    check_cache_type,
     check_dtype,
     check_last_dim_contiguous,
     check_same_device,
@@ -73,11 +74,6 @@ def check_step_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     return batch
 
 
-def _check_cache(cache) -> None:
-    if not isinstance(cache, ReplayCache):
-        raise ValueError(f"expected a replayssm.gdn.ReplayCache, got {type(cache).__name__}")
-
-
 def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                 beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False,
                 slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
@@ -115,11 +111,19 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
         >>> tuple(o.shape), cache.write_pos.tolist()
         ((2, 4, 16), [1, 1, 0])
     """
-    _check_cache(cache)
+    check_cache_type(cache, ReplayCache)
+    return run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend, decode_torch)
+
+
+def run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend: str, torch_forms):
+    """replay_step after the family's cache check, for either decay shape: GDN, and KDA (replayssm/kda/decode.py,
+    cache.geometry.PER_CHANNEL_DECAY: g [batch, HV, K]). `torch_forms`: the family's torch module (its
+    replay_step_torch); the Triton kernels, the C kernels and the float64 loops take either shape."""
     gm = cache.geometry
+    per_channel = gm.PER_CHANNEL_DECAY
     check_backend(backend, q, k, v, out, cache.state)
     batch = check_step_inputs(q, k, v, g, beta, out, H=gm.H, HV=gm.HV, K=gm.K, V=gm.V, act_dtype=cache.act_dtype,
-                              scale=scale, use_qk_l2norm=use_qk_l2norm)
+                              scale=scale, use_qk_l2norm=use_qk_l2norm, per_channel_g=per_channel)
     device = check_same_device(q=q, k=k, v=v, g=g, beta=beta, out=out, state=cache.state)
     slots_i32 = check_slots(slots, batch, cache.num_slots, device, cache.null_slot)
     scale = gm.K ** -0.5 if scale is None else float(scale)
@@ -129,11 +133,11 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
     if batch == 0:
         return out
     if backend == "triton":
-        launch_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
+        launch_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out, per_channel=per_channel)
     elif backend == "torch":
         with keep_shared_cursor(cache):
-            decode_torch.replay_step_torch(cache, q, k, v, g, beta, scale, use_qk_l2norm,
-                                           None if slots is None else slots_i32, out)
+            torch_forms.replay_step_torch(cache, q, k, v, g, beta, scale, use_qk_l2norm,
+                                          None if slots is None else slots_i32, out)
     elif backend == "cpu":
         from replayssm.cpu import ops
         with keep_shared_cursor(cache):
@@ -167,11 +171,16 @@ def materialize(cache: ReplayCache, slots: torch.Tensor | None = None, backend: 
         >>> tuple(materialize(cache, backend="torch").shape)
         (3, 4, 16, 16)
     """
-    _check_cache(cache)
+    check_cache_type(cache, ReplayCache)
+    return run_materialize(cache, slots, backend, out, decode_torch)
+
+
+def run_materialize(cache, slots, backend: str, out, torch_forms) -> torch.Tensor:
+    """materialize after the family's cache check, for either decay shape (as run_replay_step)."""
     gm = cache.geometry
     check_backend(backend, cache.state, out)
     if gm.K > MAX_K:
-        raise ValueError(f"K={gm.K} > {MAX_K}: the GDN decode kernels cannot tile K")
+        raise ValueError(f"K={gm.K} > {MAX_K}: the delta-rule decode kernels cannot tile K")
     batch = cache.num_slots if slots is None else (slots.shape[0] if slots.dim() == 1 else -1)
     if batch < 0:
         raise ValueError(f"slots must be [batch], got shape {tuple(slots.shape)}")
@@ -185,9 +194,9 @@ def materialize(cache: ReplayCache, slots: torch.Tensor | None = None, backend: 
     if batch == 0:
         return out
     if backend == "triton":
-        launch_materialize(cache, slots_i32, out)
+        launch_materialize(cache, slots_i32, out, per_channel=gm.PER_CHANNEL_DECAY)
     elif backend in ("torch", "cpu"):        # cpu: a debug / gate read, not a timed path: the torch form
-        decode_torch.materialize_torch(cache, slots_i32, out)
+        torch_forms.materialize_torch(cache, slots_i32, out)
     else:
         decode_ref.materialize_ref(cache, slots_i32, out)
     return out

@@ -27,26 +27,28 @@ from typing import ClassVar
 import torch
 
 from replayssm.checks import NULL_SLOT, check_pool_alloc, check_ring_lengths, next_pow2
-from replayssm.geometry import GDNGeometry
+from replayssm.geometry import GDNGeometry, KDAGeometry
 from replayssm.slot_pool import SlotPool
 
 
 @dataclass
-class SpecRing(SlotPool):
-    """Checkpoint + circular input ring for GDN speculative decoding.
+class DeltaRuleSpecRing(SlotPool):
+    """Checkpoint + circular input ring of the gated delta rule, for both families (GDN here; KDA,
+    replayssm/kda/cache.py, whose g entries are K-vectors). Use the family's subclass (GEOMETRY).
 
     state     [num_slots, HV, V, K]          checkpoint S0 (state_dtype, K-last)
     u         [num_slots, HV, ring_len, V]   ring of corrected updates u (act_dtype)
     k         [num_slots, H, ring_len, K]    ring of keys, L2-normalised if verify asked for it (act_dtype)
-    g         [num_slots, HV, ring_len]      ring of log decays (fp32)
+    g         [num_slots, HV, ring_len]      ring of log decays (fp32); KDA: [num_slots, HV, ring_len, K]
     write_pos [num_slots] int32   committed history h since the checkpoint
     origin    [num_slots] int32   ring row of history entry 0
     is_flush  [num_slots] int32   1 if the next verify folds the history into the checkpoint first
     """
 
     ACT_FIELD: ClassVar[str] = "u"
+    GEOMETRY: ClassVar[type] = GDNGeometry
 
-    geometry: GDNGeometry
+    geometry: GDNGeometry | KDAGeometry
     history_len: int
     window: int
     state: torch.Tensor
@@ -60,11 +62,11 @@ class SpecRing(SlotPool):
     shared_cursor: bool = False       # cursors are a SpecCursor's (replayssm/ring_cursors.py), shared by layers
 
     @classmethod
-    def allocate(cls, geometry: GDNGeometry, num_slots: int, history_len: int, window: int,
-                 state_dtype=torch.float32, act_dtype=torch.float32, device="cpu", cursor=None) -> SpecRing:
+    def allocate(cls, geometry, num_slots: int, history_len: int, window: int,
+                 state_dtype=torch.float32, act_dtype=torch.float32, device="cpu", cursor=None):
         """`cursor`: a ring_cursors.SpecCursor whose cursors this ring uses (one per decode row for every
         layer); None allocates the ring's own."""
-        check_pool_alloc(geometry, GDNGeometry, state_dtype, act_dtype, num_slots=num_slots,
+        check_pool_alloc(geometry, cls.GEOMETRY, state_dtype, act_dtype, num_slots=num_slots,
                          history_len=history_len, window=window)
         check_ring_lengths(history_len, window)
         gm, n = geometry, num_slots
@@ -74,7 +76,7 @@ class SpecRing(SlotPool):
             state=torch.zeros(n, gm.HV, gm.V, gm.K, dtype=state_dtype, device=device),
             u=torch.zeros(n, gm.HV, R, gm.V, dtype=act_dtype, device=device),
             k=torch.zeros(n, gm.H, R, gm.K, dtype=act_dtype, device=device),
-            g=torch.zeros(n, gm.HV, R, dtype=torch.float32, device=device),
+            g=torch.zeros(n, gm.HV, R, *gm.decay_dims, dtype=torch.float32, device=device),
             **_cursors(cursor, n, history_len, window, device),
         )
 
@@ -86,6 +88,13 @@ class SpecRing(SlotPool):
     @property
     def ring_len(self) -> int:
         return self.u.shape[2]
+
+
+class SpecRing(DeltaRuleSpecRing):
+    """Checkpoint + circular input ring for GDN speculative decoding (fields: DeltaRuleSpecRing; g [num_slots,
+    HV, ring_len] fp32). `SpecRing.allocate(GDNGeometry(...), num_slots, history_len, window, ...)`."""
+
+    GEOMETRY: ClassVar[type] = GDNGeometry
 
 
 def _cursors(cursor, num_slots: int, history_len: int, window: int, device) -> dict[str, torch.Tensor]:

@@ -25,6 +25,7 @@ import torch
 from replayssm import ring_cursors
 from replayssm.checks import (
     check_backend,
+    check_cache_type,
     check_dtype,
     check_last_dim_contiguous,
     check_same_device,
@@ -35,7 +36,8 @@ from replayssm.gdn import spec_kernels, spec_ref, spec_torch
 from replayssm.gdn.ring import SpecRing
 from replayssm.geometry import GDNGeometry
 
-__all__ = ["SpecRing", "spec_verify", "spec_commit", "spec_reset", "spec_materialize", "check_window"]
+__all__ = ["SpecRing", "spec_verify", "spec_commit", "spec_reset", "spec_materialize", "check_window",
+           "run_spec_verify", "run_spec_materialize", "check_cache_device"]
 
 
 def check_window(geometry: GDNGeometry, window: int, act_dtype: torch.dtype, q: torch.Tensor, k: torch.Tensor,
@@ -80,12 +82,7 @@ def check_window(geometry: GDNGeometry, window: int, act_dtype: torch.dtype, q: 
     return batch, float(scale)
 
 
-def _check_ring(ring) -> None:
-    if not isinstance(ring, SpecRing):
-        raise ValueError(f"expected a replayssm.gdn.ring.SpecRing, got {type(ring).__name__}")
-
-
-def _check_cache_device(ring: SpecRing, t: torch.Tensor) -> None:
+def check_cache_device(ring, t: torch.Tensor) -> None:
     if t.device != ring.device:
         raise ValueError(f"inputs on {t.device}, ring on {ring.device}")
 
@@ -128,9 +125,19 @@ def spec_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         >>> tuple(o.shape)
         (2, 4, 4, 16)
     """
-    _check_ring(ring)
-    batch, scale = check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend)
-    _check_cache_device(ring, q)
+    check_cache_type(ring, SpecRing)
+    return run_spec_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend, spec_torch)
+
+
+def run_spec_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend: str,
+                    torch_forms) -> torch.Tensor:
+    """spec_verify after the family's ring check, for either decay shape: GDN, and KDA (replayssm/kda/spec.py,
+    ring.geometry.PER_CHANNEL_DECAY: g [batch, T, HV, K]). `torch_forms`: the family's torch module (its
+    verify_torch); the Triton kernel, the C kernel and the float64 oracle take either shape."""
+    per_channel = ring.geometry.PER_CHANNEL_DECAY
+    batch, scale = check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend,
+                                per_channel_g=per_channel)
+    check_cache_device(ring, q)
     check_backend(backend, ring.state)
     slots = check_slots(slots, batch, ring.num_slots, ring.device, ring.null_slot)
     if out is None:
@@ -138,9 +145,11 @@ def spec_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         out = torch.empty(batch, ring.window, gm.HV, gm.V, dtype=ring.act_dtype, device=ring.device)
     if batch == 0:
         return out
-    impl = {"triton": spec_kernels.verify_triton, "torch": spec_torch.verify_torch, "ref": spec_ref.verify_ref,
-            "cpu": _verify_cpu}
-    return impl[backend](ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out)
+    args = (ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out)
+    if backend == "triton":
+        return spec_kernels.verify_triton(*args, per_channel=per_channel)
+    impl = {"torch": torch_forms.verify_torch, "ref": spec_ref.verify_ref, "cpu": _verify_cpu}[backend]
+    return impl(*args)
 
 
 def _verify_cpu(ring, q, k, v, g, beta, scale, use_qk_l2norm, slots, out):
@@ -179,7 +188,7 @@ def spec_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor 
         >>> ring.write_pos.tolist()
         [3, 1, 0]
     """
-    _check_ring(ring)
+    check_cache_type(ring, SpecRing)
     ring_cursors.commit(ring, num_accepted, slots, backend)
 
 
@@ -203,7 +212,7 @@ def spec_reset(ring: SpecRing, slots: torch.Tensor | None = None, backend: str =
         >>> ring.write_pos.tolist()
         [0, 0, 0]
     """
-    _check_ring(ring)
+    check_cache_type(ring, SpecRing)
     ring_cursors.reset(ring, slots, backend)
 
 
@@ -228,7 +237,12 @@ def spec_materialize(ring: SpecRing, slots: torch.Tensor | None = None, backend:
         >>> tuple(spec_materialize(ring, backend="torch").shape)
         (3, 4, 16, 16)
     """
-    _check_ring(ring)
+    check_cache_type(ring, SpecRing)
+    return run_spec_materialize(ring, slots, backend, spec_torch)
+
+
+def run_spec_materialize(ring, slots, backend: str, torch_forms) -> torch.Tensor:
+    """spec_materialize after the family's ring check, for either decay shape (as run_spec_verify)."""
     check_backend(backend, ring.state)
     if slots is None:
         slots = torch.arange(ring.num_slots, dtype=torch.int32, device=ring.device)
@@ -241,6 +255,8 @@ def spec_materialize(ring: SpecRing, slots: torch.Tensor | None = None, backend:
     out = torch.full((slots.shape[0], gm.HV, gm.V, gm.K), float("nan"), dtype=torch.float32, device=ring.device)
     if slots.numel() == 0:
         return out
-    impl = {"triton": spec_kernels.materialize_triton, "torch": spec_torch.materialize_torch,
-            "ref": spec_ref.materialize_ref, "cpu": spec_torch.materialize_torch}
-    return impl[backend](ring, slots, out)
+    if backend == "triton":
+        return spec_kernels.materialize_triton(ring, slots, out, per_channel=gm.PER_CHANNEL_DECAY)
+    impl = {"torch": torch_forms.materialize_torch, "ref": spec_ref.materialize_ref,
+            "cpu": torch_forms.materialize_torch}[backend]
+    return impl(ring, slots, out)

@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 
 from replayssm import tree_ring
-from replayssm.checks import check_backend, check_slots
+from replayssm.checks import check_backend, check_cache_type, check_slots
 from replayssm.gdn import spec_ref, spec_torch
 from replayssm.gdn.ring import SpecRing
-from replayssm.gdn.spec import _check_cache_device, _check_ring, check_window
+from replayssm.gdn.spec import check_cache_device, check_window
 
 RING_FIELDS = ("u", "k", "g")
 
@@ -72,9 +72,19 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         >>> tuple(o.shape)
         (2, 3, 4, 16)
     """
-    _check_ring(ring)
-    batch, scale = check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend)
-    _check_cache_device(ring, q)
+    check_cache_type(ring, SpecRing)
+    return run_tree_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, parents, slots, out, backend, spec_torch)
+
+
+def run_tree_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, parents, slots, out, backend: str,
+                    torch_forms) -> torch.Tensor:
+    """tree_verify after the family's ring check, for either decay shape: GDN, and KDA (replayssm/kda/tree.py,
+    ring.geometry.PER_CHANNEL_DECAY: g [batch, N, HV, K]). `torch_forms`: the family's torch module (its
+    verify_torch with parents)."""
+    per_channel = ring.geometry.PER_CHANNEL_DECAY
+    batch, scale = check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend,
+                                per_channel_g=per_channel)
+    check_cache_device(ring, q)
     check_backend(backend, ring.state)
     if backend == "cpu":
         from replayssm.cpu.ops import check_tree_sizes
@@ -87,17 +97,18 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     setattr(ring, tree_ring.PARENTS_ATTR, parents)
     if batch == 0:
         return out
+    args = (ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out, parents)
     if backend == "ref":
-        return spec_ref.verify_ref(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out, parents)
+        return spec_ref.verify_ref(*args)
     if backend == "torch":
-        return spec_torch.verify_torch(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out, parents)
+        return torch_forms.verify_torch(*args)
     if backend == "cpu":
         from replayssm.cpu import ops
         ops.gdn_tree_replay(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), out, slots, parents)
         return out
     from replayssm.gdn.spec_kernels import verify_triton
 
-    return verify_triton(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out, parents=parents)
+    return verify_triton(*args[:-1], parents=parents, per_channel=per_channel)
 
 
 def tree_commit(ring: SpecRing, path: torch.Tensor, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
@@ -133,6 +144,6 @@ def tree_commit(ring: SpecRing, path: torch.Tensor, num_accepted: torch.Tensor, 
         >>> ring.write_pos.tolist()
         [2, 1]
     """
-    _check_ring(ring)
+    check_cache_type(ring, SpecRing)
     path, num_accepted, slots = tree_ring.check_tree_commit(ring, path, num_accepted, slots, backend, parents)
     tree_ring.commit(ring, RING_FIELDS, path, num_accepted, slots, backend)

@@ -14,8 +14,10 @@ g_j is a K-vector (KDA's per-key-channel log decay) and products of K-vectors ar
 With g constant across channels this is GDN's replay (replayssm/gdn/decode.py) exactly. The buffer costs K
 fp32 per value head and entry for g where GDN's costs one (replayssm/traffic.py).
 
-`backend`: "triton" (GDN's kernels with PER_CHANNEL set, replayssm/gdn/decode_kernels.py), "torch"
-(decode_torch.py), "ref" (GDN's float64 loops, replayssm/gdn/decode_ref.py, which take either decay shape).
+Validation and dispatch are GDN's (replayssm/gdn/decode.py, run_replay_step / run_materialize, which read the
+decay shape from the cache's geometry). `backend`: "triton" (GDN's kernels with PER_CHANNEL set,
+replayssm/gdn/decode_kernels.py), "torch" (decode_torch.py), "ref" (GDN's float64 loops,
+replayssm/gdn/decode_ref.py, which take either decay shape).
 "cpu" has no C kernel for KDA yet: refused with a ValueError before any work.
 """
 
@@ -23,20 +25,10 @@ from __future__ import annotations
 
 import torch
 
-from replayssm.checks import (
-    check_backend,
-    check_dtype,
-    check_last_dim_contiguous,
-    check_same_device,
-    check_shape,
-    check_slots,
-)
-from replayssm.gdn import decode_ref
-from replayssm.gdn.decode import check_step_inputs
-from replayssm.gdn.decode_kernels import MAX_K, launch_materialize, launch_replay_step
+from replayssm.checks import check_backend, check_cache_type
+from replayssm.gdn.decode import run_materialize, run_replay_step
 from replayssm.kda import decode_torch
 from replayssm.kda.cache import ReplayCache
-from replayssm.ring_cursors import keep_shared_cursor
 
 NO_CPU = ("backend='cpu' has no KDA kernels (replayssm/cpu implements Mamba-2 and GDN only); "
           "use backend='torch' for the CPU timing backend")
@@ -47,11 +39,6 @@ def check_kda_backend(backend: str, *tensors) -> None:
     if backend == "cpu":
         raise ValueError(NO_CPU)
     check_backend(backend, *tensors)
-
-
-def _check_cache(cache) -> None:
-    if not isinstance(cache, ReplayCache):
-        raise ValueError(f"expected a replayssm.kda.ReplayCache, got {type(cache).__name__}")
 
 
 def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -91,29 +78,9 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
         >>> tuple(o.shape), cache.write_pos.tolist()
         ((2, 4, 16), [1, 1, 0])
     """
-    _check_cache(cache)
-    gm = cache.geometry
-    check_kda_backend(backend, q, k, v, out, cache.state)
-    batch = check_step_inputs(q, k, v, g, beta, out, H=gm.H, HV=gm.HV, K=gm.K, V=gm.V, act_dtype=cache.act_dtype,
-                              scale=scale, use_qk_l2norm=use_qk_l2norm, per_channel_g=True)
-    device = check_same_device(q=q, k=k, v=v, g=g, beta=beta, out=out, state=cache.state)
-    slots_i32 = check_slots(slots, batch, cache.num_slots, device, cache.null_slot)
-    scale = gm.K ** -0.5 if scale is None else float(scale)
-    if out is None:
-        out = (torch.empty if slots is None else torch.zeros)(batch, gm.HV, gm.V, dtype=cache.act_dtype,
-                                                               device=device)
-    if batch == 0:
-        return out
-    if backend == "triton":
-        launch_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out, per_channel=True)
-    elif backend == "torch":
-        with keep_shared_cursor(cache):
-            decode_torch.replay_step_torch(cache, q, k, v, g, beta, scale, use_qk_l2norm,
-                                           None if slots is None else slots_i32, out)
-    else:
-        with keep_shared_cursor(cache):
-            decode_ref.replay_step_ref(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
-    return out
+    check_cache_type(cache, ReplayCache)
+    check_kda_backend(backend)
+    return run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend, decode_torch)
 
 
 def materialize(cache: ReplayCache, slots: torch.Tensor | None = None, backend: str = "triton",
@@ -139,27 +106,6 @@ def materialize(cache: ReplayCache, slots: torch.Tensor | None = None, backend: 
         >>> tuple(materialize(cache, backend="torch").shape)
         (3, 4, 16, 16)
     """
-    _check_cache(cache)
-    gm = cache.geometry
-    check_kda_backend(backend, cache.state, out)
-    if gm.K > MAX_K:
-        raise ValueError(f"K={gm.K} > {MAX_K}: the KDA decode kernels cannot tile K")
-    batch = cache.num_slots if slots is None else (slots.shape[0] if slots.dim() == 1 else -1)
-    if batch < 0:
-        raise ValueError(f"slots must be [batch], got shape {tuple(slots.shape)}")
-    slots_i32 = check_slots(slots, batch, cache.num_slots, cache.device, cache.null_slot)
-    if out is None:
-        out = torch.zeros(batch, gm.HV, gm.V, gm.K, dtype=torch.float32, device=cache.device)
-    check_shape("out", out, (batch, gm.HV, gm.V, gm.K))
-    check_dtype("out", out, (torch.float32,))
-    check_last_dim_contiguous("out", out)
-    check_same_device(out=out, state=cache.state)
-    if batch == 0:
-        return out
-    if backend == "triton":
-        launch_materialize(cache, slots_i32, out, per_channel=True)
-    elif backend == "torch":
-        decode_torch.materialize_torch(cache, slots_i32, out)
-    else:
-        decode_ref.materialize_ref(cache, slots_i32, out)
-    return out
+    check_cache_type(cache, ReplayCache)
+    check_kda_backend(backend)
+    return run_materialize(cache, slots, backend, out, decode_torch)

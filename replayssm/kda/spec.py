@@ -3,7 +3,9 @@
 The GDN ring protocol (replayssm/gdn/ring.py, replayssm/ring_cursors.py) on a kda.SpecRing whose g entries are
 K-vectors. Backends: "triton" (GDN's verify kernel with PER_CHANNEL set, replayssm/gdn/spec_kernels.py),
 "torch" (spec_torch.py, the module docstring has the window math), "ref" (GDN's float64 oracle,
-replayssm/gdn/spec_ref.py, which takes either decay shape). "cpu" raises ValueError (no C kernel for KDA).
+replayssm/gdn/spec_ref.py, which takes either decay shape). Validation and dispatch are GDN's
+(replayssm/gdn/spec.py, run_spec_verify / run_spec_materialize: the decay shape comes from the geometry).
+"cpu" raises ValueError (no C kernel for KDA).
 
     o = spec_verify(ring, q, k, v, g, beta)     # o [batch, T, HV, V]: every window token from one S_h
     spec_commit(ring, num_accepted)             # num_accepted [batch] in 1..T (bonus token included)
@@ -17,31 +19,13 @@ from __future__ import annotations
 import torch
 
 from replayssm import ring_cursors
-from replayssm.checks import check_backend, check_slots
-from replayssm.gdn import spec_kernels, spec_ref
-from replayssm.gdn.spec import check_window
+from replayssm.checks import check_cache_type
+from replayssm.gdn.spec import run_spec_materialize, run_spec_verify
 from replayssm.kda import spec_torch
 from replayssm.kda.cache import SpecRing
 from replayssm.kda.decode import check_kda_backend
 
-__all__ = ["SpecRing", "spec_verify", "spec_commit", "spec_reset", "spec_materialize", "check_kda_window"]
-
-
-def check_kda_window(ring: SpecRing, q, k, v, g, beta, out, scale, backend: str) -> tuple[int, float]:
-    """GDN's window check with g [batch, T, HV, K]; backend='cpu' refused first. Returns (batch, scale)."""
-    check_kda_backend(backend)
-    return check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend,
-                        per_channel_g=True)
-
-
-def _check_ring(ring) -> None:
-    if not isinstance(ring, SpecRing):
-        raise ValueError(f"expected a replayssm.kda.SpecRing, got {type(ring).__name__}")
-
-
-def _check_cache_device(ring: SpecRing, t: torch.Tensor) -> None:
-    if t.device != ring.device:
-        raise ValueError(f"inputs on {t.device}, ring on {ring.device}")
+__all__ = ["SpecRing", "spec_verify", "spec_commit", "spec_reset", "spec_materialize"]
 
 
 def spec_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -82,21 +66,9 @@ def spec_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         >>> tuple(o.shape)
         (2, 4, 4, 16)
     """
-    _check_ring(ring)
-    batch, scale = check_kda_window(ring, q, k, v, g, beta, out, scale, backend)
-    _check_cache_device(ring, q)
-    check_backend(backend, ring.state)
-    slots = check_slots(slots, batch, ring.num_slots, ring.device, ring.null_slot)
-    if out is None:
-        gm = ring.geometry
-        out = torch.empty(batch, ring.window, gm.HV, gm.V, dtype=ring.act_dtype, device=ring.device)
-    if batch == 0:
-        return out
-    if backend == "triton":
-        return spec_kernels.verify_triton(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out,
-                                          per_channel=True)
-    impl = {"torch": spec_torch.verify_torch, "ref": spec_ref.verify_ref}[backend]
-    return impl(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out)
+    check_cache_type(ring, SpecRing)
+    check_kda_backend(backend)
+    return run_spec_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend, spec_torch)
 
 
 def spec_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
@@ -122,7 +94,7 @@ def spec_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor 
         >>> ring.write_pos.tolist()
         [3, 1, 0]
     """
-    _check_ring(ring)
+    check_cache_type(ring, SpecRing)
     check_kda_backend(backend)
     ring_cursors.commit(ring, num_accepted, slots, backend)
 
@@ -139,7 +111,7 @@ def spec_reset(ring: SpecRing, slots: torch.Tensor | None = None, backend: str =
         >>> ring.write_pos.tolist()
         [0, 0, 0]
     """
-    _check_ring(ring)
+    check_cache_type(ring, SpecRing)
     check_kda_backend(backend)
     ring_cursors.reset(ring, slots, backend)
 
@@ -157,20 +129,6 @@ def spec_materialize(ring: SpecRing, slots: torch.Tensor | None = None, backend:
         >>> tuple(spec_materialize(ring, backend="torch").shape)
         (3, 4, 16, 16)
     """
-    _check_ring(ring)
-    check_kda_backend(backend, ring.state)
-    if slots is None:
-        slots = torch.arange(ring.num_slots, dtype=torch.int32, device=ring.device)
-    if not isinstance(slots, torch.Tensor) or slots.dim() != 1:
-        raise ValueError("slots must be a 1-D integer tensor")
-    slots = check_slots(slots, slots.shape[0], ring.num_slots, ring.device, ring.null_slot)
-    if backend == "triton" and ring.geometry.K > spec_kernels.MAX_K:
-        raise ValueError(f"K={ring.geometry.K} > {spec_kernels.MAX_K}: the Triton kernels cannot tile it")
-    gm = ring.geometry
-    out = torch.full((slots.shape[0], gm.HV, gm.V, gm.K), float("nan"), dtype=torch.float32, device=ring.device)
-    if slots.numel() == 0:
-        return out
-    if backend == "triton":
-        return spec_kernels.materialize_triton(ring, slots, out, per_channel=True)
-    impl = {"torch": spec_torch.materialize_torch, "ref": spec_ref.materialize_ref}[backend]
-    return impl(ring, slots, out)
+    check_cache_type(ring, SpecRing)
+    check_kda_backend(backend)
+    return run_spec_materialize(ring, slots, backend, spec_torch)

@@ -15,12 +15,11 @@ from __future__ import annotations
 import torch
 
 from replayssm import tree_ring
-from replayssm.checks import check_backend, check_slots
-from replayssm.gdn import spec_ref
+from replayssm.checks import check_cache_type
+from replayssm.gdn.tree import run_tree_verify
 from replayssm.kda import spec_torch
 from replayssm.kda.cache import SpecRing
 from replayssm.kda.decode import check_kda_backend
-from replayssm.kda.spec import _check_cache_device, _check_ring, check_kda_window
 
 RING_FIELDS = ("u", "k", "g")
 
@@ -51,26 +50,9 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         >>> tuple(o.shape)
         (2, 3, 4, 16)
     """
-    _check_ring(ring)
-    batch, scale = check_kda_window(ring, q, k, v, g, beta, out, scale, backend)
-    _check_cache_device(ring, q)
-    check_backend(backend, ring.state)
-    slots = check_slots(slots, batch, ring.num_slots, ring.device, ring.null_slot)
-    parents = tree_ring.check_parents(parents, batch, ring.window, ring.device, slots != ring.null_slot)
-    if out is None:
-        gm = ring.geometry
-        out = torch.empty(batch, ring.window, gm.HV, gm.V, dtype=ring.act_dtype, device=ring.device)
-    setattr(ring, tree_ring.PARENTS_ATTR, parents)
-    if batch == 0:
-        return out
-    if backend == "ref":
-        return spec_ref.verify_ref(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out, parents)
-    if backend == "torch":
-        return spec_torch.verify_torch(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out, parents)
-    from replayssm.gdn.spec_kernels import verify_triton
-
-    return verify_triton(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out, parents=parents,
-                         per_channel=True)
+    check_cache_type(ring, SpecRing)
+    check_kda_backend(backend)
+    return run_tree_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, parents, slots, out, backend, spec_torch)
 
 
 def tree_commit(ring: SpecRing, path: torch.Tensor, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
@@ -95,7 +77,7 @@ def tree_commit(ring: SpecRing, path: torch.Tensor, num_accepted: torch.Tensor, 
         >>> ring.write_pos.tolist()
         [2, 1]
     """
-    _check_ring(ring)
+    check_cache_type(ring, SpecRing)
     check_kda_backend(backend)
     path, num_accepted, slots = tree_ring.check_tree_commit(ring, path, num_accepted, slots, backend, parents)
     tree_ring.commit(ring, RING_FIELDS, path, num_accepted, slots, backend)
