@@ -31,30 +31,33 @@ from baselines.gdn_recurrent_spec import MAX_K, delta_step_torch_, live_rows, se
 from replayssm.checks import (
     NULL_SLOT,
     check_backend,
+    check_cache_type,
     check_pool_alloc,
     check_slots,
 )
 from replayssm.gdn.ref import gdn_step_ref, l2norm
 from replayssm.gdn.spec import check_window
-from replayssm.geometry import GDNGeometry
+from replayssm.geometry import GDNGeometry, KDAGeometry
 from replayssm.ring_cursors import check_live_counts
 from replayssm.slot_pool import SlotPool
 
 
 @dataclass
-class CommitReplayCache(SlotPool):
-    """Frozen checkpoint + the last window's stash.
+class DeltaRuleCommitReplayCache(SlotPool):
+    """Frozen checkpoint + the last window's stash, for both delta-rule families (use the family's subclass,
+    GEOMETRY: CommitReplayCache here, baselines.kda_commit_replay.CommitReplayCache, whose g holds K-vectors).
 
     state [num_slots, HV, V, K]  checkpoint = committed state (state_dtype, K-last)
     k     [num_slots, H, T, K]   the window's keys, L2-normalised if verify asked for it (act_dtype)
     v     [num_slots, HV, T, V]  the window's raw values (act_dtype)
-    g     [num_slots, HV, T]     the window's log decays (fp32)
+    g     [num_slots, HV, T]     the window's log decays (fp32); KDA: [num_slots, HV, T, K]
     beta  [num_slots, HV, T]     the window's betas (fp32)
     """
 
     ACT_FIELD: ClassVar[str] = "k"
+    GEOMETRY: ClassVar[type] = GDNGeometry
 
-    geometry: GDNGeometry
+    geometry: GDNGeometry | KDAGeometry
     state: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
@@ -63,20 +66,26 @@ class CommitReplayCache(SlotPool):
     null_slot: int = NULL_SLOT
 
     @classmethod
-    def allocate(cls, geometry: GDNGeometry, num_slots: int, window: int, state_dtype=torch.float32,
-                 act_dtype=torch.float32, device="cpu") -> CommitReplayCache:
-        check_pool_alloc(geometry, GDNGeometry, state_dtype, act_dtype, num_slots=num_slots, window=window)
+    def allocate(cls, geometry, num_slots: int, window: int, state_dtype=torch.float32,
+                 act_dtype=torch.float32, device="cpu"):
+        check_pool_alloc(geometry, cls.GEOMETRY, state_dtype, act_dtype, num_slots=num_slots, window=window)
         gm, n, T = geometry, num_slots, window
         return cls(geometry=gm,
                    state=torch.zeros(n, gm.HV, gm.V, gm.K, dtype=state_dtype, device=device),
                    k=torch.zeros(n, gm.H, T, gm.K, dtype=act_dtype, device=device),
                    v=torch.zeros(n, gm.HV, T, gm.V, dtype=act_dtype, device=device),
-                   g=torch.zeros(n, gm.HV, T, dtype=torch.float32, device=device),
+                   g=torch.zeros(n, gm.HV, T, *gm.decay_dims, dtype=torch.float32, device=device),
                    beta=torch.zeros(n, gm.HV, T, dtype=torch.float32, device=device))
 
     @property
     def window(self) -> int:
         return self.k.shape[2]
+
+
+class CommitReplayCache(DeltaRuleCommitReplayCache):
+    """GDN's frozen checkpoint + stash: `CommitReplayCache.allocate(GDNGeometry(...), num_slots, window, ...)`."""
+
+    GEOMETRY: ClassVar[type] = GDNGeometry
 
 
 def _stash_args(cache) -> tuple:
@@ -300,12 +309,6 @@ def _commit_cpu(cache, num_accepted, slots):
     ops.gdn_cr_commit(cache, num_accepted, slots)
 
 
-def _check_cache(cache, cls=None) -> None:
-    cls = cls or CommitReplayCache
-    if not isinstance(cache, cls):
-        raise ValueError(f"expected a {cls.__module__}.{cls.__name__}, got {type(cache).__name__}")
-
-
 def spec_verify(cache: CommitReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                 beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False,
                 slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
@@ -314,8 +317,16 @@ def spec_verify(cache: CommitReplayCache, q: torch.Tensor, k: torch.Tensor, v: t
 
     q, k [batch, T, H, K]; v [batch, T, HV, V]; g, beta [batch, T, HV] fp32 -> o [batch, T, HV, V] (act dtype).
     """
-    _check_cache(cache)
-    batch, scale = check_window(cache.geometry, cache.window, cache.act_dtype, q, k, v, g, beta, out, scale, backend)
+    check_cache_type(cache, CommitReplayCache)
+    return run_spec_verify(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend)
+
+
+def run_spec_verify(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend: str) -> torch.Tensor:
+    """spec_verify after the family's check, for either decay shape (cache.geometry.PER_CHANNEL_DECAY, KDA:
+    g [batch, T, HV, K]): every backend here takes either shape."""
+    per_channel = cache.geometry.PER_CHANNEL_DECAY
+    batch, scale = check_window(cache.geometry, cache.window, cache.act_dtype, q, k, v, g, beta, out, scale, backend,
+                                per_channel_g=per_channel)
     check_backend(backend, cache.state)
     if q.device != cache.device:
         raise ValueError(f"inputs on {q.device}, cache on {cache.device}")
@@ -326,15 +337,23 @@ def spec_verify(cache: CommitReplayCache, q: torch.Tensor, k: torch.Tensor, v: t
     if out is None:
         out = torch.empty(batch, cache.window, gm.HV, gm.V, dtype=cache.act_dtype, device=cache.device)
     if batch:
-        impl = {"triton": _verify_triton, "torch": _verify_torch, "ref": _verify_ref, "cpu": _verify_cpu}[backend]
-        impl(cache, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out)
+        args = (cache, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out)
+        if backend == "triton":
+            _verify_triton(*args, per_channel=per_channel)
+        else:
+            {"torch": _verify_torch, "ref": _verify_ref, "cpu": _verify_cpu}[backend](*args)
     return out
 
 
 def spec_commit(cache: CommitReplayCache, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
                 backend: str = "triton") -> None:
     """Replay the accepted prefix (num_accepted [batch] in 1..T, bonus included) into the checkpoint."""
-    _check_cache(cache)
+    check_cache_type(cache, CommitReplayCache)
+    run_spec_commit(cache, num_accepted, slots, backend)
+
+
+def run_spec_commit(cache, num_accepted, slots, backend: str) -> None:
+    """spec_commit after the family's check, for either decay shape."""
     check_backend(backend, cache.state)
     if not isinstance(num_accepted, torch.Tensor) or num_accepted.dim() != 1:
         raise ValueError("num_accepted must be a 1-D integer tensor [batch]")
@@ -347,5 +366,7 @@ def spec_commit(cache: CommitReplayCache, num_accepted: torch.Tensor, slots: tor
     num_accepted = check_live_counts(num_accepted, slots, cache.null_slot, cache.window)
     if backend == "triton" and cache.geometry.K > MAX_K:
         raise ValueError(f"K={cache.geometry.K} > {MAX_K}: the kernel cannot tile a key dim this large")
-    {"triton": _commit_triton, "torch": _commit_torch, "ref": _commit_ref,
-     "cpu": _commit_cpu}[backend](cache, num_accepted, slots)
+    if backend == "triton":
+        _commit_triton(cache, num_accepted, slots, per_channel=cache.geometry.PER_CHANNEL_DECAY)
+    else:
+        {"torch": _commit_torch, "ref": _commit_ref, "cpu": _commit_cpu}[backend](cache, num_accepted, slots)

@@ -181,6 +181,15 @@ def fused_recurrent_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
 
     q, k [batch, H, K]; v [batch, HV, V] (same act dtype); g, beta [batch, HV] fp32; returns o [batch, HV, V].
     """
+    return run_recurrent_step(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend,
+                              per_channel=False, torch_step=_step_torch, ref_step=_step_ref)
+
+
+def run_recurrent_step(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend: str, *,
+                       per_channel: bool, torch_step, ref_step) -> torch.Tensor:
+    """fused_recurrent_step for either decay shape: GDN, and KDA (baselines/kda_recurrent.py, per_channel:
+    g [batch, HV, K]). `torch_step` / `ref_step`: the family's torch and float64 forms; the Triton kernel and
+    the C kernel take either shape."""
     check_backend(backend, q, k, v, out, state)
     if not isinstance(state, torch.Tensor) or state.dim() != 4:
         raise ValueError("state must be a tensor [num_slots, HV, V, K]")
@@ -193,7 +202,7 @@ def fused_recurrent_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
     if H == 0 or HV % H:
         raise ValueError(f"HV={HV} (state) is not a multiple of H={H} (q)")
     batch = check_step_inputs(q, k, v, g, beta, out, H=H, HV=HV, K=K, V=V, act_dtype=q.dtype, scale=scale,
-                              use_qk_l2norm=use_qk_l2norm)
+                              use_qk_l2norm=use_qk_l2norm, per_channel_g=per_channel)
     device = check_same_device(q=q, k=k, v=v, g=g, beta=beta, out=out, state=state)
     slots_i32 = check_slots(slots, batch, num_slots, device)
     scale = K ** -0.5 if scale is None else float(scale)
@@ -202,12 +211,12 @@ def fused_recurrent_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
     if batch == 0:
         return out
     if backend == "triton":
-        _launch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
+        _launch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out, per_channel=per_channel)
     elif backend == "torch":
-        _step_torch(state, q, k, v, g, beta, scale, use_qk_l2norm, None if slots is None else slots_i32, out)
+        torch_step(state, q, k, v, g, beta, scale, use_qk_l2norm, None if slots is None else slots_i32, out)
     elif backend == "cpu":
         from replayssm.cpu import ops
         ops.gdn_step(state, q, k, v, g, beta, scale, use_qk_l2norm, out, slots_i32)
     else:
-        _step_ref(state, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
+        ref_step(state, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
     return out

@@ -17,6 +17,7 @@ Backends: "triton" (one kernel + tiny cursor kernels), "torch" (vectorised, seri
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import triton
@@ -27,6 +28,7 @@ from replayssm.checks import (
     ACT_DTYPES,
     NULL_SLOT,
     check_backend,
+    check_cache_type,
     check_dtype,
     check_pool_alloc,
     check_slots,
@@ -35,7 +37,7 @@ from replayssm.checks import (
 )
 from replayssm.gdn.ref import gdn_step_ref
 from replayssm.gdn.spec import check_window
-from replayssm.geometry import GDNGeometry
+from replayssm.geometry import GDNGeometry, KDAGeometry
 from replayssm.ring_cursors import check_live_counts
 from replayssm.slot_pool import SlotPool
 
@@ -43,22 +45,24 @@ MAX_K = 256  # a program keeps a whole [BV, K] state row block: the rank-1 updat
 
 
 @dataclass
-class SpecStates(SlotPool):
-    """T state snapshots per slot.
+class DeltaRuleSpecStates(SlotPool):
+    """T state snapshots per slot, for both delta-rule families (the snapshots do not depend on the decay
+    shape); use the family's subclass (GEOMETRY): SpecStates here, baselines.kda_recurrent_spec.SpecStates.
 
     state [num_slots, T, HV, V, K]  snapshot t = state after window token t of the last verify (state_dtype)
     last  [num_slots] int32         snapshot the next verify starts from (accepted - 1; 0 after reset)
     """
 
-    geometry: GDNGeometry
+    GEOMETRY: ClassVar[type] = GDNGeometry
+
+    geometry: GDNGeometry | KDAGeometry
     state: torch.Tensor
     last: torch.Tensor
     null_slot: int = NULL_SLOT
 
     @classmethod
-    def allocate(cls, geometry: GDNGeometry, num_slots: int, window: int, state_dtype=torch.float32,
-                 device="cpu") -> SpecStates:
-        check_pool_alloc(geometry, GDNGeometry, state_dtype, num_slots=num_slots, window=window)
+    def allocate(cls, geometry, num_slots: int, window: int, state_dtype=torch.float32, device="cpu"):
+        check_pool_alloc(geometry, cls.GEOMETRY, state_dtype, num_slots=num_slots, window=window)
         gm = geometry
         return cls(geometry=gm,
                    state=torch.zeros(num_slots, window, gm.HV, gm.V, gm.K, dtype=state_dtype, device=device),
@@ -71,6 +75,12 @@ class SpecStates(SlotPool):
     def committed(self) -> torch.Tensor:
         """The committed state of every slot [num_slots, HV, V, K] (a gather: snapshot last[slot])."""
         return self.state[torch.arange(self.num_slots, device=self.device), self.last.long()]
+
+
+class SpecStates(DeltaRuleSpecStates):
+    """T GDN state snapshots per slot: `SpecStates.allocate(GDNGeometry(...), num_slots, window, ...)`."""
+
+    GEOMETRY: ClassVar[type] = GDNGeometry
 
 
 def serial_launch_config(geometry: GDNGeometry, device, state_dtype=None, kernel: str = "gdn_spec_verify",
@@ -247,12 +257,6 @@ def _verify_cpu(states, q, k, v, g, beta, scale, use_qk_l2norm, slots, out):
     ops.gdn_spec_native(states, q, k, v, g, beta, scale, use_qk_l2norm, out, slots)
 
 
-def _check_states(states, cls=None) -> None:
-    cls = cls or SpecStates
-    if not isinstance(states, cls):
-        raise ValueError(f"expected a {cls.__module__}.{cls.__name__}, got {type(states).__name__}")
-
-
 def spec_verify(states: SpecStates, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                 beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False,
                 slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
@@ -261,11 +265,19 @@ def spec_verify(states: SpecStates, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
     q, k [batch, T, H, K]; v [batch, T, HV, V]; g, beta [batch, T, HV] fp32 -> o [batch, T, HV, V] (act dtype).
     """
-    _check_states(states)
+    check_cache_type(states, SpecStates)
+    return run_spec_verify(states, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend)
+
+
+def run_spec_verify(states, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend: str) -> torch.Tensor:
+    """spec_verify after the family's check, for either decay shape (states.geometry.PER_CHANNEL_DECAY, KDA:
+    g [batch, T, HV, K]): every backend here takes either shape."""
     if not isinstance(q, torch.Tensor):
         raise ValueError("q must be a tensor")
     check_dtype("q", q, ACT_DTYPES)
-    batch, scale = check_window(states.geometry, states.window, q.dtype, q, k, v, g, beta, out, scale, backend)
+    per_channel = states.geometry.PER_CHANNEL_DECAY
+    batch, scale = check_window(states.geometry, states.window, q.dtype, q, k, v, g, beta, out, scale, backend,
+                                per_channel_g=per_channel)
     check_backend(backend, states.state)
     if q.device != states.device:
         raise ValueError(f"inputs on {q.device}, states on {states.device}")
@@ -276,13 +288,15 @@ def spec_verify(states: SpecStates, q: torch.Tensor, k: torch.Tensor, v: torch.T
     if out is None:
         out = torch.empty(batch, states.window, gm.HV, gm.V, dtype=q.dtype, device=q.device)
     if batch:
-        impl = {"triton": _verify_triton, "torch": _verify_torch, "ref": _verify_ref, "cpu": _verify_cpu}[backend]
-        impl(states, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out)
+        args = (states, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out)
+        if backend == "triton":
+            _verify_triton(*args, per_channel=per_channel)
+        else:
+            {"torch": _verify_torch, "ref": _verify_ref, "cpu": _verify_cpu}[backend](*args)
     return out
 
 
-def _check_cursor_call(states, num_accepted, slots, backend, cls=None):
-    _check_states(states, cls)
+def _check_cursor_call(states, num_accepted, slots, backend):
     check_backend(backend, states.state)
     if num_accepted is not None:
         if not isinstance(num_accepted, torch.Tensor) or num_accepted.dim() != 1:
@@ -305,6 +319,12 @@ def _check_cursor_call(states, num_accepted, slots, backend, cls=None):
 def spec_commit(states: SpecStates, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,
                 backend: str = "triton") -> None:
     """Keep the snapshot after the last accepted token: last[slot] = num_accepted - 1 (1..T, bonus included)."""
+    check_cache_type(states, SpecStates)
+    run_spec_commit(states, num_accepted, slots, backend)
+
+
+def run_spec_commit(states, num_accepted, slots, backend: str) -> None:
+    """spec_commit after the family's check (the snapshot cursor does not depend on the decay shape)."""
     slots, num_accepted = _check_cursor_call(states, num_accepted, slots, backend)
     if slots.numel() == 0:
         return
@@ -317,6 +337,12 @@ def spec_commit(states: SpecStates, num_accepted: torch.Tensor, slots: torch.Ten
 
 def spec_reset(states: SpecStates, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
     """Start requests in `slots` (default all): the next verify reads snapshot 0 (the prefill state)."""
+    check_cache_type(states, SpecStates)
+    run_spec_reset(states, slots, backend)
+
+
+def run_spec_reset(states, slots, backend: str) -> None:
+    """spec_reset after the family's check."""
     slots, _ = _check_cursor_call(states, None, slots, backend)
     if slots.numel() == 0:
         return
