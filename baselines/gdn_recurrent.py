@@ -164,6 +164,7 @@ def _step_torch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out) -> No
 
 
 def _step_ref(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out) -> None:
+    """float64 loops (replayssm/gdn/ref.py), for either decay shape: g [batch, HV] or, KDA, [batch, HV, K]."""
     for row, slot in enumerate(slots.tolist()):
         if slot == NULL_SLOT:
             continue
@@ -182,14 +183,14 @@ def fused_recurrent_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
     q, k [batch, H, K]; v [batch, HV, V] (same act dtype); g, beta [batch, HV] fp32; returns o [batch, HV, V].
     """
     return run_recurrent_step(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend,
-                              per_channel=False, torch_step=_step_torch, ref_step=_step_ref)
+                              per_channel=False, torch_step=_step_torch)
 
 
 def run_recurrent_step(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend: str, *,
-                       per_channel: bool, torch_step, ref_step) -> torch.Tensor:
+                       per_channel: bool, torch_step) -> torch.Tensor:
     """fused_recurrent_step for either decay shape: GDN, and KDA (baselines/kda_recurrent.py, per_channel:
-    g [batch, HV, K]). `torch_step` / `ref_step`: the family's torch and float64 forms; the Triton kernel and
-    the C kernel take either shape."""
+    g [batch, HV, K]). `torch_step`: the family's torch form; the Triton kernel, the C kernel and the float64
+    loops take either shape."""
     check_backend(backend, q, k, v, out, state)
     if not isinstance(state, torch.Tensor) or state.dim() != 4:
         raise ValueError("state must be a tensor [num_slots, HV, V, K]")
@@ -218,5 +219,5 @@ def run_recurrent_step(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out
         from replayssm.cpu import ops
         ops.gdn_step(state, q, k, v, g, beta, scale, use_qk_l2norm, out, slots_i32)
     else:
-        ref_step(state, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
+        _step_ref(state, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
     return out

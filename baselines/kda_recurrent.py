@@ -7,8 +7,9 @@ state [num_slots, HV, V, K] (K-last) is read and written back in place every ste
     q, k <- L2-normalised (if asked); q <- q * scale
     S <- S diag(exp(g));  u = beta (v - S k);  S <- S + u k^T;  o = S q        (g [batch, HV, K])
 Validation and dispatch are GDN's (baselines/gdn_recurrent.py, run_recurrent_step). Backends: "triton" (GDN's
-kernel with PER_CHANNEL), "torch" (vectorised: one read, one write of the state), "ref" (float64 loops,
-replayssm.kda.ref). "cpu" raises ValueError (no C kernel).
+kernel with PER_CHANNEL), "torch" (vectorised: one read, one write of the state), "ref" (GDN's float64 loops,
+replayssm/gdn/ref.py, which take either decay shape; replayssm.kda.ref names them for KDA). "cpu" raises
+ValueError (no C kernel).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from baselines.gdn_recurrent import run_recurrent_step
 from replayssm.checks import NULL_SLOT
 from replayssm.gdn.decode_torch import prepare_qk_fp32
 from replayssm.kda.decode import check_kda_backend
-from replayssm.kda.ref import kda_step_ref
 
 
 def _step_torch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out) -> None:
@@ -45,16 +45,6 @@ def _step_torch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out) -> No
     state[target] = S.to(state.dtype)
 
 
-def _step_ref(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out) -> None:
-    for row, slot in enumerate(slots.tolist()):
-        if slot == NULL_SLOT:
-            continue
-        r = slice(row, row + 1)
-        S, o, _ = kda_step_ref(state[slot:slot + 1], q[r], k[r], v[r], g[r], beta[r], scale, use_qk_l2norm)
-        state[slot] = S[0].to(state.dtype)
-        out[row] = o[0].to(out.dtype)
-
-
 def fused_recurrent_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                          beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False,
                          slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
@@ -66,4 +56,4 @@ def fused_recurrent_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
     """
     check_kda_backend(backend)
     return run_recurrent_step(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend,
-                              per_channel=True, torch_step=_step_torch, ref_step=_step_ref)
+                              per_channel=True, torch_step=_step_torch)
