@@ -31,7 +31,7 @@ import re
 import shlex
 import sys
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from tqdm import tqdm
@@ -237,17 +237,20 @@ class RunStore:
         with open(self.rows_path, newline="") as f:
             return list(csv.DictReader(f))
 
-    def append(self, row: dict) -> bool:
-        """Append one row and make it durable before returning; False (nothing written) when its config_hash
-        already has a row (another process measured the point meanwhile)."""
-        missing = set(self.columns) - set(row)
-        if missing:
-            raise ValueError(f"row lacks columns {sorted(missing)}")
-        if row["status"] not in STATUSES:
-            raise ValueError(f"row status {row['status']!r} not in {STATUSES}")
+    def append(self, row: dict, extra: Sequence[dict] = ()) -> bool:
+        """Append one point's row, and `extra` rows that belong to it (the default-launch row of a tuned
+        baseline point), in one durable write: a run stopped in between cannot keep the row without its extras,
+        which a resume would then never write (it skips every point whose config_hash has a row). False
+        (nothing written) when its config_hash already has a row (another process measured the point)."""
+        for r in (row, *extra):
+            missing = set(self.columns) - set(r)
+            if missing:
+                raise ValueError(f"row lacks columns {sorted(missing)}")
+            if r["status"] not in STATUSES:
+                raise ValueError(f"row status {r['status']!r} not in {STATUSES}")
         if self._index is None:
             self._index = KeyIndex(self.rows_path, "config_hash")
-        return append_unique(self.rows_path, self.columns, [row], self._index, self.lock_path) == 1
+        return append_unique(self.rows_path, self.columns, [row, *extra], self._index, self.lock_path) > 0
 
     @contextlib.contextmanager
     def claim(self, key: str, done: Callable[[], set[str]] | None = None) -> Iterator[bool]:

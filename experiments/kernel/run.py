@@ -125,8 +125,8 @@ def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
 
     def keep(row: dict) -> bool:
         extra = row.pop("_extra", [])               # the default-launch row of a tuned baseline point
-        if store.append(row):                       # False: another process wrote this point meanwhile
-            for r in [row, *[e for e in extra if store.append(e)]]:
+        if store.append(row, extra):                # one write; False: another process wrote this point
+            for r in [row, *extra]:
                 rows.append(r)
                 host = r.pop("_host", {})
                 host_table.append_many([{c: r.get(c) for c in HOST_COLUMNS} | host])

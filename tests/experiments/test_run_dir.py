@@ -59,6 +59,20 @@ def test_append_drops_a_row_whose_key_another_writer_already_wrote(tmp_path):
     assert len(path.read_text().splitlines()) == 4
 
 
+def test_a_point_and_its_default_launch_row_are_one_write(tmp_path):
+    """A tuned baseline point brings its default-launch row (experiments/kernel/run.py): both land together or
+    neither does, so a run stopped in between cannot keep the point without its default row, which a resume
+    (skipping every config_hash with a row) would then never write."""
+    a = RunStore.create(tmp_path, "cpu", "r")
+    bad = _row("ab12-default") | {"status": "bogus"}
+    with pytest.raises(ValueError, match="not in"):
+        a.append(_row("ab12"), [bad])
+    assert _hashes(a.run_dir) == []                                # the valid main row was not written alone
+    assert a.append(_row("ab12"), [_row("ab12-default")]) is True
+    assert a.append(_row("ab12"), [_row("ab12-default")]) is False
+    assert _hashes(a.run_dir) == ["ab12", "ab12-default"]
+
+
 def test_a_claimed_point_is_skipped_by_another_process_and_freed_when_released(tmp_path):
     a = RunStore.create(tmp_path, "cpu", "r")
     b = RunStore.resume(a.run_dir)
