@@ -172,7 +172,9 @@ pack() {
         [[ -f "$WORK/launch_floor.csv" ]] && { echo "launch floor (ms per call, batch 1):"; \
             awk -F, 'NR > 1 && $14 == "ok" {printf "  %-36s %-6s %9.4f\n", $1, $7, $8}' "$WORK/launch_floor.csv"; }
         echo "tests: $(grep -c $'\tpassed' "$OUT/tests.log") passed, $(grep -c $'\tfailed' "$OUT/tests.log") failed," \
-            "$(grep -c $'\tskipped' "$OUT/tests.log") skipped"
+            "$(grep -c $'\tskipped' "$OUT/tests.log") skipped," \
+            "$(sed -n 's/^# time budget .* spent: \([0-9]*\) tests not started$/\1/p' "$OUT/tests.log" | tail -n 1 \
+               | grep . || echo 0) not started (budget)"
         run_dir="$(ls -d "$WORK"/results/*/"$RUN_ID" 2>/dev/null | head -n 1)"
         [[ -n "$run_dir" && -f "$run_dir/REPORT.md" ]] && grep '^|' "$run_dir/REPORT.md"
         [[ -f "$WORK/dram.csv" ]] && { echo; column -t -s, "$WORK/dram.csv" 2>/dev/null || cat "$WORK/dram.csv"; }
