@@ -60,7 +60,8 @@ from replayssm.traffic import gdn_state_bytes, mamba2_state_bytes
 CALIBRATION = Path(__file__).with_name("budget_estimate.json")
 TARGETS = {"h200": {"copy_TBps": 4.3, "l2_bytes": 52428800, "hbm_bytes": 141e9},
            "h100": {"copy_TBps": 3.0, "l2_bytes": 52428800, "hbm_bytes": 80e9}}
-PAPER_MODELS = "[nemotron3_nano_4b,nemotron3_super_120b,nemotron3_ultra_550b@tp2,qwen35_4b,qwen35_122b_a10b]"
+PAPER_MODELS = ("[nemotron3_nano_4b,nemotron3_super_120b,nemotron3_ultra_550b@tp2,qwen35_4b,qwen35_122b_a10b,"
+                "kimi_linear_48b_a3b]")      # scripts/reproduce.sh's default
 CALLS_PER_STEP = {"ar": 1, "spec": 2}                 # AR: step; spec: verify + commit
 # Triton's own launch path (argument binding, cache lookup, cuLaunchKernel) cannot run without a GPU driver,
 # so it is not measured here: an ASSUMPTION, stated in every printed estimate, to replace by a GPU calibration.

@@ -40,8 +40,11 @@ the padded dimension it tiles is left out:
     kda_recurrent, kda_spec_verify, kda_cr_verify, the space of the GDN twin (gdn_twin)          as GDN
       kda_cr_commit, kda_replay_ar, kda_replay_spec,
       kda_replay_tree
-less the candidates that spill in the AOT build (TUNE_DROPPED, with the reason: 12 at the checked geometries;
-checked for the GDN builds only: a kda_ kernel keeps its whole space until its own AOT build is checked).
+less the candidates that spill in the AOT build (TUNE_DROPPED, with the reason): 12 GDN / Mamba-2 ones at the
+checked geometries (written out below), and every kda_ candidate that spills at Kimi-Linear's geometry for sm_90
+or sm_100 in any Triton version of the AOT audit record (experiments/tune_audit.json, written by
+experiments/report/kernels/tune_audit.py; tests/report/test_tune_audit.py fails when a candidate of a kda_
+space is not in the record or the record no longer matches the compiler).
 KDA runs GDN's kernels with PER_CHANNEL=True, which holds more registers (KDA's spec verify spills at 2 warps
 where GDN's does not), so every KDA launch resolves under a kda_ name (launch_table.kda_name) and is tuned
 apart: a GDN entry is never applied to a KDA launch.
@@ -58,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import sys
 import tempfile
@@ -106,6 +110,32 @@ TUNE_DROPPED: dict[tuple, str] = {
        "(255 registers)" for s in (1, 2)},
     ("gdn_spec_verify", None, (("BV", 32), ("num_warps", 1))): "sm_90 spills 48 B (255 registers)",
 }
+# The AOT audit record of the tuning spaces: {triton version: {geometry: {kernel: {config label: {"sm_<t>":
+# [registers, spill bytes]}}}}} (experiments/report/kernels/tune_audit.py; the KDA spaces at Kimi-Linear).
+TUNE_AUDIT = Path(__file__).with_name("tune_audit.json")
+AUDITED_FAMILIES = ("kda_",)      # kernels whose drops come from the record rather than the list above
+
+
+def audited_spills(record: dict | None = None) -> dict[tuple, str]:
+    """TUNE_DROPPED entries of every candidate that spills in the audit record (any version, geometry, target),
+    keyed like TUNE_DROPPED (route None: the audited kernels have none), with the reason."""
+    if record is None:
+        record = json.loads(TUNE_AUDIT.read_text()) if TUNE_AUDIT.is_file() else {}
+    reasons: dict[tuple, list[str]] = {}
+    for version, geos in sorted(record.items()):
+        for geo, kernels in sorted(geos.items()):
+            for kernel, configs in sorted(kernels.items()):
+                for label, targets in configs.items():
+                    fields = tuple((k, int(v) if v.lstrip("-").isdigit() else v)
+                                   for k, v in (part.split("=", 1) for part in label.split(",")))
+                    for target, (regs, spill) in sorted(targets.items()):
+                        if spill:
+                            reasons.setdefault((kernel, None, fields), []).append(
+                                f"{target} spills {spill} B ({regs} registers; triton {version}, {geo})")
+    return {key: "; ".join(why) for key, why in reasons.items()}
+
+
+TUNE_DROPPED.update(audited_spills())
 
 
 def dropped_reason(kernel: str, key: dict, cand) -> str | None:

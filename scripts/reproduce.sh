@@ -40,7 +40,7 @@ PY="${PY:-.venv/bin/python}"
 RESULTS="${RESULTS:-results}"
 SHA="$(git rev-parse --short=7 HEAD 2>/dev/null || echo nogit)"
 RUN_ID="${RUN_ID:-reproduce-$(date -u +%Y%m%dT%H%M%SZ)-${SHA}}"
-PAPER_MODELS="${PAPER_MODELS:-[nemotron3_nano_4b,nemotron3_super_120b,nemotron3_ultra_550b@tp2,qwen35_4b,qwen35_122b_a10b]}"
+PAPER_MODELS="${PAPER_MODELS:-[nemotron3_nano_4b,nemotron3_super_120b,nemotron3_ultra_550b@tp2,qwen35_4b,qwen35_122b_a10b,kimi_linear_48b_a3b]}"
 read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
 MISSING=()
 START=$(date +%s)

@@ -8,6 +8,9 @@ end of the session.)
 GPU_CHECK_TEST_BUDGET_S=<seconds>: no test starts after that many seconds, counted from the unix time
 GPU_CHECK_TEST_T0 (the stage's start, so imports and collection count) or else from the first test's start;
 the session ends normally (its junit XML written) and the log says how many tests were not started.
+Exit status when the budget stopped the session: BUDGET_EXIT (10) when no test failed (gpu_check.sh records the
+stage as `budget: N not started`, not as a failure), 1 when one did; pytest's own would be 2 (interrupted) in
+both cases, which reads like a crash.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import time
 
 import pytest
 
+BUDGET_EXIT = 10                  # gpu_check.sh: the budget ran out, nothing failed (its run_stage reads it)
+_BUDGET_HIT = False
 _T0: float | None = float(os.environ["GPU_CHECK_TEST_T0"]) if os.environ.get("GPU_CHECK_TEST_T0") else None
 
 
@@ -44,8 +49,10 @@ def pytest_runtest_logreport(report):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
+    global _BUDGET_HIT
     budget = os.environ.get("GPU_CHECK_TEST_BUDGET_S")
     if budget and _T0 is not None and time.time() - _T0 > float(budget):
+        _BUDGET_HIT = True
         session = item.session
         if not session.shouldstop:
             left = len(session.items) - session.items.index(item)
@@ -53,3 +60,10 @@ def pytest_runtest_protocol(item, nextitem):
             session.shouldstop = f"gpu_check: test time budget ({budget} s) spent"
         return True                                  # handled: the test is not run
     return None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    # pytest returns session.exitstatus after this hook: a budget stop is not an interruption
+    if _BUDGET_HIT:
+        session.exitstatus = 1 if session.testsfailed else BUDGET_EXIT

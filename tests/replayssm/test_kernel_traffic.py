@@ -155,3 +155,7 @@ def test_kernel_traffic_script_agrees_with_the_model_at_small_geometries(capsys)
     assert kernel_traffic.main(["--geometry", "small"]) == 0
     out = capsys.readouterr().out
     assert "gdn.replay_spec" in out and "mamba2.commit_replay" in out and "DIFFERS" not in out
+    # KDA's rows at gdn_small's head shape, and the side-by-side table pairing them with GDN's
+    assert "kda.replay_spec" in out and "kda.commit_replay" in out and "kda_small" in out
+    beside = out[out.index("KDA beside GDN"):]
+    assert "| replay_spec " in beside and "gdn_small" in beside and "kda_small" in beside

@@ -20,6 +20,10 @@ A second check ties the count to the model's "at least once": the state's issued
 unique loads in every launch (a kernel that re-reads the state within a launch moves more than the model
 says); the `state_rereads` column shows issued / unique state bytes.
 
+KDA (replayssm.kda, baselines/kda_*) runs the GDN methods against replayssm/traffic_kda.py's model; after the
+table, KDA's counted bytes are printed beside GDN's at the same head shape (HV, K, V): kda_small beside gdn_small,
+Kimi-Linear beside the first GDN model of its 32 x 128 x 128 heads in the run (kda_beside_gdn).
+
 Exit 1 when a read or write differs from the model by more than --tolerance (3 %) or the state is re-read.
 
 Usage: TRITON_INTERPRET=1 python scripts/kernels/kernel_traffic.py [--geometry small|NAME]... [--method NAME]...
@@ -31,6 +35,7 @@ an importer of this module sets it itself (the suite runs with it on).
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -42,15 +47,28 @@ import torch
 
 from replayssm import traffic as tr
 from replayssm.gdn import inputs as gdn_inputs
-from replayssm.geometry import GDN_MODELS, MAMBA2_MODELS, GDNGeometry, Mamba2Geometry, get_geometry
+from replayssm.geometry import (
+    GDN_MODELS,
+    KDA_MODELS,
+    MAMBA2_MODELS,
+    GDNGeometry,
+    KDAGeometry,
+    Mamba2Geometry,
+    get_geometry,
+)
+from replayssm.kda import inputs as kda_inputs
 from replayssm.mamba2 import inputs as m2_inputs
 from replayssm.testing_traffic import TrafficCounter
 
 STATE, ACT = torch.float32, torch.float16
 TOLERANCE = 0.03
 AR_BUFFER, SPEC_HISTORY, SPEC_WINDOW, SPEC_ACCEPTED = 4, 4, 2, 1
+# kda_small has gdn_small's head shape, so the two families' rows compare byte for byte (KDA adds the
+# per-channel g: K - 1 more fp32 per value head in every cached entry, input and stash).
 SMALL = {"mamba2_small": Mamba2Geometry(nheads=4, headdim=16, dstate=32, ngroups=2),
-         "gdn_small": GDNGeometry(H=2, HV=4, K=32, V=32)}
+         "gdn_small": GDNGeometry(H=2, HV=4, K=32, V=32),
+         "kda_small": KDAGeometry(H=2, HV=4, K=32, V=32)}
+ALL_MODELS = {**MAMBA2_MODELS, **GDN_MODELS, **KDA_MODELS}
 
 # Tensor arguments the model leaves out, by kernel parameter name, and why (replayssm/traffic.py docstring).
 EXCLUDED: dict[str, str] = {
@@ -141,24 +159,35 @@ def _gdn_args(geom, window=None):
     return dict(gdn_inputs.random_step(geom, 1, act_dtype=ACT, window=window), slots=SLOT, backend="triton")
 
 
+def _kda_args(geom, window=None):
+    return dict(kda_inputs.random_step(geom, 1, act_dtype=ACT, window=window), slots=SLOT, backend="triton")
+
+
+def family_of(geom) -> str:
+    """"mamba2", "gdn" or "kda": which methods a geometry runs (KDAGeometry is not a GDNGeometry)."""
+    return "mamba2" if isinstance(geom, Mamba2Geometry) else "kda" if isinstance(geom, KDAGeometry) else "gdn"
+
+
 def _args(geom, window=None):
-    return _mamba2_args(geom, window) if isinstance(geom, Mamba2Geometry) else _gdn_args(geom, window)
+    return {"mamba2": _mamba2_args, "gdn": _gdn_args, "kda": _kda_args}[family_of(geom)](geom, window)
+
+
+def _model(geom, name: str) -> Callable[..., tr.Traffic]:
+    """The byte model's function `<family>_<name>` (replayssm/traffic.py; KDA's in replayssm/traffic_kda.py)."""
+    return getattr(tr, f"{family_of(geom)}_{name}")
 
 
 def replay_ar(route: str | None) -> Callable[[object], Iterator[Step]]:
     def steps(geom):
-        mamba = isinstance(geom, Mamba2Geometry)
-        if mamba:
-            from replayssm.mamba2.cache import ReplayCache
-            from replayssm.mamba2.decode import replay_step
-        else:
-            from replayssm.gdn.cache import ReplayCache
-            from replayssm.gdn.decode import replay_step
-        cache = ReplayCache.allocate(geom, 2, AR_BUFFER, state_dtype=STATE, act_dtype=ACT)
+        family = family_of(geom)
+        mod = importlib.import_module(f"replayssm.{family}")
+        cache = mod.ReplayCache.allocate(geom, 2, AR_BUFFER, state_dtype=STATE, act_dtype=ACT)
+        replay_step = mod.replay_step
         for h in range(AR_BUFFER):
+            mamba = family == "mamba2"
             extra = {"route": route} if mamba else {}
             model = (tr.mamba2_replay_ar(geom, AR_BUFFER, h, route, 4, 2) if mamba
-                     else tr.gdn_replay_ar(geom, AR_BUFFER, h, 4, 2))
+                     else _model(geom, "replay_ar")(geom, AR_BUFFER, h, 4, 2))
             yield _label(h, h == AR_BUFFER - 1), \
                 lambda mark, extra=extra: replay_step(cache, **_args(geom), **extra), model
     return steps
@@ -170,26 +199,30 @@ def baseline_ar(geom):
     state = torch.zeros(2, *state_shape, dtype=STATE)
     if isinstance(geom, Mamba2Geometry):
         from baselines.mamba2_ssu import selective_state_update as step
-        model = tr.mamba2_baseline_ar(geom, 4, 2)
     else:
-        from baselines.gdn_recurrent import fused_recurrent_step as step
-        model = tr.gdn_baseline_ar(geom, 4, 2)
+        step = importlib.import_module(f"baselines.{family_of(geom)}_recurrent").fused_recurrent_step
+    model = _model(geom, "baseline_ar")(geom, 4, 2)
     yield "step", lambda mark: step(state, **_args(geom)), model
 
 
+# (module, cache class) of each spec method, by family; the module has spec_verify / spec_commit (/ spec_reset).
+SPEC_MODULES: dict[str, dict[str, tuple[str, str]]] = {
+    "native": {"mamba2": ("baselines.mamba2_ssu", "SpecStates"),
+               "gdn": ("baselines.gdn_recurrent_spec", "SpecStates"),
+               "kda": ("baselines.kda_recurrent_spec", "SpecStates")},
+    "commit_replay": {"mamba2": ("baselines.mamba2_commit_replay", "CommitReplayCache"),
+                      "gdn": ("baselines.gdn_commit_replay", "CommitReplayCache"),
+                      "kda": ("baselines.kda_commit_replay", "CommitReplayCache")},
+    "replay": {"mamba2": ("replayssm.mamba2.spec", "SpecRing"),
+               "gdn": ("replayssm.gdn.spec", "SpecRing"),
+               "kda": ("replayssm.kda", "SpecRing")},
+}
+
+
 def _spec_module(geom, kind: str):
-    mamba = isinstance(geom, Mamba2Geometry)
-    if kind == "native":
-        import baselines.gdn_recurrent_spec as g
-        import baselines.mamba2_ssu as m
-        return (m, m.SpecStates) if mamba else (g, g.SpecStates)
-    if kind == "commit_replay":
-        import baselines.gdn_commit_replay as g
-        import baselines.mamba2_commit_replay as m
-        return (m, m.CommitReplayCache) if mamba else (g, g.CommitReplayCache)
-    import replayssm.gdn.spec as g
-    import replayssm.mamba2.spec as m
-    return (m, m.SpecRing) if mamba else (g, g.SpecRing)
+    module, cls = SPEC_MODULES[kind][family_of(geom)]
+    mod = importlib.import_module(module)
+    return mod, getattr(mod, cls)
 
 
 def _commit(mod, cache, accepted, args):
@@ -200,8 +233,7 @@ def _commit(mod, cache, accepted, args):
 def native_spec(geom):
     mod, Cache = _spec_module(geom, "native")
     cache = Cache.allocate(geom, 2, SPEC_WINDOW, state_dtype=STATE)
-    model = (tr.mamba2_baseline_spec if isinstance(geom, Mamba2Geometry) else tr.gdn_baseline_spec)(
-        geom, SPEC_WINDOW, 4, 2)
+    model = _model(geom, "baseline_spec")(geom, SPEC_WINDOW, 4, 2)
 
     def run(mark):
         args = _args(geom, SPEC_WINDOW)
@@ -214,7 +246,7 @@ def native_spec(geom):
 def commit_replay_spec(geom):
     mod, Cache = _spec_module(geom, "commit_replay")
     cache = Cache.allocate(geom, 2, SPEC_WINDOW, state_dtype=STATE, act_dtype=ACT)
-    fn = tr.mamba2_commit_replay_spec if isinstance(geom, Mamba2Geometry) else tr.gdn_commit_replay_spec
+    fn = _model(geom, "commit_replay_spec")
     for a in range(1, SPEC_WINDOW + 1):
         def run(mark, a=a):
             args = _args(geom, SPEC_WINDOW)
@@ -228,7 +260,7 @@ def replay_spec(geom):
     mod, Ring = _spec_module(geom, "replay")
     ring = Ring.allocate(geom, 2, SPEC_HISTORY, SPEC_WINDOW, state_dtype=STATE, act_dtype=ACT)
     mod.spec_reset(ring, backend="triton")
-    step_fn = tr.mamba2_replay_spec_step if isinstance(geom, Mamba2Geometry) else tr.gdn_replay_spec_step
+    step_fn = _model(geom, "replay_spec_step")
     cycle = tr.spec_cycle(SPEC_HISTORY, SPEC_WINDOW, SPEC_ACCEPTED)
     # From a reset into the steady cycle, then once round it.
     entered, steps = False, 0
@@ -262,11 +294,16 @@ METHODS: dict[str, tuple[str, Callable]] = {
     "gdn.recurrent_spec": ("gdn", native_spec),
     "gdn.commit_replay": ("gdn", commit_replay_spec),
     "gdn.replay_spec": ("gdn", replay_spec),
+    "kda.replay": ("kda", replay_ar(None)),
+    "kda.recurrent": ("kda", baseline_ar),
+    "kda.recurrent_spec": ("kda", native_spec),
+    "kda.commit_replay": ("kda", commit_replay_spec),
+    "kda.replay_spec": ("kda", replay_spec),
 }
 
 # Per-step rows whose model is a cycle mean only: the cycle row is what the model states for these.
-CYCLE_METHODS = {"mamba2.replay[output_only]", "mamba2.replay[state_and_output]", "gdn.replay",
-                 "mamba2.replay_spec", "gdn.replay_spec"}
+CYCLE_METHODS = {"mamba2.replay[output_only]", "mamba2.replay[state_and_output]", "gdn.replay", "kda.replay",
+                 "mamba2.replay_spec", "gdn.replay_spec", "kda.replay_spec"}
 
 
 def measure(method: str, geo_name: str, geom) -> list[Row]:
@@ -285,12 +322,11 @@ def measure(method: str, geo_name: str, geom) -> list[Row]:
             cycle = tr.spec_cycle(SPEC_HISTORY, SPEC_WINDOW, SPEC_ACCEPTED)
             first = next(i for i, r in enumerate(rows) if r.step == _label(*cycle[0]))
             cyc = rows[first:first + len(cycle)]
-            fn = tr.mamba2_replay_spec if family == "mamba2" else tr.gdn_replay_spec
-            model = fn(geom, SPEC_HISTORY, SPEC_WINDOW, SPEC_ACCEPTED, 4, 2)
+            model = _model(geom, "replay_spec")(geom, SPEC_HISTORY, SPEC_WINDOW, SPEC_ACCEPTED, 4, 2)
         else:
             route = method[method.find("[") + 1:-1] if "[" in method else None
             model = (tr.mamba2_replay_ar_cycle(geom, AR_BUFFER, route, 4, 2) if family == "mamba2"
-                     else tr.gdn_replay_ar_cycle(geom, AR_BUFFER, 4, 2))
+                     else _model(geom, "replay_ar_cycle")(geom, AR_BUFFER, 4, 2))
         n = len(cyc)
         rows.append(Row(method, geo_name, f"cycle mean ({n} steps)", sum(r.read for r in cyc) / n,
                         sum(r.write for r in cyc) / n, model.read, model.write,
@@ -317,11 +353,43 @@ def format_table(rows: list[Row], tolerance: float) -> str:
     return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells)])
 
 
+def kda_beside_gdn(rows: list[Row], geometries: dict) -> list[tuple[Row, Row]]:
+    """(GDN row, KDA row) pairs of the same method and step at geometries of one head shape (HV, K, V): each
+    KDA geometry is paired with the first GDN geometry of its head shape in the run. Per-step fill rows (h=..)
+    are left out: the summary rows (cycle mean, one step, verify+commit, each accepted count) carry the ratio."""
+    shape = lambda g: (g.HV, g.K, g.V)  # noqa: E731
+    pairs = []
+    for kda_name, kda_geom in geometries.items():
+        if family_of(kda_geom) != "kda":
+            continue
+        gdn_name = next((n for n, g in geometries.items() if family_of(g) == "gdn" and shape(g) == shape(kda_geom)),
+                        None)
+        if gdn_name is None:
+            continue
+        gdn_rows = {(r.method.split(".", 1)[1], r.step): r for r in rows if r.geometry == gdn_name}
+        for r in rows:
+            if r.geometry == kda_name and not r.step.startswith("h="):
+                match = gdn_rows.get((r.method.split(".", 1)[1], r.step))
+                if match is not None:
+                    pairs.append((match, r))
+    return pairs
+
+
+def format_pairs(pairs: list[tuple[Row, Row]]) -> str:
+    """KDA's counted bytes beside GDN's at the same head shape, and the ratio of read + write."""
+    head = ["method", "step", "GDN geometry", "GDN bytes", "KDA geometry", "KDA bytes", "KDA / GDN"]
+    cells = [[k.method.split(".", 1)[1], k.step, g.geometry, f"{g.read + g.write:,.0f}", k.geometry,
+              f"{k.read + k.write:,.0f}", f"{(k.read + k.write) / (g.read + g.write):.3f}"] for g, k in pairs]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
+    line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
+    return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, cells)])
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    names = sorted(SMALL) + sorted({**MAMBA2_MODELS, **GDN_MODELS})
+    names = sorted(SMALL) + sorted(ALL_MODELS)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--geometry", action="append", choices=names + ["small"],
-                   help="geometry (repeatable; 'small' = both small ones; default: the small ones and all five)")
+                   help="geometry (repeatable; 'small' = the three small ones; default: those and every model)")
     p.add_argument("--method", action="append", choices=sorted(METHODS), help="method (repeatable; default all)")
     p.add_argument("--arch", type=int, default=0, choices=(0, 90, 100),
                    help="launch table to run in the interpreter (0: interpreter tiles; 90/100: the GPU's)")
@@ -338,7 +406,7 @@ def main(argv=None) -> int:
     if args.arch:
         os.environ["REPLAYSSM_TARGET_ARCH"] = str(args.arch)
     torch.manual_seed(0)
-    wanted = args.geometry or ["small", *sorted({**MAMBA2_MODELS, **GDN_MODELS})]
+    wanted = args.geometry or ["small", *sorted(ALL_MODELS)]
     geometries = {}
     for name in wanted:
         if name == "small":
@@ -347,13 +415,17 @@ def main(argv=None) -> int:
             geometries[name] = SMALL[name] if name in SMALL else get_geometry(name)
     rows: list[Row] = []
     for geo_name, geom in geometries.items():
-        family = "mamba2" if isinstance(geom, Mamba2Geometry) else "gdn"
+        family = family_of(geom)
         for method, (fam, _) in METHODS.items():
             if fam != family or (args.method and method not in args.method):
                 continue
             rows.extend(measure(method, geo_name, geom))
             print(f"  {geo_name} {method}: {len(rows)} rows", file=sys.stderr, flush=True)
     print(format_table(rows, args.tolerance))
+    pairs = kda_beside_gdn(rows, geometries)
+    if pairs:
+        print("\nKDA beside GDN at the same head shape (HV, K, V), counted read + write bytes per step:")
+        print(format_pairs(pairs))
     print("\nNot counted (the model leaves them out): " + "; ".join(f"{k} ({v})" for k, v in EXCLUDED.items()))
     if args.csv:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
