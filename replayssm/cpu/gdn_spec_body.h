@@ -415,7 +415,6 @@ static inline void SUF(gdn_window_system)(const float *g, const float *beta, con
         }
         bw[t] = beta[((size_t)b * T + t) * HV + hv];
     }
-    float ev[pc ? K : 1];
     for (int t = 0; t < T; t++)
         for (int t2 = 0; t2 < T; t2++) {
             A[t * astride + t2] = 0.0f;
@@ -424,9 +423,22 @@ static inline void SUF(gdn_window_system)(const float *g, const float *beta, con
             const float *kt = X2 + (size_t)t * K, *kc = X2 + (size_t)t2 * K, *qt = X2 + (size_t)(T + t) * K;
             float kk = 0.0f, kq = 0.0f, e = 1.0f;
             if (pc) {
-                for (int c = 0; c < K; c++) ev[c] = fminf(Gw[t * K + c] - Gw[t2 * K + c], 0.0f);
-                SUF(kda_exp_row)(ev, ev, K);
-                for (int c = 0; c < K; c++) { kk += kt[c] * kc[c] * ev[c]; kq += kc[c] * qt[c] * ev[c]; }
+                /* one pass per pair: the clamped difference, its exp and both weighted dots, eight lanes at a
+                 * time (fminf is a libm call per element: it may not become a vector min, whose NaN rule differs;
+                 * the select keeps a NaN as torch.clamp does) */
+                const float *Gt = Gw + (size_t)t * K, *Gc = Gw + (size_t)t2 * K;
+                v8f vk = {0}, vq = {0};
+                int c = 0;
+                for (; c + 8 <= K; c += 8) {
+                    const v8f d = v8_load(Gt + c) - v8_load(Gc + c);
+                    const v8f e = v8_expf(v8_select(d > v8_set1(0.0f), v8_set1(0.0f), d)), kce = v8_load(kc + c) * e;
+                    vk += v8_load(kt + c) * kce; vq += v8_load(qt + c) * kce;
+                }
+                kk = hsum8(vk); kq = hsum8(vq);
+                for (; c < K; c++) {
+                    const float d = Gt[c] - Gc[c], kce = kc[c] * expf(d > 0.0f ? 0.0f : d);
+                    kk += kt[c] * kce; kq += qt[c] * kce;
+                }
             } else {
                 for (int n = 0; n < K; n++) { kk += kt[n] * kc[n]; kq += kc[n] * qt[n]; }
                 e = expf(fminf(Gw[t] - Gw[t2], 0.0f));
@@ -489,6 +501,8 @@ static inline void SUF(gdn_ring_program)(STYPE *state, ATYPE *ur, ATYPE *kr, flo
         prefetch_ring_l2(ur + ((size_t)s2 * HV + h2) * R * V, origin[s2], wp[s2] + T, R, V * sizeof(ATYPE));
         if (h2 % gq == 0)
             prefetch_ring_l2(kr + ((size_t)s2 * H + h2 / gq) * R * K, origin[s2], wp[s2] + T, R, K * sizeof(ATYPE));
+        if (pc)     /* KDA's g history is a [K] row per entry, as long as a key row (GDN's: one float) */
+            prefetch_ring_l2(gr + ((size_t)s2 * HV + h2) * R * K, origin[s2], wp[s2] + T, R, K * sizeof(float));
     }
     /* D[x][i] = S0_i . Xd_x: all 2T dots of every checkpoint row in one read of the head, then the window over
      * whole rows (gdn_window_rows). The outputs are gathered per token and stored as contiguous rows after (a
