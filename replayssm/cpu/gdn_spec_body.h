@@ -30,7 +30,7 @@ static inline void SUF(kda_exp_row)(float *dst, const float *src, int K)
  * token is one pass over the row in registers that also forms the next token's r . k: the update, the readout
  * and the next dot product share the loads, and two accumulators per dot keep the FMA chains short (a
  * scalar-accumulator pass for r . k and another for the update is bound by the FMA latency, far below the
- * row's floor). Always inlined, so a constant pc leaves one path. v [n] this row's values; k, q [n, K] fp32. */
+ * row's floor). v [n] this row's values; k, q [n, K] fp32. Inlined into the specialised copies below. */
 static inline __attribute__((always_inline)) void SUF(gdn_serial_row)(
     const STYPE *src, STYPE *dst, size_t dstride, STYPE *fin, int K, int n, const float *al, int pc,
     const float *bl, const float *vl, const float *kl, const float *ql, float *o)
@@ -90,6 +90,36 @@ static inline __attribute__((always_inline)) void SUF(gdn_serial_row)(
     }
     if (fin)
         for (int m = 0; m < K; m++) STS(fin + m, r[m]);
+}
+
+/* The serial row specialised per use and family, each copy out of line with every constant folded: the verify
+ * row (fin NULL, q given) and the commit row (dst, q NULL, stored in place), GDN's being the code gcc's constprop
+ * clones of the row were before KDA. A kernel's pc cannot be folded into an inlined row (OpenMP outlines the
+ * kernel's loop before inlining), so it picks a copy per row instead of branching per vector inside one. */
+static __attribute__((noinline)) void SUF(gdn_verify_row)(const STYPE *src, STYPE *dst, size_t dstride, int K, int n,
+                                                          const float *al, const float *bl, const float *vl,
+                                                          const float *kl, const float *ql, float *o)
+{
+    SUF(gdn_serial_row)(src, dst, dstride, NULL, K, n, al, 0, bl, vl, kl, ql, o);
+}
+
+static __attribute__((noinline)) void SUF(kda_verify_row)(const STYPE *src, STYPE *dst, size_t dstride, int K, int n,
+                                                          const float *al, const float *bl, const float *vl,
+                                                          const float *kl, const float *ql, float *o)
+{
+    SUF(gdn_serial_row)(src, dst, dstride, NULL, K, n, al, 1, bl, vl, kl, ql, o);
+}
+
+static __attribute__((noinline)) void SUF(gdn_commit_row)(STYPE *row, int K, int n, const float *al, const float *bl,
+                                                          const float *vl, const float *kl)
+{
+    SUF(gdn_serial_row)(row, NULL, 0, row, K, n, al, 0, bl, vl, kl, NULL, NULL);
+}
+
+static __attribute__((noinline)) void SUF(kda_commit_row)(STYPE *row, int K, int n, const float *al, const float *bl,
+                                                          const float *vl, const float *kl)
+{
+    SUF(gdn_serial_row)(row, NULL, 0, row, K, n, al, 1, bl, vl, kl, NULL, NULL);
 }
 
 /* The decays a serial kernel multiplies by, al as gdn_serial_row takes it: n tokens of g at gt + t gstride
@@ -277,8 +307,8 @@ void SUF(gdn_spec_native)(STYPE *state, const int32_t *last, ATYPE *stash_k, ATY
                 for (int t = 0; t < T; t++) vl[t] = Vl[t * V + i];
                 const STYPE *ri = src + (size_t)i * K;
                 STYPE *di = native ? dst0 + (size_t)i * K : NULL;
-                if (pc) SUF(gdn_serial_row)(ri, di, snap, NULL, K, T, al, 1, bl, vl, kl, ql, o);
-                else SUF(gdn_serial_row)(ri, di, snap, NULL, K, T, al, 0, bl, vl, kl, ql, o);
+                if (pc) SUF(kda_verify_row)(ri, di, snap, K, T, al, bl, vl, kl, ql, o);
+                else SUF(gdn_verify_row)(ri, di, snap, K, T, al, bl, vl, kl, ql, o);
                 for (int t = 0; t < T; t++) Ol[t * V + i] = o[t];
             }
             SUF(gdn_store_window)(out, Ol, b, hv, T, HV, V);
@@ -330,8 +360,8 @@ void SUF(gdn_cr_commit)(STYPE *state, const ATYPE *stash_k, const ATYPE *stash_v
                 if (pf) SUF(prefetch_l2)(pf + (size_t)i * K, K);
                 float vi[MAXT];
                 for (int t = 0; t < a; t++) vi[t] = vl[t * V + i];
-                if (pc) SUF(gdn_serial_row)(row, NULL, 0, row, K, a, al, 1, bl, vi, kl, NULL, NULL);
-                else SUF(gdn_serial_row)(row, NULL, 0, row, K, a, al, 0, bl, vi, kl, NULL, NULL);
+                if (pc) SUF(kda_commit_row)(row, K, a, al, bl, vi, kl);
+                else SUF(gdn_commit_row)(row, K, a, al, bl, vi, kl);
             }
         }
     }
