@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("kernels.c", "kernels_body.h", "spec_body.h", "tree_body.h")
+SOURCES = ("kernels.c", "kernels_body.h", "spec_body.h", "gdn_spec_body.h", "tree_body.h")
 # (suffix, C storage type, load macro, store macro) per torch dtype name
 STORAGE = {"f32": ("float", "F32"), "f16": ("f16_t", "F16"), "bf16": ("uint16_t", "BF16")}
 # Reassociation lets gcc vectorise the dot-product reductions (sums in another order, within fp32 rounding);

@@ -16,6 +16,9 @@ in place when contiguous, else through a contiguous temporary.
     mamba2_spec_native / gdn_spec_native (per-draft snapshots), mamba2_cr_verify / mamba2_cr_commit and
     gdn_cr_verify / gdn_cr_commit (commit-replay), mamba2_spec_replay / gdn_spec_replay (the ReplaySSM ring)
     mamba2_tree_replay / gdn_tree_replay(ring, <the chain spec inputs with T = N tree nodes>, parents int32 [b, N])
+The gdn_* spec and tree functions also run Kimi Delta Attention (replayssm.kda, baselines.kda_*): the same
+kernels with a per-key-channel decay (pc = 1), chosen here from the tensors (_per_channel): a KDA cache's g has
+one more dim than GDN's (a [K] row per entry) and the window's g is [b, T, HV, K] instead of [b, T, HV].
 """
 
 from __future__ import annotations
@@ -162,6 +165,21 @@ def gdn_replay(cache, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) 
 MAX_WINDOW = 16     # MAXT in spec_body.h
 
 
+def _per_channel(g: torch.Tensor, K: int, cache_g: torch.Tensor | None = None) -> int:
+    """1 for Kimi Delta Attention (window g [b, T, HV, K], cache g [S, HV, rows, K]), 0 for GDN (g [b, T, HV],
+    cache g [S, HV, rows]); a window and a cache of different families, or a KDA g whose last dim is not K,
+    are refused before any work (the kernel would read the decays with the wrong layout)."""
+    if g.dim() not in (3, 4):
+        raise ValueError(f"g must be [batch, T, HV] (GDN) or [batch, T, HV, K] (KDA), got {tuple(g.shape)}")
+    pc = int(g.dim() == 4)
+    if pc and g.shape[-1] != K:
+        raise ValueError(f"KDA g must be [batch, T, HV, K={K}], got {tuple(g.shape)}")
+    if cache_g is not None and cache_g.dim() != 3 + pc:
+        raise ValueError(f"window g {tuple(g.shape)} and cache g {tuple(cache_g.shape)} are of different families "
+                         "(GDN: a scalar decay per head, KDA: one per key channel)")
+    return pc
+
+
 def check_cpu_window(window: int) -> None:
     """The spec kernels keep per-token scalars in MAXT-long stack arrays: a longer window is refused before any
     work (a ring of up to MAX_LEN rows could otherwise hold a window that overflows them)."""
@@ -202,38 +220,49 @@ def mamba2_spec_replay(ring, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots
 
 
 def gdn_spec_native(states, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) -> None:
-    """states: baselines.gdn_recurrent_spec.SpecStates (state [S, T, HV, V, K], last [S])."""
+    """states: baselines.gdn_recurrent_spec.SpecStates or baselines.kda_recurrent_spec.SpecStates (state
+    [S, T, HV, V, K], last [S]); g [b, T, HV] (GDN) or [b, T, HV, K] (KDA)."""
     _require_contiguous(state=states.state, last=states.last)
     check_cpu_window(states.window)
     gm, T = states.geometry, states.window
+    check_cpu_sizes(K=gm.K, V=gm.V)
+    pc = _per_channel(g, gm.K)
     o, done = _out(out)
     _call(_fn("gdn_spec_native", states.state.dtype, q.dtype),
           states.state, states.last, None, None, None, None, _c(q), _c(k), _c(v), _c(g, torch.float32),
           _c(beta, torch.float32), float(scale), int(bool(l2norm)), o, _c(slots, torch.int32), q.shape[0], T, gm.H,
-          gm.HV, gm.K, gm.V, _threads())
+          gm.HV, gm.K, gm.V, pc, _threads())
     done()
 
 
 def gdn_cr_verify(cache, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) -> None:
-    """cache: baselines.gdn_commit_replay.CommitReplayCache: the checkpoint is read, the window stashed."""
+    """cache: baselines.gdn_commit_replay.CommitReplayCache or baselines.kda_commit_replay.CommitReplayCache (g
+    [S, HV, T, K]): the checkpoint is read, the window stashed."""
     _require_contiguous(state=cache.state, k=cache.k, v=cache.v, g=cache.g, beta=cache.beta)
     check_cpu_window(cache.window)
     gm, T = cache.geometry, cache.window
+    check_cpu_sizes(K=gm.K, V=gm.V)
+    pc = _per_channel(g, gm.K, cache.g)
     o, done = _out(out)
     _call(_fn("gdn_spec_native", cache.state.dtype, q.dtype),
           cache.state, None, cache.k, cache.v, cache.g, cache.beta, _c(q), _c(k), _c(v), _c(g, torch.float32),
           _c(beta, torch.float32), float(scale), int(bool(l2norm)), o, _c(slots, torch.int32), q.shape[0], T, gm.H,
-          gm.HV, gm.K, gm.V, _threads())
+          gm.HV, gm.K, gm.V, pc, _threads())
     done()
 
 
 def gdn_cr_commit(cache, num_accepted, slots) -> None:
+    """cache: a GDN or KDA CommitReplayCache (KDA: its g [S, HV, T, K] has one more dim)."""
     _require_contiguous(state=cache.state, k=cache.k, v=cache.v, g=cache.g, beta=cache.beta)
     check_cpu_window(cache.window)
     gm, T = cache.geometry, cache.window
+    check_cpu_sizes(K=gm.K, V=gm.V)
+    if cache.g.dim() not in (3, 4) or (cache.g.dim() == 4 and cache.g.shape[-1] != gm.K):
+        raise ValueError(f"cache g must be [S, HV, T] (GDN) or [S, HV, T, K] (KDA), got {tuple(cache.g.shape)}")
+    pc = int(cache.g.dim() == 4)
     _call(_fn("gdn_cr_commit", cache.state.dtype, cache.k.dtype),
           cache.state, cache.k, cache.v, cache.g, cache.beta, _c(num_accepted, torch.int32), _c(slots, torch.int32),
-          num_accepted.shape[0], T, gm.H, gm.HV, gm.K, gm.V, _threads())
+          num_accepted.shape[0], T, gm.H, gm.HV, gm.K, gm.V, pc, _threads())
 
 
 def mamba2_cr_verify(cache, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots) -> None:
@@ -259,10 +288,12 @@ def mamba2_cr_commit(cache, num_accepted, A, slots) -> None:
 
 
 def gdn_spec_replay(ring, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) -> None:
-    """ring: replayssm.gdn.ring.SpecRing; window inputs [b, T, ...]; cursors are left to spec_commit."""
+    """ring: replayssm.gdn.ring.SpecRing or replayssm.kda.SpecRing (g [S, HV, R, K]); window inputs [b, T, ...];
+    cursors are left to spec_commit."""
     _require_contiguous(state=ring.state, u=ring.u, k=ring.k, g=ring.g, write_pos=ring.write_pos,
                         origin=ring.origin, is_flush=ring.is_flush)
-    check_cpu_sizes(ring_len=ring.ring_len)
+    check_cpu_sizes(ring_len=ring.ring_len, K=ring.geometry.K, V=ring.geometry.V)
+    pc = _per_channel(g, ring.geometry.K, ring.g)
     if 2 * ring.window > MAX_WINDOW:
         raise ValueError(f"backend='cpu': the GDN ReplaySSM verify holds 2T <= {MAX_WINDOW} dot products per row; "
                          f"window T={ring.window}")
@@ -271,7 +302,7 @@ def gdn_spec_replay(ring, q, k, v, g, beta, scale: float, l2norm: bool, out, slo
     _call(_fn("gdn_spec_replay", ring.state.dtype, ring.u.dtype),
           ring.state, ring.u, ring.k, ring.g, ring.write_pos, ring.origin, ring.is_flush,
           _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32), float(scale), int(bool(l2norm)), o,
-          _c(slots, torch.int32), q.shape[0], T, gm.H, gm.HV, gm.K, gm.V, ring.ring_len, _threads())
+          _c(slots, torch.int32), q.shape[0], T, gm.H, gm.HV, gm.K, gm.V, ring.ring_len, pc, _threads())
     done()
 
 
@@ -318,15 +349,18 @@ def mamba2_tree_replay(ring, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots
 
 
 def gdn_tree_replay(ring, q, k, v, g, beta, scale: float, l2norm: bool, out, slots, parents) -> None:
-    """ring: replayssm.gdn.ring.SpecRing with window = N; node inputs [b, N, ...]; parents int32 [b, N]."""
+    """ring: replayssm.gdn.ring.SpecRing or replayssm.kda.SpecRing with window = N; node inputs [b, N, ...];
+    parents int32 [b, N]."""
     _require_contiguous(state=ring.state, u=ring.u, k=ring.k, g=ring.g, write_pos=ring.write_pos,
                         origin=ring.origin, is_flush=ring.is_flush)
     check_tree_sizes(ring)
+    check_cpu_sizes(K=ring.geometry.K, V=ring.geometry.V)
+    pc = _per_channel(g, ring.geometry.K, ring.g)
     _check_tree_fits(ring, slots)
     gm, N = ring.geometry, ring.window
     o, done = _out(out)
     _call(_fn("gdn_tree_replay", ring.state.dtype, ring.u.dtype),
           ring.state, ring.u, ring.k, ring.g, ring.write_pos, ring.origin, ring.is_flush, _c(parents, torch.int32),
           _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32), float(scale), int(bool(l2norm)), o,
-          _c(slots, torch.int32), q.shape[0], N, gm.H, gm.HV, gm.K, gm.V, ring.ring_len, _threads())
+          _c(slots, torch.int32), q.shape[0], N, gm.H, gm.HV, gm.K, gm.V, ring.ring_len, pc, _threads())
     done()

@@ -1,7 +1,7 @@
 /* Tree speculation kernels (backend="cpu"), included at the end of kernels_body.h, so once per (state, act)
  * dtype pair like every other kernel (STYPE / LDS / ATYPE / LDA / SUF from there).
  *
- * Both are the chain spec kernels above (m2_spec_replay, gdn_spec_replay) with the window's causal mask
+ * Both are the chain spec kernels (m2_spec_replay, gdn_spec_replay) with the window's causal mask
  * replaced by the ancestor mask of a draft tree and the window's prefix sums by tree prefix sums
  * cum[s] = cum[parent[s]] + dt[s] (parent -1: the committed history). Node s sits at logical position h + s,
  * ring row (origin + h + s) & (R - 1), exactly where a chain's window token s goes; the protocol is in
@@ -116,70 +116,30 @@ void SUF(m2_tree_replay)(STYPE *state, ATYPE *xr, ATYPE *Br, float *dtr, float *
     }
 }
 
-/* GDN ReplaySSM tree verify. As gdn_spec_replay (the history part, S_h k_s and S_h q_s from one pass over each
- * checkpoint row, and the flush fold are unchanged), with the window's delta-rule system restricted to
- * ancestors: G_s = G_parent(s) + g_s (tree prefix of the log decays),
- *   A[s, c] = beta_s exp(min(G_s - G_c, 0)) (k_s . k_c) for c a strict ancestor of s,
- *   U_s,i = beta_s (v_s,i - e^{G_s} (S_h k_s)_i) - sum over strict ancestors c of A[s, c] U_c,i
+/* GDN / KDA ReplaySSM tree verify: the chain verify's program (gdn_ring_program, gdn_spec_body.h: the history
+ * part, S_h k_s and S_h q_s from one pass over each checkpoint row, and the flush fold are unchanged) with the
+ * window's delta-rule system restricted to ancestors: G_s = G_parent(s) + g_s (tree prefix of the log decays, a
+ * [K] row per node for KDA),
+ *   A[s, c] = beta_s e(s, c) (k_s . k_c) for c a strict ancestor of s,
+ *   U_s,i = beta_s (v_s,i - (S_h exp(G_s) k_s)_i) - sum over strict ancestors c of A[s, c] U_c,i
  *   (forward substitution in topological order: an ancestor's U is final before its descendants read it),
- *   o_s,i = e^{G_s} (S_h q_s)_i + sum over ancestors-or-self c of exp(min(G_s - G_c, 0)) (k_c . q_s) U_c,i.
- * The sums skip other branches outright (a NaN there must not leak). (U_s, k_s, g_s) go to the node's ring row. */
+ *   o_s,i = (S_h exp(G_s) q_s)_i + sum over ancestors-or-self c of e(s, c) (k_c . q_s) U_c,i,
+ * e(s, c) = exp(min(G_s - G_c, 0)) (per key channel inside the dots for KDA). The sums skip other branches
+ * outright (a NaN there must not leak). (U_s, k_s, g_s) go to the node's ring row. */
 void SUF(gdn_tree_replay)(STYPE *state, ATYPE *ur, ATYPE *kr, float *gr, const int32_t *wp, const int32_t *origin,
                           const int32_t *is_flush, const int32_t *parents, const ATYPE *q, const ATYPE *k,
                           const ATYPE *v, const float *g, const float *beta, float scale, int l2norm, ATYPE *out,
-                          const int32_t *slots, int batch, int T, int H, int HV, int K, int V, int R, int nt)
+                          const int32_t *slots, int batch, int T, int H, int HV, int K, int V, int R, int pc, int nt)
 {
-    const int gq = HV / H;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
     for (int b = 0; b < batch; b++) {
         for (int hv = 0; hv < HV; hv++) {
-            const int s = slots[b];
-            if (s < 0) continue;
-            const int hk = hv / gq, h0 = wp[s], org = origin[s], fl = is_flush[s] != 0;
+            if (slots[b] < 0) continue;
             uint32_t anc[MAXN];
             int par[MAXN];
             SUF(tree_anc)(parents, b, T, anc, par);
-            float X2[2 * T * K], Kl[(h0 > 0 ? h0 : 1) * K], w[MAXL], Gw[MAXN], bw[MAXN];
-            float Am[MAXN * MAXN], E[MAXN * MAXN], bkq[2 * T * V];
-            /* window keys and queries: X2[t] = k_t, X2[T + t] = q_t (normalised, q scaled) */
-            for (int t = 0; t < T; t++)
-                SUF(gdn_qk)(q, k, (((size_t)b * T + t) * H + hk) * K, K, l2norm, scale, X2 + (T + t) * K, X2 + t * K);
-            for (int t = 0; t < T; t++) {
-                Gw[t] = (par[t] < 0 ? 0.0f : Gw[par[t]]) + g[((size_t)b * T + t) * HV + hv];
-                bw[t] = beta[((size_t)b * T + t) * HV + hv];
-            }
-            for (int t = 0; t < T; t++)
-                for (int t2 = 0; t2 < T; t2++) {
-                    Am[t * MAXN + t2] = 0.0f;
-                    E[t * MAXN + t2] = 0.0f;
-                    if (!((anc[t] >> t2) & 1u)) continue;          /* t2 not on t's path */
-                    float kk = 0.0f, kq = 0.0f;
-                    for (int n = 0; n < K; n++) { kk += X2[t * K + n] * X2[t2 * K + n]; kq += X2[t2 * K + n] * X2[(T + t) * K + n]; }
-                    const float e = expf(fminf(Gw[t] - Gw[t2], 0.0f));
-                    if (t2 < t) Am[t * MAXN + t2] = bw[t] * e * kk;     /* strict ancestor */
-                    E[t * MAXN + t2] = e * kq;
-                }
-            /* history: decays, keys, and their part of S_h k_t, S_h q_t (as the chain verify) */
-            const float d0 = SUF(gdn_history)(gr, kr, ur, s, hv, hk, org, h0, R, H, HV, K, V, X2, 2 * T, w, Kl, bkq);
-            STYPE *S = state + ((size_t)s * HV + hv) * (size_t)V * K;
-            int s2, h2;
-            const STYPE *pf = next_program(slots, batch, b, hv, HV, &s2, &h2)
-                                  ? state + ((size_t)s2 * HV + h2) * (size_t)V * K : NULL;
-            if (pf) {
-                prefetch_ring_l2(ur + ((size_t)s2 * HV + h2) * R * V, origin[s2], wp[s2] + T, R, V * sizeof(ATYPE));
-                if (h2 % gq == 0)
-                    prefetch_ring_l2(kr + ((size_t)s2 * H + h2 / gq) * R * K, origin[s2], wp[s2] + T, R,
-                                     K * sizeof(ATYPE));
-            }
-            /* as the chain verify: every row's 2T dots in one read of the head (dot_block), then the nodes'
-             * substitution over whole [V] rows, a node taking only its ancestors' U */
-            float D[2 * T * V], Ul[T * V], Ol[T * V];
-            SUF(dot_block)(S, K, V, X2, 2 * T, K, D, V, pf);
-            SUF(gdn_window_rows)(D, bkq, v + ((size_t)b * T * HV + hv) * V, (size_t)HV * V, Gw, bw, d0, Am, E, MAXN,
-                                 anc, T, V, Ul, Ol);
-            SUF(gdn_store_window)(out, Ol, b, hv, T, HV, V);
-            if (fl && h0 > 0) SUF(gdn_fold_history)(S, ur + ((size_t)s * HV + hv) * R * V, w, d0, Kl, h0, org, R, V, K);
-            SUF(gdn_ring_append)(ur, gr, kr, Ul, g, X2, s, b, hv, hk, hv % gq == 0, org + h0, T, H, HV, K, V, R);
+            SUF(gdn_ring_program)(state, ur, kr, gr, wp, origin, is_flush, par, anc, q, k, v, g, beta, scale, l2norm,
+                                  out, slots, batch, b, hv, T, H, HV, K, V, R, pc);
         }
     }
 }
