@@ -104,6 +104,29 @@ static inline void silu_gate(float *y, const float *zf, int P)
     for (; p < P; p++) y[p] *= zf[p] * sigmoid_f(zf[p]);
 }
 
+/* KDA's per-key-channel decays (gdn_step / gdn_replay with pc = 1): K-vectors of exps, 8 lanes at a time, libm
+ * for a tail. A program takes (h + 2) K of them, the same order of work as its h buffered-key dot products,
+ * where a scalar libm expf each would cost more than streaming the head's state (replayssm/cpu/README.md).
+ * vexp_sub: dst = exp(a - b) (b NULL: exp(a)); dst may be a. */
+static inline void vexp_sub(float *dst, const float *a, const float *b, int K)
+{
+    int n = 0;
+    for (; n + 8 <= K; n += 8) v8_store(dst + n, v8_expf(b ? v8_load(a + n) - v8_load(b + n) : v8_load(a + n)));
+    for (; n < K; n++) dst[n] = expf(b ? a[n] - b[n] : a[n]);
+}
+/* Buffered key j of a KDA replay: run += g_j (the inclusive prefix G_pre_j), kj *= exp(gtot - run) (w_j * k_j,
+ * in place). run repeats the additions that formed gtot in the same order, so w_{h-1} is exactly 1. */
+static inline void kda_weight_key(float *kj, float *run, const float *gj, const float *gtot, int K)
+{
+    int n = 0;
+    for (; n + 8 <= K; n += 8) {
+        const v8f r = v8_load(run + n) + v8_load(gj + n);
+        v8_store(run + n, r);
+        v8_store(kj + n, v8_load(kj + n) * v8_expf(v8_load(gtot + n) - r));
+    }
+    for (; n < K; n++) { run[n] += gj[n]; kj[n] *= expf(gtot[n] - run[n]); }
+}
+
 #if defined(__FLT16_MAX__)
 #define HAVE_F16 1
 typedef _Float16 f16_t;
