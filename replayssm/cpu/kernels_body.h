@@ -80,8 +80,8 @@ static inline float SUF(ssu_row)(STYPE *row, int N, float a, float xd, const flo
 }
 
 /* GDN recurrent row: r = alpha row; u = beta (v - r . k); row <- r + u k (stored); returns row . q.
- * av: NULL for GDN's scalar decay alpha; else KDA's per-column decays [K] (r = av * row, alpha unused). Callers
- * pass a literal NULL or av, so each inlined call site keeps one form and GDN's loop is unchanged. */
+ * av: NULL for GDN's scalar decay alpha; else KDA's per-column decays [K] (r = av * row, alpha unused). gdn_step
+ * calls it from two loops, with a literal NULL and with av, so each inlined copy keeps one form. */
 static inline float SUF(gdn_row)(STYPE *row, int K, float alpha, const float *av, float bt, float vi,
                                  const float *kv, const float *qv)
 {
@@ -379,12 +379,17 @@ void SUF(gdn_step)(STYPE *state, const ATYPE *q, const ATYPE *k, const ATYPE *v,
             int s2, h2;
             const STYPE *pf = next_program(slots, batch, b, hv, HV, &s2, &h2) ? state + s2 * ss0 + h2 * ss1 : NULL;
             const size_t io = ((size_t)b * HV + hv) * V;
-            for (int i = 0; i < V; i++) {
-                if (pf) SUF(prefetch_l2)(pf + i * ss2, K);
-                const float o = pc ? SUF(gdn_row)(S + i * ss2, K, alpha, av, bt, LDA(v + io + i), kv, qv)
-                                   : SUF(gdn_row)(S + i * ss2, K, alpha, NULL, bt, LDA(v + io + i), kv, qv);
-                STA(out + io + i, o);
-            }
+            /* two loops, so GDN's inlines gdn_row with a literal NULL (its scalar form) */
+            if (pc)
+                for (int i = 0; i < V; i++) {
+                    if (pf) SUF(prefetch_l2)(pf + i * ss2, K);
+                    STA(out + io + i, SUF(gdn_row)(S + i * ss2, K, alpha, av, bt, LDA(v + io + i), kv, qv));
+                }
+            else
+                for (int i = 0; i < V; i++) {
+                    if (pf) SUF(prefetch_l2)(pf + i * ss2, K);
+                    STA(out + io + i, SUF(gdn_row)(S + i * ss2, K, alpha, NULL, bt, LDA(v + io + i), kv, qv));
+                }
         }
     }
 }
@@ -421,7 +426,9 @@ void SUF(gdn_replay)(STYPE *state, ATYPE *uc, ATYPE *kc, float *gc, int32_t *wp,
             float qv[K], kv[K], bk[V], bq[V], Kl[(nj + 1) * K];
             /* KDA only (one float each for GDN): alpha, alpha * k, alpha * q, G_tot then alpha * d0, the running
              * prefix, and the row vectors d0 * alpha * k, d0 * alpha * q */
-            float av[gK], ka[gK], qa[gK], gtot[gK], run_v[gK], kd[gK], qd[gK];
+            float kda_buf[7 * gK];
+            float *av = kda_buf, *ka = av + gK, *qa = ka + gK, *gtot = qa + gK, *run_v = gtot + gK, *kd = run_v + gK,
+                  *qd = kd + gK;
             SUF(gdn_qk)(q, k, ((size_t)b * H + hk) * K, K, l2norm, scale, qv, kv);
             const float *gt = g + ((size_t)b * HV + hv) * gK;
             const float alpha = pc ? 1.0f : expf(gt[0]), bt = beta[(size_t)b * HV + hv];
@@ -453,16 +460,19 @@ void SUF(gdn_replay)(STYPE *state, ATYPE *uc, ATYPE *kc, float *gc, int32_t *wp,
                 d0 = expf(run);
                 for (int j = 0; j < nj; j++) w[j] = expf(run - Gp[j]);
             }
-            const float *kx = pc ? ka : kv, *qx = pc ? qa : qv;        /* what a buffered key is dotted with */
             float kq = 0.0f;
             for (int n = 0; n < K; n++) kq += kv[n] * qv[n];
             for (int i = 0; i < V; i++) { bk[i] = 0.0f; bq[i] = 0.0f; }
             for (int j = 0; j < nj; j++) {
                 float dk = 0.0f, dq = 0.0f;
                 float *kj = Kl + (size_t)j * K;
-                for (int n = 0; n < K; n++) kj[n] = LDA(ks + (size_t)j * K + n);
-                if (pc) kda_weight_key(kj, run_v, gs + (size_t)j * K, gtot, K);   /* kj <- w_j * k_j */
-                for (int n = 0; n < K; n++) { dk += kj[n] * kx[n]; dq += kj[n] * qx[n]; }
+                if (pc) {                   /* kj <- w_j * k_j, dotted with alpha * k, alpha * q */
+                    for (int n = 0; n < K; n++) kj[n] = LDA(ks + (size_t)j * K + n);
+                    kda_weight_key(kj, run_v, gs + (size_t)j * K, gtot, K);
+                    for (int n = 0; n < K; n++) { dk += kj[n] * ka[n]; dq += kj[n] * qa[n]; }
+                } else {
+                    for (int n = 0; n < K; n++) { kj[n] = LDA(ks + (size_t)j * K + n); dk += kj[n] * kv[n]; dq += kj[n] * qv[n]; }
+                }
                 const float ck = pc ? dk : w[j] * dk, cq = pc ? dq : w[j] * dq;
                 const ATYPE *uj = us + (size_t)j * V;
 #pragma omp simd
@@ -503,7 +513,8 @@ void SUF(gdn_replay)(STYPE *state, ATYPE *uc, ATYPE *kc, float *gc, int32_t *wp,
                 for (int i = 0; i < V; i++) STA(us + (size_t)hp * V + i, uv[i]);
             }
             if (!flush) {
-                memcpy(gs + (size_t)hp * gK, gt, (size_t)gK * sizeof(float));
+                if (pc) memcpy(gs + (size_t)hp * K, gt, (size_t)K * sizeof(float));
+                else gs[hp] = gt[0];
                 if (hv % gq == 0)
                     for (int n = 0; n < K; n++) STA(ks + (size_t)hp * K + n, kv[n]);
             }
