@@ -7,6 +7,10 @@
  * method stores (baseline steps, flushes, per-draft snapshots), never when it does not (ReplaySSM normal steps).
  * Inner loops run over the contiguous last dim with `omp simd`, so gcc vectorises them (AVX2 on x86).
  *
+ * Families: Mamba-2 and GDN; Kimi Delta Attention (KDA) is GDN with a decay per key channel, served by GDN's AR
+ * kernels (gdn_step, gdn_replay) with pc = 1: g is then a K-vector per value head and token, the state's
+ * column c decays by exp(g[c]), and those exps are taken 8 lanes at a time (vexp_sub, kda_weight_key below).
+ *
  * Dtypes: kernels_body.h is included once per (state dtype, activation dtype) pair; math is fp32. bf16 is
  * a uint16 with round-to-nearest-even stores; fp16 is the compiler's _Float16 (present in gcc >= 12 and
  * clang on x86-64 / aarch64). Where _Float16 is missing the fp16 variants are not built and
@@ -106,7 +110,7 @@ static inline void silu_gate(float *y, const float *zf, int P)
 
 /* KDA's per-key-channel decays (gdn_step / gdn_replay with pc = 1): K-vectors of exps, 8 lanes at a time, libm
  * for a tail. A program takes (h + 2) K of them, the same order of work as its h buffered-key dot products,
- * where a scalar libm expf each would cost more than streaming the head's state (replayssm/cpu/README.md).
+ * where scalar libm expf made the KDA replay step 1.45x slower (replayssm/cpu/README.md, "What was measured").
  * vexp_sub: dst = exp(a - b) (b NULL: exp(a)); dst may be a. */
 static inline void vexp_sub(float *dst, const float *a, const float *b, int K)
 {
