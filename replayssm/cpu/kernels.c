@@ -7,6 +7,10 @@
  * method stores (baseline steps, flushes, per-draft snapshots), never when it does not (ReplaySSM normal steps).
  * Inner loops run over the contiguous last dim with `omp simd`, so gcc vectorises them (AVX2 on x86).
  *
+ * Families: Mamba-2 and GDN; Kimi Delta Attention (KDA) is GDN with a decay per key channel, served by GDN's AR
+ * kernels (gdn_step, gdn_replay) with pc = 1: g is then a K-vector per value head and token, the state's
+ * column c decays by exp(g[c]), and those exps are taken 8 lanes at a time (vexp_sub, kda_weight_key below).
+ *
  * Dtypes: kernels_body.h is included once per (state dtype, activation dtype) pair; math is fp32. bf16 is
  * a uint16 with round-to-nearest-even stores; fp16 is the compiler's _Float16 (present in gcc >= 12 and
  * clang on x86-64 / aarch64). Where _Float16 is missing the fp16 variants are not built and
@@ -102,6 +106,29 @@ static inline void silu_gate(float *y, const float *zf, int P)
         v8_store(y + p, v8_load(y + p) * (zv / (1.0f + v8_expf(-zv))));
     }
     for (; p < P; p++) y[p] *= zf[p] * sigmoid_f(zf[p]);
+}
+
+/* KDA's per-key-channel decays (gdn_step / gdn_replay with pc = 1): K-vectors of exps, 8 lanes at a time, libm
+ * for a tail. A program takes (h + 2) K of them, the same order of work as its h buffered-key dot products,
+ * where scalar libm expf made the KDA replay step 1.45x slower (replayssm/cpu/README.md, "What was measured").
+ * vexp_sub: dst = exp(a - b) (b NULL: exp(a)); dst may be a. */
+static inline void vexp_sub(float *dst, const float *a, const float *b, int K)
+{
+    int n = 0;
+    for (; n + 8 <= K; n += 8) v8_store(dst + n, v8_expf(b ? v8_load(a + n) - v8_load(b + n) : v8_load(a + n)));
+    for (; n < K; n++) dst[n] = expf(b ? a[n] - b[n] : a[n]);
+}
+/* Buffered key j of a KDA replay: run += g_j (the inclusive prefix G_pre_j), kj *= exp(gtot - run) (w_j * k_j,
+ * in place). run repeats the additions that formed gtot in the same order, so w_{h-1} is exactly 1. */
+static inline void kda_weight_key(float *kj, float *run, const float *gj, const float *gtot, int K)
+{
+    int n = 0;
+    for (; n + 8 <= K; n += 8) {
+        const v8f r = v8_load(run + n) + v8_load(gj + n);
+        v8_store(run + n, r);
+        v8_store(kj + n, v8_load(kj + n) * v8_expf(v8_load(gtot + n) - r));
+    }
+    for (; n < K; n++) { run[n] += gj[n]; kj[n] *= expf(gtot[n] - run[n]); }
 }
 
 #if defined(__FLT16_MAX__)

@@ -79,15 +79,18 @@ static inline float SUF(ssu_row)(STYPE *row, int N, float a, float xd, const flo
     return acc;
 }
 
-/* GDN recurrent row: r = alpha row; u = beta (v - r . k); row <- r + u k (stored); returns row . q */
-static inline float SUF(gdn_row)(STYPE *row, int K, float alpha, float bt, float vi, const float *kv,
-                                 const float *qv)
+/* GDN recurrent row: r = alpha row; u = beta (v - r . k); row <- r + u k (stored); returns row . q.
+ * av: NULL for GDN's scalar decay alpha; else KDA's per-column decays [K] (r = av * row, alpha unused). gdn_step
+ * calls it from two loops, with a literal NULL and with av, so each inlined copy keeps one form. */
+static inline float SUF(gdn_row)(STYPE *row, int K, float alpha, const float *av, float bt, float vi,
+                                 const float *kv, const float *qv)
 {
     if (K % 16 == 0 && K <= MAXV) {
         v8f r[MAXV / 8];
         v8f a0 = {0}, a1 = {0};
         for (int n = 0; n < K; n += 16) {
-            r[n / 8] = alpha * LDS8(row + n); r[n / 8 + 1] = alpha * LDS8(row + n + 8);
+            if (av) { r[n / 8] = v8_load(av + n) * LDS8(row + n); r[n / 8 + 1] = v8_load(av + n + 8) * LDS8(row + n + 8); }
+            else { r[n / 8] = alpha * LDS8(row + n); r[n / 8 + 1] = alpha * LDS8(row + n + 8); }
             a0 += r[n / 8] * v8_load(kv + n); a1 += r[n / 8 + 1] * v8_load(kv + n + 8);
         }
         const float u = bt * (vi - hsum8(a0 + a1));
@@ -101,7 +104,7 @@ static inline float SUF(gdn_row)(STYPE *row, int K, float alpha, float bt, float
     }
     float r[K];
     float sk = 0.0f;
-    for (int n = 0; n < K; n++) { r[n] = alpha * LDS(row + n); sk += r[n] * kv[n]; }
+    for (int n = 0; n < K; n++) { r[n] = (av ? av[n] : alpha) * LDS(row + n); sk += r[n] * kv[n]; }
     const float u = bt * (vi - sk);
     float o = 0.0f;
     for (int n = 0; n < K; n++) { const float t = r[n] + u * kv[n]; STS(row + n, t); o += t * qv[n]; }
@@ -168,14 +171,20 @@ void SUF(m2_ssu)(STYPE *state, const ATYPE *x, const float *dt, const float *A, 
  * with registers to spare on AVX2. Rows are walked in address order, so the state streams sequentially (a
  * tile of several rows would read interleaved short streams the prefetcher does not follow; measured slower,
  * replayssm/cpu/README.md). Every S element is read (and written) once. Columns past the last full 64-wide tile
- * go 16 at a time; N not a multiple of 16: the plain loop. */
+ * go 16 at a time; N not a multiple of 16: the plain loop.
+ * rebuild_rows_cs takes a per-column scale cs [N] instead (row_r <- S_r * cs + ...: KDA's flush, whose decay is
+ * per key channel); rebuild_rows is it with cs = NULL, so Mamba-2's and GDN's calls keep the scalar form. */
 #define REBUILD_COLS 64
-static inline void SUF(rebuild_tile)(STYPE *row, int r, int R, int n0, int W, float scale, const float *X,
-                                     const float *Y, int N, int J, int store, const float *Cv, v8f *yacc)
+static inline void SUF(rebuild_tile)(STYPE *row, int r, int R, int n0, int W, float scale, const float *cs,
+                                     const float *X, const float *Y, int N, int J, int store, const float *Cv,
+                                     v8f *yacc)
 {
     v8f acc[REBUILD_COLS / 8];
     const int nv = W / 8;
-    for (int k = 0; k < nv; k++) acc[k] = scale * LDS8(row + n0 + 8 * k);
+    if (cs)
+        for (int k = 0; k < nv; k++) acc[k] = v8_load(cs + n0 + 8 * k) * LDS8(row + n0 + 8 * k);
+    else
+        for (int k = 0; k < nv; k++) acc[k] = scale * LDS8(row + n0 + 8 * k);
     for (int j = 0; j < J; j++) {
         const float xv = X[(size_t)j * R + r];
         const float *y = Y + (size_t)j * N + n0;
@@ -187,8 +196,9 @@ static inline void SUF(rebuild_tile)(STYPE *row, int r, int R, int n0, int W, fl
         for (int k = 0; k < nv; k++) *yacc += acc[k] * v8_load(Cv + n0 + 8 * k);
 }
 
-static inline void SUF(rebuild_rows)(STYPE *S, int64_t rs, int R, int N, float scale, const float *X,
-                                     const float *Y, int J, int store, const float *Cv, float *yout, const STYPE *pf)
+static inline void SUF(rebuild_rows_cs)(STYPE *S, int64_t rs, int R, int N, float scale, const float *cs,
+                                        const float *X, const float *Y, int J, int store, const float *Cv,
+                                        float *yout, const STYPE *pf)
 {
     if (N % 16 == 0) {
         for (int r = 0; r < R; r++) {
@@ -198,9 +208,9 @@ static inline void SUF(rebuild_rows)(STYPE *S, int64_t rs, int R, int N, float s
             int n0 = 0;
             /* constant widths, so each call unrolls fully into registers */
             for (; n0 + REBUILD_COLS <= N; n0 += REBUILD_COLS)
-                SUF(rebuild_tile)(row, r, R, n0, REBUILD_COLS, scale, X, Y, N, J, store, Cv, &yacc);
+                SUF(rebuild_tile)(row, r, R, n0, REBUILD_COLS, scale, cs, X, Y, N, J, store, Cv, &yacc);
             for (; n0 < N; n0 += 16)
-                SUF(rebuild_tile)(row, r, R, n0, 16, scale, X, Y, N, J, store, Cv, &yacc);
+                SUF(rebuild_tile)(row, r, R, n0, 16, scale, cs, X, Y, N, J, store, Cv, &yacc);
             if (yout) yout[r] = hsum8(yacc);
         }
         return;
@@ -209,7 +219,7 @@ static inline void SUF(rebuild_rows)(STYPE *S, int64_t rs, int R, int N, float s
     for (int i = 0; i < R; i++) {
         STYPE *row = S + i * rs;
         if (pf) SUF(prefetch_l2)(pf + i * rs, N);
-        for (int n = 0; n < N; n++) r[n] = scale * LDS(row + n);
+        for (int n = 0; n < N; n++) r[n] = (cs ? cs[n] : scale) * LDS(row + n);
         for (int j = 0; j < J; j++) {
             const float xv = X[(size_t)j * R + i];
             const float *y = Y + (size_t)j * N;
@@ -219,6 +229,12 @@ static inline void SUF(rebuild_rows)(STYPE *S, int64_t rs, int R, int N, float s
         for (int n = 0; n < N; n++) { if (store) STS(row + n, r[n]); t += r[n] * (Cv ? Cv[n] : 0.0f); }
         if (yout) yout[i] = t;
     }
+}
+
+static inline void SUF(rebuild_rows)(STYPE *S, int64_t rs, int R, int N, float scale, const float *X,
+                                     const float *Y, int J, int store, const float *Cv, float *yout, const STYPE *pf)
+{
+    SUF(rebuild_rows_cs)(S, rs, R, N, scale, NULL, X, Y, J, store, Cv, yout, pf);
 }
 
 /* ReplaySSM AR step (replayssm/mamba2/decode.py has the protocol). Per (row, head) with h = write_pos:
@@ -342,10 +358,12 @@ static inline void SUF(gdn_qk)(const ATYPE *q, const ATYPE *k, size_t off, int K
 }
 
 /* Baseline fused recurrent step: per (row, value head), each state row [K]: r = exp(g) S_i; u = beta (v_i - r.k);
- * S_i <- r + u k; o_i = S_i . q. One read and one write of the state. */
+ * S_i <- r + u k; o_i = S_i . q. One read and one write of the state.
+ * pc = 0: GDN, g [batch, HV] one decay per head. pc = 1: KDA, g [batch, HV, K] one decay per key channel, so
+ * r = S_i * exp(g) column-wise (the K exps once per program, 8 lanes at a time). */
 void SUF(gdn_step)(STYPE *state, const ATYPE *q, const ATYPE *k, const ATYPE *v, const float *g, const float *beta,
                    float scale, int l2norm, ATYPE *out, const int32_t *slots, int batch, int H, int HV, int K, int V,
-                   int64_t ss0, int64_t ss1, int64_t ss2, int nt)
+                   int64_t ss0, int64_t ss1, int64_t ss2, int pc, int nt)
 {
     const int gq = HV / H;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
@@ -353,18 +371,25 @@ void SUF(gdn_step)(STYPE *state, const ATYPE *q, const ATYPE *k, const ATYPE *v,
         for (int hv = 0; hv < HV; hv++) {
             const int s = slots[b];
             if (s < 0) continue;
-            float qv[K], kv[K];
+            float qv[K], kv[K], av[pc ? K : 1];
             SUF(gdn_qk)(q, k, ((size_t)b * H + hv / gq) * K, K, l2norm, scale, qv, kv);
-            const float alpha = expf(g[(size_t)b * HV + hv]), bt = beta[(size_t)b * HV + hv];
+            const float alpha = pc ? 1.0f : expf(g[(size_t)b * HV + hv]), bt = beta[(size_t)b * HV + hv];
+            if (pc) vexp_sub(av, g + ((size_t)b * HV + hv) * K, NULL, K);
             STYPE *S = state + s * ss0 + hv * ss1;
             int s2, h2;
             const STYPE *pf = next_program(slots, batch, b, hv, HV, &s2, &h2) ? state + s2 * ss0 + h2 * ss1 : NULL;
             const size_t io = ((size_t)b * HV + hv) * V;
-            for (int i = 0; i < V; i++) {
-                if (pf) SUF(prefetch_l2)(pf + i * ss2, K);
-                const float o = SUF(gdn_row)(S + i * ss2, K, alpha, bt, LDA(v + io + i), kv, qv);
-                STA(out + io + i, o);
-            }
+            /* two loops, so GDN's inlines gdn_row with a literal NULL (its scalar form) */
+            if (pc)
+                for (int i = 0; i < V; i++) {
+                    if (pf) SUF(prefetch_l2)(pf + i * ss2, K);
+                    STA(out + io + i, SUF(gdn_row)(S + i * ss2, K, alpha, av, bt, LDA(v + io + i), kv, qv));
+                }
+            else
+                for (int i = 0; i < V; i++) {
+                    if (pf) SUF(prefetch_l2)(pf + i * ss2, K);
+                    STA(out + io + i, SUF(gdn_row)(S + i * ss2, K, alpha, NULL, bt, LDA(v + io + i), kv, qv));
+                }
         }
     }
 }
@@ -374,13 +399,21 @@ void SUF(gdn_step)(STYPE *state, const ATYPE *q, const ATYPE *k, const ATYPE *v,
  *   S_h x = d0 (S0 x) + sum_j w_j (k_j . x) u_j  for x in {k, q}: one pass over S0 with two dot products,
  *   u = beta (v - alpha S_h k), o = alpha S_h q + u (k . q).
  *   normal (h < L-1): append (u, k, g) at h; the checkpoint is not written.
- *   flush: each row S0_i <- alpha d0 S0_i + sum_j alpha w_j u_j,i k_j + u_i k, written once, right after its read. */
+ *   flush: each row S0_i <- alpha d0 S0_i + sum_j alpha w_j u_j,i k_j + u_i k, written once, right after its read.
+ * pc = 1 is KDA (replayssm/kda/decode.py): g [batch, HV, K] and the cached g [S, HV, L, K] hold a decay per key
+ * channel, so G, w_j, d0 and alpha are K-vectors (products below elementwise):
+ *   S_h x = S0 (d0 * x) + sum_j ((w_j * k_j) . x) u_j,  u = beta (v - S_h (alpha * k)),  o = S_h (alpha * q) + u (k . q)
+ * alpha and d0 fold into the two vectors each S0 row is dotted with (d0 * alpha * k, d0 * alpha * q), so the row
+ * loop is GDN's one pass (its scalar alpha, d0 become 1); the flush scales the rows per column,
+ *   S0_i <- S0_i * (alpha * d0) + sum_j u_j,i (alpha * w_j * k_j) + u_i k   (rebuild_rows_cs).
+ * The exps cost (h + 2) K per program (vector expf) where GDN's cost h + 2 libm expf; pc = 0 takes none of them. */
 void SUF(gdn_replay)(STYPE *state, ATYPE *uc, ATYPE *kc, float *gc, int32_t *wp,
                      const ATYPE *q, const ATYPE *k, const ATYPE *v, const float *g, const float *beta,
                      float scale, int l2norm, ATYPE *out, const int32_t *slots, int batch, int H, int HV, int K,
-                     int V, int L, int nt)
+                     int V, int L, int pc, int nt)
 {
     const int gq = HV / H;
+    const int gK = pc ? K : 1;     /* floats of g per (head, token) */
 #pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
     for (int b = 0; b < batch; b++) {
         for (int hv = 0; hv < HV; hv++) {
@@ -391,64 +424,97 @@ void SUF(gdn_replay)(STYPE *state, ATYPE *uc, ATYPE *kc, float *gc, int32_t *wp,
             const int flush = hp >= L - 1;
             const int nj = hp < L - 1 ? hp : L - 1;
             float qv[K], kv[K], bk[V], bq[V], Kl[(nj + 1) * K];
+            /* KDA only (one float each for GDN): alpha, alpha * k, alpha * q, G_tot then alpha * d0, the running
+             * prefix, and the row vectors d0 * alpha * k, d0 * alpha * q */
+            float kda_buf[7 * gK];
+            float *av = kda_buf, *ka = av + gK, *qa = ka + gK, *gtot = qa + gK, *run_v = gtot + gK, *kd = run_v + gK,
+                  *qd = kd + gK;
             SUF(gdn_qk)(q, k, ((size_t)b * H + hk) * K, K, l2norm, scale, qv, kv);
-            const float gt = g[(size_t)b * HV + hv], alpha = expf(gt), bt = beta[(size_t)b * HV + hv];
+            const float *gt = g + ((size_t)b * HV + hv) * gK;
+            const float alpha = pc ? 1.0f : expf(gt[0]), bt = beta[(size_t)b * HV + hv];
             ATYPE *us = uc + ((size_t)s * HV + hv) * (size_t)L * V;
             ATYPE *ks = kc + ((size_t)s * H + hk) * (size_t)L * K;
-            float *gs = gc + ((size_t)s * HV + hv) * L;
+            float *gs = gc + ((size_t)s * HV + hv) * (size_t)L * gK;
             int s2, h2;
             const STYPE *pf = next_program(slots, batch, b, hv, HV, &s2, &h2)
                                   ? state + ((size_t)s2 * HV + h2) * (size_t)V * K : NULL;
-            if (pf) {   /* the next program's buffered u (and k, by its key head's first value head) */
+            if (pf) {   /* the next program's buffered u (and k, by its key head's first value head; KDA: its g) */
                 const int nj2 = wp[s2] < L - 1 ? wp[s2] : L - 1;
                 prefetch_bytes_l2(uc + ((size_t)s2 * HV + h2) * (size_t)L * V, (size_t)nj2 * V * sizeof(ATYPE));
                 if (h2 % gq == 0)
                     prefetch_bytes_l2(kc + ((size_t)s2 * H + h2 / gq) * (size_t)L * K, (size_t)nj2 * K * sizeof(ATYPE));
+                if (pc)
+                    prefetch_bytes_l2(gc + ((size_t)s2 * HV + h2) * (size_t)L * K, (size_t)nj2 * K * sizeof(float));
             }
             float Gp[MAXL], w[MAXL];
-            float run = 0.0f;
-            for (int j = 0; j < nj; j++) { run += gs[j]; Gp[j] = run; }
-            const float d0 = expf(run);
-            for (int j = 0; j < nj; j++) w[j] = expf(run - Gp[j]);
+            float run = 0.0f, d0 = 1.0f;
+            if (pc) {
+                vexp_sub(av, gt, NULL, K);
+                for (int n = 0; n < K; n++) { ka[n] = av[n] * kv[n]; qa[n] = av[n] * qv[n]; gtot[n] = 0.0f; run_v[n] = 0.0f; }
+                for (int j = 0; j < nj; j++)
+                    for (int n = 0; n < K; n++) gtot[n] += gs[(size_t)j * K + n];
+                vexp_sub(kd, gtot, NULL, K);                   /* d0 */
+                for (int n = 0; n < K; n++) { qd[n] = kd[n] * qa[n]; kd[n] *= ka[n]; }
+            } else {
+                for (int j = 0; j < nj; j++) { run += gs[j]; Gp[j] = run; }
+                d0 = expf(run);
+                for (int j = 0; j < nj; j++) w[j] = expf(run - Gp[j]);
+            }
             float kq = 0.0f;
             for (int n = 0; n < K; n++) kq += kv[n] * qv[n];
             for (int i = 0; i < V; i++) { bk[i] = 0.0f; bq[i] = 0.0f; }
             for (int j = 0; j < nj; j++) {
                 float dk = 0.0f, dq = 0.0f;
                 float *kj = Kl + (size_t)j * K;
-                for (int n = 0; n < K; n++) { kj[n] = LDA(ks + (size_t)j * K + n); dk += kj[n] * kv[n]; dq += kj[n] * qv[n]; }
-                const float ck = w[j] * dk, cq = w[j] * dq;
+                if (pc) {                   /* kj <- w_j * k_j, dotted with alpha * k, alpha * q */
+                    for (int n = 0; n < K; n++) kj[n] = LDA(ks + (size_t)j * K + n);
+                    kda_weight_key(kj, run_v, gs + (size_t)j * K, gtot, K);
+                    for (int n = 0; n < K; n++) { dk += kj[n] * ka[n]; dq += kj[n] * qa[n]; }
+                } else {
+                    for (int n = 0; n < K; n++) { kj[n] = LDA(ks + (size_t)j * K + n); dk += kj[n] * kv[n]; dq += kj[n] * qv[n]; }
+                }
+                const float ck = pc ? dk : w[j] * dk, cq = pc ? dq : w[j] * dq;
                 const ATYPE *uj = us + (size_t)j * V;
 #pragma omp simd
                 for (int i = 0; i < V; i++) { const float t = LDA(uj + i); bk[i] += ck * t; bq[i] += cq * t; }
             }
             STYPE *S = state + ((size_t)s * HV + hv) * (size_t)V * K;
             const size_t io = ((size_t)b * HV + hv) * V;
+            const float *rk = pc ? kd : kv, *rq = pc ? qd : qv;
             float uv[V];
             for (int i = 0; i < V; i++) {
                 float a, c;
                 if (pf) SUF(prefetch_l2)(pf + (size_t)i * K, K);
-                SUF(dot2_row)(S + (size_t)i * K, kv, qv, K, &a, &c);
+                SUF(dot2_row)(S + (size_t)i * K, rk, rq, K, &a, &c);
                 const float u = bt * (LDA(v + io + i) - alpha * (d0 * a + bk[i]));
                 uv[i] = u;
                 STA(out + io + i, alpha * (d0 * c + bq[i]) + u * kq);
             }
             if (flush) {
                 /* S0_i <- alpha d0 S0_i + sum_j (alpha w_j u_j,i) k_j + u_i k: a rank-(nj+1) rebuild of the rows
-                 * (their second read, one head = V x K, usually still in this core's L2) */
+                 * (their second read, one head = V x K, usually still in this core's L2). KDA: the row scale is
+                 * per column (alpha * d0, into gtot) and alpha * w_j goes on the key (Kl), u_j stays as cached. */
                 float Xm[(nj + 1) * V];
                 for (int j = 0; j < nj; j++) {
-                    const float cj = alpha * w[j];
+                    const float cj = pc ? 1.0f : alpha * w[j];
                     for (int i = 0; i < V; i++) Xm[(size_t)j * V + i] = cj * LDA(us + (size_t)j * V + i);
                 }
                 for (int i = 0; i < V; i++) Xm[(size_t)nj * V + i] = uv[i];
+                if (pc) {
+                    for (int j = 0; j < nj; j++)
+                        for (int n = 0; n < K; n++) Kl[(size_t)j * K + n] *= av[n];
+                    vexp_sub(gtot, gtot, NULL, K);
+                    for (int n = 0; n < K; n++) gtot[n] *= av[n];
+                }
                 memcpy(Kl + (size_t)nj * K, kv, (size_t)K * sizeof(float));
-                SUF(rebuild_rows)(S, K, V, K, alpha * d0, Xm, Kl, nj + 1, 1, NULL, NULL, NULL);
+                if (pc) SUF(rebuild_rows_cs)(S, K, V, K, 1.0f, gtot, Xm, Kl, nj + 1, 1, NULL, NULL, NULL);
+                else SUF(rebuild_rows)(S, K, V, K, alpha * d0, Xm, Kl, nj + 1, 1, NULL, NULL, NULL);  /* GDN's own form */
             } else {
                 for (int i = 0; i < V; i++) STA(us + (size_t)hp * V + i, uv[i]);
             }
             if (!flush) {
-                gs[hp] = gt;
+                if (pc) memcpy(gs + (size_t)hp * K, gt, (size_t)K * sizeof(float));
+                else gs[hp] = gt[0];
                 if (hv % gq == 0)
                     for (int n = 0; n < K; n++) STA(ks + (size_t)hp * K + n, kv[n]);
             }

@@ -12,6 +12,8 @@ in place when contiguous, else through a contiguous temporary.
                   route)
     gdn_step(state [S, HV, V, K], q, k [b, H, K], v [b, HV, V], g, beta [b, HV], scale, l2norm, out, slots)
     gdn_replay(cache (replayssm.gdn.ReplayCache), q, k, v, g, beta, scale, l2norm, out, slots)
+        both serve KDA too: g [b, HV, K] (a decay per key channel) and a replayssm.kda.ReplayCache (g
+        [S, HV, L, K]) select the kernels' per-channel mode (pc = 1); GDN's g [b, HV] the scalar one
     spec, window inputs [b, T, ...] (each function's docstring has its cache):
     mamba2_spec_native / gdn_spec_native (per-draft snapshots), mamba2_cr_verify / mamba2_cr_commit and
     gdn_cr_verify / gdn_cr_commit (commit-replay), mamba2_spec_replay / gdn_spec_replay (the ReplaySSM ring)
@@ -139,24 +141,28 @@ def mamba2_replay(cache, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots, ro
 
 
 def gdn_step(state, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) -> None:
+    """GDN (g [b, HV]) or KDA (g [b, HV, K], a decay per key channel: the kernel's pc mode), told apart by g."""
     S, HV, V, K = state.shape
+    check_cpu_sizes(K=K, V=V)
     o, done = _out(out)
     _call(_fn("gdn_step", state.dtype, q.dtype),
         state, _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32),
         float(scale), int(bool(l2norm)), o, _c(slots, torch.int32), q.shape[0], q.shape[1], HV,
-        K, V, *_i64(state.stride()[:3]), _threads())
+        K, V, *_i64(state.stride()[:3]), int(g.dim() == 3), _threads())
     done()
 
 
 def gdn_replay(cache, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) -> None:
+    """cache: replayssm.gdn.ReplayCache, or replayssm.kda.ReplayCache (its g [S, HV, L, K] selects pc mode)."""
     _require_contiguous(state=cache.state, u=cache.u, k=cache.k, g=cache.g, write_pos=cache.write_pos)
     gm = cache.geometry
+    check_cpu_sizes(K=gm.K, V=gm.V, buffer_len=cache.buffer_len)
     o, done = _out(out)
     _call(_fn("gdn_replay", cache.state.dtype, cache.u.dtype),
         cache.state, cache.u, cache.k, cache.g, cache.write_pos,
         _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32),
         float(scale), int(bool(l2norm)), o, _c(slots, torch.int32), q.shape[0], gm.H, gm.HV,
-        gm.K, gm.V, cache.buffer_len, _threads())
+        gm.K, gm.V, cache.buffer_len, int(cache.g.dim() == 4), _threads())
     done()
 
 
