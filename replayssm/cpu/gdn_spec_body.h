@@ -9,19 +9,10 @@
  * columns, S <- S diag(exp(g)), where GDN (pc = 0) has one scalar per head. Every formula then keeps its
  * shape with the scalar exp(G) moved inside the key dots; the pc = 0 path is GDN's as before (no per-channel
  * exp, the same arithmetic in the same order). A KDA program pays nj * K exps (nj = the decays it needs),
- * eight lanes at a time (kda_exp_row). */
+ * eight lanes at a time (vexp_sub, kernels.c). */
 #ifndef MAXN
 #define MAXN 32   /* largest tree (MAX_TREE_NODES in replayssm/cpu/ops.py): one uint32 bit set per node */
 #endif
-
-/* dst[c] = exp(src[c]) over a [K] row (dst may be src): v8_expf, kernels.c (clamped to [-87.3, 88.3], NaN stays
- * NaN), the tail by libm. */
-static inline void SUF(kda_exp_row)(float *dst, const float *src, int K)
-{
-    int c = 0;
-    for (; c + 8 <= K; c += 8) v8_store(dst + c, v8_expf(v8_load(src + c)));
-    for (; c < K; c++) dst[c] = expf(src[c]);
-}
 
 /* One GDN / KDA state row [K] through the serial delta rule over n tokens: r = a_t r; u = b_t (v_t - r . k_t);
  * r += u k_t; o[t] = r . q_t (when q). a_t: al[t] (pc = 0), or the [K] row al + t K (pc = 1, a per-channel
@@ -128,7 +119,7 @@ static __attribute__((noinline)) void SUF(kda_commit_row)(STYPE *row, int K, int
 static inline void SUF(gdn_serial_decays)(const float *gt, size_t gstride, int n, int K, int pc, float *al)
 {
     for (int t = 0; t < n; t++) {
-        if (pc) SUF(kda_exp_row)(al + (size_t)t * K, gt + t * gstride, K);
+        if (pc) vexp_sub(al + (size_t)t * K, gt + t * gstride, NULL, K);
         else al[t] = expf(gt[t * gstride]);
     }
     if (pc)
@@ -192,42 +183,6 @@ static inline void SUF(gdn_store_window)(ATYPE *out, const float *Ol, int b, int
     }
 }
 
-/* KDA's fold: row_r <- cs * row_r + sum_{j<J} X[j, r] Y[j, :] over the R rows [N] of a head, cs [N] the
- * per-column (key channel) decay. rebuild_rows (kernels_body.h) with its scalar scale made a vector: W
- * contiguous columns of one row in registers per tile, rows in address order, each element read and written
- * once. */
-static inline __attribute__((always_inline)) void SUF(pc_rebuild_tile)(STYPE *row, int r, int R, int n0, int W,
-                                                                     const float *cs, const float *X,
-                                                                     const float *Y, int N, int J)
-{
-    v8f acc[REBUILD_COLS / 8];
-    const int nv = W / 8;
-    for (int k = 0; k < nv; k++) acc[k] = v8_load(cs + n0 + 8 * k) * LDS8(row + n0 + 8 * k);
-    for (int j = 0; j < J; j++) {
-        const float xv = X[(size_t)j * R + r];
-        const float *y = Y + (size_t)j * N + n0;
-        for (int k = 0; k < nv; k++) acc[k] += xv * v8_load(y + 8 * k);
-    }
-    for (int k = 0; k < nv; k++) STS8(row + n0 + 8 * k, acc[k]);
-}
-
-static inline void SUF(pc_rebuild_rows)(STYPE *S, int R, int N, const float *cs, const float *X, const float *Y,
-                                        int J)
-{
-    for (int r = 0; r < R; r++) {
-        STYPE *row = S + (size_t)r * N;
-        int n0 = 0;
-        for (; n0 + REBUILD_COLS <= N; n0 += REBUILD_COLS)
-            SUF(pc_rebuild_tile)(row, r, R, n0, REBUILD_COLS, cs, X, Y, N, J);
-        for (; n0 + 8 <= N; n0 += 8) SUF(pc_rebuild_tile)(row, r, R, n0, 8, cs, X, Y, N, J);
-        for (; n0 < N; n0++) {
-            float acc = cs[n0] * LDS(row + n0);
-            for (int j = 0; j < J; j++) acc += X[(size_t)j * R + r] * Y[(size_t)j * N + n0];
-            STS(row + n0, acc);
-        }
-    }
-}
-
 static inline void SUF(gdn_fold_history)(STYPE *S, const ATYPE *ur_h, const float *w, float d0, const float *d0v,
                                          const float *Kl, int h0, int org, int R, int V, int K)
 {
@@ -237,7 +192,7 @@ static inline void SUF(gdn_fold_history)(STYPE *S, const ATYPE *ur_h, const floa
         const float wj = d0v ? 1.0f : w[j];
         for (int i = 0; i < V; i++) Xm[(size_t)j * V + i] = wj * LDA(uj + i);
     }
-    if (d0v) SUF(pc_rebuild_rows)(S, V, K, d0v, Xm, Kl, h0);
+    if (d0v) SUF(rebuild_rows_cs)(S, K, V, K, 1.0f, d0v, Xm, Kl, h0, 1, NULL, NULL, NULL);   /* KDA: per key channel */
     else SUF(rebuild_rows)(S, K, V, K, d0, Xm, Kl, h0, 1, NULL, NULL, NULL);
 }
 
@@ -384,7 +339,7 @@ static inline float SUF(gdn_history)(const float *gr, const ATYPE *kr, const ATY
         for (int c = 0; c < K; c++) suf[c] = 0.0f;
         for (int j = h0 - 1; j >= 0; j--) {
             const int row = (org + j) & (R - 1);
-            SUF(kda_exp_row)(wv, suf, K);
+            vexp_sub(wv, suf, NULL, K);
             const ATYPE *kj = kr + (((size_t)s * H + hk) * R + row) * K;
             float *Kj = Kl + (size_t)j * K;
             for (int n = 0; n < K; n++) { Kj[n] = wv[n] * LDA(kj + n); suf[n] += gs[(size_t)row * K + n]; }
@@ -394,7 +349,7 @@ static inline float SUF(gdn_history)(const float *gr, const ATYPE *kr, const ATY
                 dots[j * nx + x] = acc;
             }
         }
-        SUF(kda_exp_row)(d0v, suf, K);
+        vexp_sub(d0v, suf, NULL, K);
     } else {
         const float *gs = gr + ((size_t)s * HV + hv) * R;
         float Gp[MAXL], run = 0.0f;
@@ -511,7 +466,7 @@ static inline void SUF(gdn_ring_program)(STYPE *state, ATYPE *ur, ATYPE *kr, flo
     if (pc) {
         for (int t = 0; t < T; t++) {
             float *xk = Xw + (size_t)t * K, *xq = Xw + (size_t)(T + t) * K;
-            SUF(kda_exp_row)(xk, Gw + (size_t)t * K, K);
+            vexp_sub(xk, Gw + (size_t)t * K, NULL, K);
             for (int c = 0; c < K; c++) { xq[c] = xk[c] * X2[(T + t) * K + c]; xk[c] *= X2[t * K + c]; }
             eb[t] = 1.0f;
         }
