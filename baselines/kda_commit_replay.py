@@ -9,7 +9,8 @@ num_accepted stashed tokens into the checkpoint (one state read + one state writ
     o = spec_verify(cache, q, k, v, g, beta)                          # g [batch, T, HV, K]
     spec_commit(cache, num_accepted)
 Validation and dispatch are GDN's (run_spec_verify / run_spec_commit read the decay shape from the geometry).
-Backends: "triton" (GDN's two kernels with PER_CHANNEL), "torch", "ref" (float64); "cpu" raises ValueError.
+Backends: "triton" (GDN's two kernels with PER_CHANNEL), "torch", "cpu" (GDN's C kernels, per-channel mode),
+"ref" (float64).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import torch
 from baselines.gdn_commit_replay import DeltaRuleCommitReplayCache, run_spec_commit, run_spec_verify
 from replayssm.checks import check_cache_type
 from replayssm.geometry import KDAGeometry
-from replayssm.kda.decode import check_kda_backend
 
 
 class CommitReplayCache(DeltaRuleCommitReplayCache):
@@ -44,7 +44,6 @@ def spec_verify(cache: CommitReplayCache, q: torch.Tensor, k: torch.Tensor, v: t
     q, k [batch, T, H, K]; v [batch, T, HV, V]; g [batch, T, HV, K], beta [batch, T, HV] fp32 -> o [batch, T, HV, V].
     """
     check_cache_type(cache, CommitReplayCache)
-    check_kda_backend(backend)
     return run_spec_verify(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend)
 
 
@@ -52,5 +51,4 @@ def spec_commit(cache: CommitReplayCache, num_accepted: torch.Tensor, slots: tor
                 backend: str = "triton") -> None:
     """Replay the accepted prefix (num_accepted [batch] in 1..T, bonus included) into the checkpoint."""
     check_cache_type(cache, CommitReplayCache)
-    check_kda_backend(backend)
     run_spec_commit(cache, num_accepted, slots, backend)

@@ -8,8 +8,8 @@ state [num_slots, HV, V, K] (K-last) is read and written back in place every ste
     S <- S diag(exp(g));  u = beta (v - S k);  S <- S + u k^T;  o = S q        (g [batch, HV, K])
 Validation and dispatch are GDN's (baselines/gdn_recurrent.py, run_recurrent_step). Backends: "triton" (GDN's
 kernel with PER_CHANNEL), "torch" (vectorised: one read, one write of the state), "ref" (GDN's float64 loops,
-replayssm/gdn/ref.py, which take either decay shape; replayssm.kda.ref names them for KDA). "cpu" raises
-ValueError (no C kernel).
+replayssm/gdn/ref.py, which take either decay shape; replayssm.kda.ref names them for KDA), "cpu" (GDN's C
+kernel gdn_step in its per-channel mode).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import torch
 from baselines.gdn_recurrent import run_recurrent_step
 from replayssm.checks import NULL_SLOT
 from replayssm.gdn.decode_torch import prepare_qk_fp32
-from replayssm.kda.decode import check_kda_backend
 
 
 def _step_torch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out) -> None:
@@ -54,6 +53,5 @@ def fused_recurrent_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
     q, k [batch, H, K]; v [batch, HV, V] (same act dtype); g [batch, HV, K] fp32 (unit stride on K);
     beta [batch, HV] fp32; returns o [batch, HV, V]. NULL_SLOT rows are skipped.
     """
-    check_kda_backend(backend)
     return run_recurrent_step(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend,
                               per_channel=True, torch_step=_step_torch)

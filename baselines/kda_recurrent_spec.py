@@ -9,8 +9,8 @@ Per step and slot: 1 state read + T state writes, T states of memory.
     o = spec_verify(states, q, k, v, g, beta)                     # g [batch, T, HV, K]
     spec_commit(states, num_accepted)
 Validation and dispatch are GDN's (run_spec_verify / run_spec_commit / run_spec_reset read the decay shape from
-the geometry). Backends: "triton" (GDN's kernel with PER_CHANNEL), "torch", "ref" (float64); "cpu" raises
-ValueError.
+the geometry). Backends: "triton" (GDN's kernel with PER_CHANNEL), "torch", "cpu" (GDN's C kernel, per-channel
+mode), "ref" (float64).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import torch
 from baselines.gdn_recurrent_spec import DeltaRuleSpecStates, run_spec_commit, run_spec_reset, run_spec_verify
 from replayssm.checks import check_cache_type
 from replayssm.geometry import KDAGeometry
-from replayssm.kda.decode import check_kda_backend
 
 
 class SpecStates(DeltaRuleSpecStates):
@@ -41,7 +40,6 @@ def spec_verify(states: SpecStates, q: torch.Tensor, k: torch.Tensor, v: torch.T
     q, k [batch, T, H, K]; v [batch, T, HV, V]; g [batch, T, HV, K], beta [batch, T, HV] fp32 -> o [batch, T, HV, V].
     """
     check_cache_type(states, SpecStates)
-    check_kda_backend(backend)
     return run_spec_verify(states, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend)
 
 
@@ -49,12 +47,10 @@ def spec_commit(states: SpecStates, num_accepted: torch.Tensor, slots: torch.Ten
                 backend: str = "triton") -> None:
     """Keep the snapshot after the last accepted token: last[slot] = num_accepted - 1 (1..T, bonus included)."""
     check_cache_type(states, SpecStates)
-    check_kda_backend(backend)
     run_spec_commit(states, num_accepted, slots, backend)
 
 
 def spec_reset(states: SpecStates, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
     """Start requests in `slots` (default all): the next verify reads snapshot 0 (the prefill state)."""
     check_cache_type(states, SpecStates)
-    check_kda_backend(backend)
     run_spec_reset(states, slots, backend)

@@ -3,9 +3,11 @@ plumbing a sweep uses (experiments/harness/methods.py: allocate, step / verify +
 
     Mamba-2  Nemotron-3-Super-120B (128 heads, headdim 64, dstate 128, 8 groups)
     GDN      Qwen3.5-122B-A10B     (H 16, HV 64, K = V = 128)
+    KDA      Kimi-Linear-48B-A3B   (H = HV = 32, K = V = 128; GDN's C kernels in their per-channel mode)
 batch 32, fp32 state and activations, AR buffer L = 16, spec window T = 4 with history B = 16, accepted
-counts a deterministic pattern 1 + (row + step) mod T (mean 2.5). One layer: its state alone (128 MiB) is
-far past any CPU's cache, so every step streams from DRAM.
+counts a deterministic pattern 1 + (row + step) mod T (mean 2.5). One layer: its state alone (128 MiB;
+Kimi-Linear's 64 MiB) is past the caches of the CPUs measured so far (a 32 MiB L3; a 480 MiB one whose usable
+share per core is far smaller), so every step streams from DRAM; the row's roofline says what the box reached.
 
 A case is (family, method, route) -> a cycle (AR: L steps from an empty buffer, the flush included; spec:
 STEPS verify + commit steps from a reset ring) and the byte model of a step (replayssm/traffic.py via the
@@ -29,7 +31,7 @@ BUFFER_LEN = 16
 WINDOW = 4
 HISTORY = 16
 SPEC_STEPS = 10
-MODELS = {"mamba2": "nemotron3_super_120b", "gdn": "qwen35_122b_a10b"}
+MODELS = {"mamba2": "nemotron3_super_120b", "gdn": "qwen35_122b_a10b", "kda": "kimi_linear_48b_a3b"}
 AR_METHODS = [("baseline_ar", None), ("replay_ar", "output_only"), ("replay_ar", "state_and_output")]
 SPEC_METHODS = ["baseline_spec", "commit_replay_spec", "replay_spec"]
 
@@ -131,7 +133,9 @@ def row_steps(family: str, method: str, route: str | None, geom, accepted: torch
     tr = {"mamba2": (traffic.mamba2_baseline_ar, traffic.mamba2_replay_ar, traffic.mamba2_baseline_spec,
                      traffic.mamba2_commit_replay_spec, traffic.mamba2_replay_spec_step),
           "gdn": (traffic.gdn_baseline_ar, traffic.gdn_replay_ar, traffic.gdn_baseline_spec,
-                  traffic.gdn_commit_replay_spec, traffic.gdn_replay_spec_step)}[family]
+                  traffic.gdn_commit_replay_spec, traffic.gdn_replay_spec_step),
+          "kda": (traffic.kda_baseline_ar, traffic.kda_replay_ar, traffic.kda_baseline_spec,
+                  traffic.kda_commit_replay_spec, traffic.kda_replay_spec_step)}[family]
     base_ar, replay_ar, base_spec, cr_spec, replay_spec = tr
     b = {"state_bytes": 4, "act_bytes": 4}                     # fp32 state and activations
     if method == "baseline_ar":

@@ -12,8 +12,8 @@ sweep.backend (torch or cpu) is what the ring methods (replay_tree, replay_chain
 fused C/OpenMP kernels (replayssm/cpu), as the CPU sweeps of the other experiments. The two baselines have no
 CPU kernels and always run on torch; every row says the backend it ran, and a ratio never pairs two backends
 (as scripts/report/aggregate.py keys its pairings on backend): under backend=cpu the ring's ratio to the native tree
-is left empty. sweep=tree_cpu therefore keeps torch, the like-for-like comparison with the baselines. KDA has
-no C kernels: its ring methods run on torch under backend=cpu (rows say so); a baseline or byte model a family
+is left empty. sweep=tree_cpu therefore keeps torch, the like-for-like comparison with the baselines. Every
+family's ring methods have C kernels (KDA: GDN's, per-channel mode); a baseline or byte model a family
 lacks (baselines/<tree module>.<family>_tree_verify, replayssm.traffic.tree_traffic) gives a skipped row or an
 empty bytes column, never an error.
 
@@ -117,11 +117,9 @@ def _windows(spec, batch: int, N: int, steps: int, gen: torch.Generator) -> list
             for _ in range(steps)]
 
 
-def method_backend(method: str, backend: str, family: str | None = None) -> str:
-    """The backend a method runs on: sweep.backend for the ring methods (torch for a family without C kernels),
+def method_backend(method: str, backend: str) -> str:
+    """The backend a method runs on: sweep.backend for the ring methods (every family has the C tree verify),
     torch for the baselines."""
-    if family == "kda" and backend == "cpu":
-        return "torch"
     return backend if method in RING_METHODS else "torch"
 
 
@@ -254,7 +252,7 @@ def run_tree(cfg) -> Path:
                                 continue
                             row = dict(model=spec.key, family=spec.family, shape=name, N=N, depth=depth, batch=batch,
                                        history_len=hl, p_node=p, method=method,
-                                       backend=method_backend(method, backend, spec.family),
+                                       backend=method_backend(method, backend),
                                        accepted_per_step=acc_mean,
                                        status="ok", error=None)
                             try:

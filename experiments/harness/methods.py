@@ -4,8 +4,9 @@ Each entry knows, per SSM family, which module implements it (imported lazily: a
 the point `skipped` with the reason, never a crash), how to allocate its persistent cache for a pool of
 slots, how to load a committed state into a fresh cache (for the correctness gate), how to call one
 decode step (AR) or one verify + commit (spec), and its analytic bytes per step (replayssm/traffic.py: the
-`<family>_<name>` functions; a family without one gets no bytes column, never a crash). KDA has no C kernels:
-its backend=cpu points run on torch (cpu_families) and the rows say so.
+`<family>_<name>` functions; a family without one gets no bytes column, never a crash). backend=cpu runs the
+fused C kernels of every family (KDA through GDN's, per-channel mode); a method without them runs on torch
+(cpu_families) and its rows say so.
 
     name                kind  families   what it is (families: mamba2, gdn, kda unless named)
     baseline_ar         ar    all        selective state update / fused recurrent step (state read+write)
@@ -79,7 +80,7 @@ class Method:
 
     # Families whose modules have backend="cpu" kernels (replayssm/cpu); a sweep with backend=cpu runs the
     # others on the torch backend, and their rows say backend=torch.
-    cpu_families: tuple[str, ...] = ("mamba2", "gdn")
+    cpu_families: tuple[str, ...] = ("mamba2", "gdn", "kda")
 
     def backend_for(self, backend: str, family: str | None = None) -> str:
         if backend == "cpu" and family is not None and family not in self.cpu_families:
@@ -221,8 +222,8 @@ class ReplayAR(Method):
 
 class SpecMethod(Method):
     kind = "spec"
-    # Fused CPU kernels: every spec method of both families.
-    cpu_families = ("mamba2", "gdn")
+    # Fused CPU kernels: every spec method of every family.
+    cpu_families = ("mamba2", "gdn", "kda")
     commit_takes_A = False
     cache_modules: dict[str, tuple[str, str]] = {}    # family -> (module, class)
 

@@ -172,7 +172,7 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
     points: list[HybridPoint] = []
     common = dict(experiment=experiment, state_dtype=sd, act_dtype=ad, device=device, seed=seed)
 
-    def on(spec):           # backend=cpu: a family without C kernels (KDA) runs on torch, and its rows say so
+    def on(spec):           # backend=cpu: a method without C kernels runs on torch, and its rows say so
         return dict(common, backend=REGISTRY["baseline_ar"].backend_for(backend, spec.family))
     budgets = {}
     if experiment == "e2e_decode":

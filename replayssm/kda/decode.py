@@ -18,27 +18,17 @@ Validation and dispatch are GDN's (replayssm/gdn/decode.py, run_replay_step / ru
 decay shape from the cache's geometry). `backend`: "triton" (GDN's kernels with PER_CHANNEL set,
 replayssm/gdn/decode_kernels.py), "torch" (decode_torch.py), "ref" (GDN's float64 loops,
 replayssm/gdn/decode_ref.py, which take either decay shape).
-"cpu" has no C kernel for KDA yet: refused with a ValueError before any work.
+"cpu" (GDN's C kernels gdn_replay / gdn_step in their per-channel mode, replayssm/cpu).
 """
 
 from __future__ import annotations
 
 import torch
 
-from replayssm.checks import check_backend, check_cache_type
+from replayssm.checks import check_cache_type
 from replayssm.gdn.decode import run_materialize, run_replay_step
 from replayssm.kda import decode_torch
 from replayssm.kda.cache import ReplayCache
-
-NO_CPU = ("backend='cpu' has no KDA kernels (replayssm/cpu implements Mamba-2 and GDN only); "
-          "use backend='torch' for the CPU timing backend")
-
-
-def check_kda_backend(backend: str, *tensors) -> None:
-    """check_backend, and refuse backend='cpu' (no C kernels for KDA) before any work."""
-    if backend == "cpu":
-        raise ValueError(NO_CPU)
-    check_backend(backend, *tensors)
 
 
 def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -59,7 +49,7 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
         use_qk_l2norm: L2-normalise q and k in the kernel (eps 1e-6 under the square root).
         slots: int32 [batch], each row's cache slot (default arange(batch)); a NULL_SLOT (-1) row is skipped.
         out: optional [batch, HV, V] output in cache.act_dtype.
-        backend: "triton" (default), "torch" or "ref" ("cpu" raises ValueError: no C kernel yet).
+        backend: "triton" (default), "torch", "cpu" or "ref"; all compute the same function and cache contents.
 
     Returns:
         o [batch, HV, V] in cache.act_dtype (`out` when given).
@@ -79,7 +69,6 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
         ((2, 4, 16), [1, 1, 0])
     """
     check_cache_type(cache, ReplayCache)
-    check_kda_backend(backend)
     return run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend, decode_torch)
 
 
@@ -90,7 +79,7 @@ def materialize(cache: ReplayCache, slots: torch.Tensor | None = None, backend: 
     Args:
         cache: the layer's kda.ReplayCache.
         slots: int32 [batch] slot ids (default every slot, batch = num_slots).
-        backend: "triton" (default), "torch" or "ref" ("cpu" raises ValueError).
+        backend: "triton" (default), "torch", "cpu" (the torch form) or "ref".
         out: optional float32 [batch, HV, V, K] output; a NULL_SLOT row of it is left as is.
 
     Returns:
@@ -107,5 +96,4 @@ def materialize(cache: ReplayCache, slots: torch.Tensor | None = None, backend: 
         (3, 4, 16, 16)
     """
     check_cache_type(cache, ReplayCache)
-    check_kda_backend(backend)
     return run_materialize(cache, slots, backend, out, decode_torch)

@@ -5,7 +5,7 @@ K-vectors. Backends: "triton" (GDN's verify kernel with PER_CHANNEL set, replays
 "torch" (spec_torch.py, the module docstring has the window math), "ref" (GDN's float64 oracle,
 replayssm/gdn/spec_ref.py, which takes either decay shape). Validation and dispatch are GDN's
 (replayssm/gdn/spec.py, run_spec_verify / run_spec_materialize: the decay shape comes from the geometry).
-"cpu" raises ValueError (no C kernel for KDA).
+"cpu": GDN's C ring verify in its per-channel mode (replayssm/cpu/gdn_spec_body.h).
 
     o = spec_verify(ring, q, k, v, g, beta)     # o [batch, T, HV, V]: every window token from one S_h
     spec_commit(ring, num_accepted)             # num_accepted [batch] in 1..T (bonus token included)
@@ -23,7 +23,6 @@ from replayssm.checks import check_cache_type
 from replayssm.gdn.spec import run_spec_materialize, run_spec_verify
 from replayssm.kda import spec_torch
 from replayssm.kda.cache import SpecRing
-from replayssm.kda.decode import check_kda_backend
 
 __all__ = ["SpecRing", "spec_verify", "spec_commit", "spec_reset", "spec_materialize"]
 
@@ -47,7 +46,7 @@ def spec_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         use_qk_l2norm: L2-normalise q and k in the kernel.
         slots: int32 [batch] (default arange(batch)); NULL_SLOT (-1) rows are skipped.
         out: optional [batch, T, HV, V] output in ring.act_dtype.
-        backend: "triton" (default), "torch" or "ref" ("cpu" raises ValueError).
+        backend: "triton" (default), "torch", "cpu" or "ref".
 
     Returns:
         o [batch, T, HV, V] in ring.act_dtype (`out` when given).
@@ -67,7 +66,6 @@ def spec_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         (2, 4, 4, 16)
     """
     check_cache_type(ring, SpecRing)
-    check_kda_backend(backend)
     return run_spec_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend, spec_torch)
 
 
@@ -79,7 +77,7 @@ def spec_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor 
         ring: the layer's kda.SpecRing, right after spec_verify.
         num_accepted: int [batch] in 1..T (the bonus token included); not checked on NULL_SLOT rows.
         slots: int32 [batch] (default arange(batch)); NULL_SLOT rows are skipped.
-        backend: "triton" (default), "torch" or "ref" ("cpu" raises ValueError).
+        backend: "triton" (default), "torch", "cpu" or "ref".
 
     Example:
         >>> import torch
@@ -95,7 +93,6 @@ def spec_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor 
         [3, 1, 0]
     """
     check_cache_type(ring, SpecRing)
-    check_kda_backend(backend)
     ring_cursors.commit(ring, num_accepted, slots, backend)
 
 
@@ -112,7 +109,6 @@ def spec_reset(ring: SpecRing, slots: torch.Tensor | None = None, backend: str =
         [0, 0, 0]
     """
     check_cache_type(ring, SpecRing)
-    check_kda_backend(backend)
     ring_cursors.reset(ring, slots, backend)
 
 
@@ -130,5 +126,4 @@ def spec_materialize(ring: SpecRing, slots: torch.Tensor | None = None, backend:
         (3, 4, 16, 16)
     """
     check_cache_type(ring, SpecRing)
-    check_kda_backend(backend)
     return run_spec_materialize(ring, slots, backend, spec_torch)

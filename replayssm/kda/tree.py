@@ -7,7 +7,7 @@ Node s's output depends on S_h and the inputs on its root-to-node path only: the
 replayssm.kda.spec_torch restricted to ancestors, with G_s the per-channel sum of g over s's path. The commit
 moves the accepted nodes' (u, k, g) into chain order (replayssm/tree_ring.py), never a state.
 Backends: "triton" (the verify kernel with IS_TREE and PER_CHANNEL), "torch", "ref" (float64 path recurrence);
-"cpu" raises ValueError.
+"cpu" (GDN's C tree verify, per-channel mode, N <= 32).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from replayssm.checks import check_cache_type
 from replayssm.gdn.tree import run_tree_verify
 from replayssm.kda import spec_torch
 from replayssm.kda.cache import SpecRing
-from replayssm.kda.decode import check_kda_backend
 
 RING_FIELDS = ("u", "k", "g")
 
@@ -32,7 +31,7 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
     Args: as replayssm.gdn.tree_verify, with g [batch, N, HV, K] float32 (per key channel).
         parents: int32 [batch, N] or [N]: parents[0] = -1, parents[s] < s.
-        backend: "triton" (default, N <= 32), "torch" or "ref" ("cpu" raises ValueError).
+        backend: "triton" (default, N <= 32), "torch", "cpu" (N <= 32) or "ref".
 
     Returns:
         o [batch, N, HV, V] in ring.act_dtype.
@@ -51,7 +50,6 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         (2, 3, 4, 16)
     """
     check_cache_type(ring, SpecRing)
-    check_kda_backend(backend)
     return run_tree_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, parents, slots, out, backend, spec_torch)
 
 
@@ -78,6 +76,5 @@ def tree_commit(ring: SpecRing, path: torch.Tensor, num_accepted: torch.Tensor, 
         [2, 1]
     """
     check_cache_type(ring, SpecRing)
-    check_kda_backend(backend)
     path, num_accepted, slots = tree_ring.check_tree_commit(ring, path, num_accepted, slots, backend, parents)
     tree_ring.commit(ring, RING_FIELDS, path, num_accepted, slots, backend)

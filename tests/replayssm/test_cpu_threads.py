@@ -12,7 +12,7 @@ import torch
 
 from benchmarks.cpu_cases import build, cases
 
-TINY = {"mamba2": "tiny_mamba2", "gdn": "tiny_gdn"}
+TINY = {"mamba2": "tiny_mamba2", "gdn": "tiny_gdn", "kda": "tiny_kda"}
 BATCH = 5                 # 5 rows x 4 heads: the two threads' chunks split a row
 
 

@@ -55,7 +55,7 @@ def test_uniform_channels_reduce_to_gdn(gen):
     assert rel_err(o_k, o_g) <= 1e-14 and rel_err(S_k, S_g) <= 1e-14
 
 
-@pytest.mark.parametrize("backend", ["ref", "torch", "triton"])
+@pytest.mark.parametrize("backend", ["ref", "torch", "triton", "cpu"])
 def test_a_scalar_decay_is_detected(backend, gen):
     """The test inputs spread every head's channel decays widely: replacing g by its per-head mean (what a
     kernel that read one decay per head would do) moves the outputs by orders of magnitude above every
