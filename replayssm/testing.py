@@ -89,3 +89,10 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
 
 def nan_like(t: torch.Tensor) -> torch.Tensor:
     return torch.full_like(t, float("nan"))
+
+
+def split_route(backend: str) -> tuple[str, dict]:
+    """A test's backend id with an optional route: 'triton:state_and_output' -> ('triton', {'route':
+    'state_and_output'}); a plain 'triton' -> ('triton', {}) (the function's default route)."""
+    name, _, route = backend.partition(":")
+    return name, ({"route": route} if route else {})

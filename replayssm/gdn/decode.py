@@ -32,7 +32,7 @@ from replayssm.checks import (
 )
 from replayssm.gdn import decode_ref, decode_torch
 from replayssm.gdn.cache import ReplayCache
-from replayssm.gdn.decode_kernels import MAX_K, launch_materialize, launch_replay_step
+from replayssm.gdn.decode_kernels import MAX_K, ROUTES, launch_materialize, launch_replay_step
 from replayssm.ring_cursors import keep_shared_cursor
 
 
@@ -77,7 +77,7 @@ def check_step_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
 def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                 beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False,
                 slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                backend: str = "triton") -> torch.Tensor:
+                backend: str = "triton", route: str = "output_only") -> torch.Tensor:
     """One AR decode step per row: o from the checkpoint + cached entries, then the token is cached (or folded).
 
     Args:
@@ -93,12 +93,17 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
             its output is left as is and no cache entry is touched.
         out: optional [batch, HV, V] output in cache.act_dtype.
         backend: "triton" (default), "torch", "cpu" or "ref"; all compute the same function and cache contents.
+        route: the Triton kernel's normal-step form: "output_only" (default; the checkpoint is read with the two
+            vectors k and q and S_h is never formed, the algebra the torch and C forms also use) or
+            "state_and_output" (S_h rebuilt as a tile by a tensor-core GEMM over the buffer, then read: the
+            paper's GDN kernel). Flush steps rebuild the tile on both routes; the float64, torch and C backends
+            accept either name and compute the same function.
 
     Returns:
         o [batch, HV, V] in cache.act_dtype (`out` when given).
 
     Raises:
-        ValueError: a bad shape, dtype, device, slot or backend, before anything is written.
+        ValueError: a bad shape, dtype, device, slot, route or backend, before anything is written.
 
     Example:
         >>> from replayssm.geometry import GDNGeometry
@@ -112,15 +117,19 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
         ((2, 4, 16), [1, 1, 0])
     """
     check_cache_type(cache, ReplayCache)
-    return run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend, decode_torch)
+    return run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend, decode_torch,
+                           route)
 
 
-def run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend: str, torch_forms):
+def run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend: str, torch_forms,
+                    route: str = "output_only"):
     """replay_step after the family's cache check, for either decay shape: GDN, and KDA (replayssm/kda/decode.py,
     cache.geometry.PER_CHANNEL_DECAY: g [batch, HV, K]). `torch_forms`: the family's torch module (its
     replay_step_torch); the Triton kernels, the C kernels and the float64 loops take either shape."""
     gm = cache.geometry
     per_channel = gm.PER_CHANNEL_DECAY
+    if route not in ROUTES:
+        raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
     check_backend(backend, q, k, v, out, cache.state)
     batch = check_step_inputs(q, k, v, g, beta, out, H=gm.H, HV=gm.HV, K=gm.K, V=gm.V, act_dtype=cache.act_dtype,
                               scale=scale, use_qk_l2norm=use_qk_l2norm, per_channel_g=per_channel)
@@ -133,7 +142,8 @@ def run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, b
     if batch == 0:
         return out
     if backend == "triton":
-        launch_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out, per_channel=per_channel)
+        launch_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out, per_channel=per_channel,
+                           route=route)
     elif backend == "torch":
         with keep_shared_cursor(cache):
             torch_forms.replay_step_torch(cache, q, k, v, g, beta, scale, use_qk_l2norm,

@@ -53,34 +53,49 @@ class ReplayLaunchConfig:
     dot_precision: str
 
 
+ROUTES = ("output_only", "state_and_output")
+
+
 def replay_launch_config(K: int, V: int, state_dtype: torch.dtype, arch: int, L: int | None = None,
-                         kernel: str = "gdn_replay_ar", per_channel: bool = False) -> ReplayLaunchConfig:
-    """The config of `kernel` (gdn_replay_ar: the step and its flush; gdn_replay_materialize): this device's
-    tuned entry (replayssm/launch_table.py, keyed by K, V and the buffer length L), else the default rule.
+                         kernel: str = "gdn_replay_ar", per_channel: bool = False,
+                         route: str | None = None) -> ReplayLaunchConfig:
+    """The config of `kernel` (gdn_replay_ar: the step and its flush, keyed also by its route;
+    gdn_replay_materialize): this device's tuned entry (replayssm/launch_table.py, keyed by K, V, the buffer
+    length L and the route), else the default rule.
     per_channel: the KDA build of the same kernel, resolved under its kda_ name (kda_replay_ar,
     kda_replay_materialize): its register needs differ, so a GDN entry is never applied to it."""
     if per_channel:
         kernel = launch_table.kda_name(kernel)
-    key = {"K": K, "V": V} if L is None else {"K": K, "V": V, "L": L}
-    return launch_table.resolve(kernel, key, state_dtype, arch, default_replay_config(K, V, state_dtype, arch))
+    key = {"K": K, "V": V}
+    if L is not None:
+        key["L"] = L
+    if route is not None:
+        key["route"] = route
+    return launch_table.resolve(kernel, key, state_dtype, arch,
+                                default_replay_config(K, V, state_dtype, arch, route or "state_and_output"))
 
 
-def default_replay_config(K: int, V: int, state_dtype: torch.dtype, arch: int) -> ReplayLaunchConfig:
-    """Launch config keyed by geometry and GPU architecture (no autotune: it would clobber in-place state).
+def default_replay_config(K: int, V: int, state_dtype: torch.dtype, arch: int,
+                          route: str = "state_and_output") -> ReplayLaunchConfig:
+    """Launch config keyed by geometry, route and GPU architecture (no autotune: it would clobber in-place state).
 
     A program rebuilds its [BV, K] block of S_h as one tile (block_kt = the padded K) and keeps it in
     registers through the flush, so a flush reads the state once (replayssm/traffic.py counts one read).
     arch 0 (interpreter): one program per (row, value head), the interpreter costs per program and per op,
-    not per FLOP. GPU: BV rows so that a tile holds 2048 fp32 values ([16, 128] at K = 128, 16 per thread
-    over 4 warps; [16, 256] over 8 warps at K = 256). Built ahead of time for sm_90 and sm_100 at the
-    production geometries (scripts/kernels/kernel_report.py) with no spills. A K walk in [32, 64] tiles needed 103
-    registers but re-read the state and the buffer's keys on every flush. tf32x3 dots keep fp32 parity
-    (plain tf32 drifts ~1e-3).
+    not per FLOP. GPU, state-and-output: BV rows so that a tile holds 2048 fp32 values ([16, 128] at K = 128,
+    16 per thread over 4 warps; [16, 256] over 8 warps at K = 256). Output-only: twice the rows (4096 values),
+    because each program also dots the buffered keys [L, K] with k and q, work that does not shrink with BV;
+    its flush step is the same tile code at that BV (no spill at the production geometries,
+    scripts/kernels/kernel_report.py). A K walk in [32, 64] tiles needed 103 registers but re-read the state
+    and the buffer's keys on every flush. tf32x3 dots keep fp32 parity (plain tf32 drifts ~1e-3).
     """
+    if route not in ROUTES:
+        raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
     BK = max(16, next_pow2(K))
     if arch == 0:
         return ReplayLaunchConfig(max(16, next_pow2(V)), BK, 4, 1, "ieee")
-    return ReplayLaunchConfig(min(max(16, next_pow2(V)), max(16, 2048 // BK)), BK, 4 if BK <= 128 else 8, 2,
+    tile = 4096 if route == "output_only" else 2048
+    return ReplayLaunchConfig(min(max(16, next_pow2(V)), max(16, tile // BK)), BK, 4 if BK <= 128 else 8, 2,
                               "tf32x3" if arch >= 80 else "ieee")
 
 
@@ -139,6 +154,35 @@ def _buffer_weights(gbuf_ptr, ubuf_ptr, h, offs_c, offs_v, mask_v, stride_u_l, H
 
 
 @triton.jit
+def _vector_readout(s_ptrs, s_mask, kbuf_ptrs, kbuf_mask, decay0, weighted_u, key_weights, xk, xq, alpha,
+                    PER_CHANNEL: tl.constexpr):
+    """Output-only route: alpha S_h k and alpha S_h q ([BV] each; KDA: S_h (alpha k), S_h (alpha q)) without S_h,
+        S_h x = exp(G_tot) (S0 x) + sum_j w_j (k_j . x) u_j        (KDA: S0 (exp(G_tot) x) + sum_j ((w_j k_j) . x) u_j)
+    The checkpoint tile meets two vectors (two FMAs per element, no tensor-core tile, no layout conversion) and
+    the buffered keys the same two: k_j . x is [BC] per program, recomputed by each V tile of a head (L K FMAs
+    against the tile's BV K)."""
+    S0 = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)                       # [BV, BK]
+    kb = tl.load(kbuf_ptrs, mask=kbuf_mask, other=0.0).to(tl.float32)                  # [BC, BK]
+    if PER_CHANNEL:
+        xk = xk * alpha
+        xq = xq * alpha
+        kb = kb * key_weights
+        Sk = tl.sum(S0 * (decay0 * xk)[None, :], 1)
+        Sq = tl.sum(S0 * (decay0 * xq)[None, :], 1)
+    else:
+        Sk = decay0 * tl.sum(S0 * xk[None, :], 1)
+        Sq = decay0 * tl.sum(S0 * xq[None, :], 1)
+    ck = tl.sum(kb * xk[None, :], 1)                                                   # [BC]: k_j . x (0 past h)
+    cq = tl.sum(kb * xq[None, :], 1)
+    Sk += tl.sum(weighted_u * ck[None, :], 1)
+    Sq += tl.sum(weighted_u * cq[None, :], 1)
+    if not PER_CHANNEL:
+        Sk = alpha * Sk
+        Sq = alpha * Sq
+    return Sk, Sq
+
+
+@triton.jit
 def _gdn_replay_step_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, slots_ptr,
     state_ptr, ubuf_ptr, kbuf_ptr, gbuf_ptr, wpos_ptr,
@@ -151,7 +195,7 @@ def _gdn_replay_step_kernel(
     scale,
     NULL_ID: tl.constexpr, HV_PER_H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, USE_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    stride_gb_l=1, PER_CHANNEL: tl.constexpr = False,
+    stride_gb_l=1, PER_CHANNEL: tl.constexpr = False, OUTPUT_ONLY: tl.constexpr = False,
 ):
     i_v = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
@@ -191,56 +235,77 @@ def _gdn_replay_step_kernel(
     state_base = state_ptr + slot * stride_s_slot + i_hv * stride_s_h
     kbuf_base = kbuf_ptr + slot * stride_kb_slot + i_h * stride_kb_h
     mask_c = offs_c < h
-
-    # The whole [BV, K] block of S_h in one tile, kept in registers until the flush folds it: the state and
-    # the buffer's keys are read once per step (a K walk would have to re-read both to fold).
     s_ptrs = state_base + offs_v[:, None] * stride_s_v + offs_k[None, :]
     s_mask = mask_v[:, None] & mask_k[None, :]
-    S = _rebuild_tile(s_ptrs, s_mask, kbuf_base + offs_c[:, None] * stride_kb_l + offs_k[None, :],
-                      mask_c[:, None] & mask_k[None, :], decay0, weighted_u, HAS_BUFFER, DOT_PRECISION,
-                      key_weights, PER_CHANNEL)
+    kbuf_ptrs = kbuf_base + offs_c[:, None] * stride_kb_l + offs_k[None, :]
+    kbuf_mask = mask_c[:, None] & mask_k[None, :]
     k_scaled = k_full * k_mult
+    q_scaled = q_full * q_mult
     if PER_CHANNEL:
-        # KDA: decay the state's key columns first, S_h diag(alpha), by decaying the vectors it meets
         g_cur = tl.load(g_ptr + i_b * stride_g_b + i_hv * stride_g_h + offs_k, mask=mask_k, other=0.0)   # [BK]
-        alpha = tl.exp(g_cur)
-        Sk = tl.sum(S * (k_scaled * alpha)[None, :], 1)
-        Sq = tl.sum(S * (q_full * q_mult * alpha)[None, :], 1)
-        beta = tl.load(beta_ptr + i_b * stride_beta_b + i_hv * stride_beta_h)
-        v_cur = tl.load(v_ptr + i_b * stride_v_b + i_hv * stride_v_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        u = beta * (v_cur - Sk)
-        o = Sq + u * kq
     else:
-        Sk = tl.sum(S * k_scaled[None, :], 1)
-        Sq = tl.sum(S * (q_full * q_mult)[None, :], 1)
         g_cur = tl.load(g_ptr + i_b * stride_g_b + i_hv * stride_g_h)
-        alpha = tl.exp(g_cur)
-        beta = tl.load(beta_ptr + i_b * stride_beta_b + i_hv * stride_beta_h)
-        v_cur = tl.load(v_ptr + i_b * stride_v_b + i_hv * stride_v_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        u = beta * (v_cur - alpha * Sk)
-        o = alpha * Sq + u * kq
+    alpha = tl.exp(g_cur)
+    beta = tl.load(beta_ptr + i_b * stride_beta_b + i_hv * stride_beta_h)
+    v_cur = tl.load(v_ptr + i_b * stride_v_b + i_hv * stride_v_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
     o_row = o_ptr + i_b * stride_o_b + i_hv * stride_o_h
-    tl.store(o_row + offs_v, o.to(o_ptr.dtype.element_ty), mask=mask_v)
 
-    if h == L - 1:
-        # Flush: fold the buffer and the current token into the checkpoint, from the tile still in registers.
-        if PER_CHANNEL:
-            S_new = S * alpha[None, :] + u[:, None] * k_scaled[None, :]
-        else:
-            S_new = alpha * S + u[:, None] * k_scaled[None, :]
-        tl.store(s_ptrs, S_new.to(state_ptr.dtype.element_ty), mask=s_mask)
+    if OUTPUT_ONLY and HAS_BUFFER:
+        normal_step = h < L - 1
     else:
-        # Append: u rows of this program; g and the (shared) key by one program each.
-        u_row = ubuf_ptr + slot * stride_u_slot + i_hv * stride_u_h + h * stride_u_l
-        tl.store(u_row + offs_v, u.to(ubuf_ptr.dtype.element_ty), mask=mask_v)
-        if i_v == 0:
+        normal_step = False              # compiled out: the state-and-output route, or L = 1 (every step flushes)
+    if normal_step:
+        # Output-only route, normal step: two vectors meet the checkpoint tile; S_h is never formed.
+        Sk, Sq = _vector_readout(s_ptrs, s_mask, kbuf_ptrs, kbuf_mask, decay0, weighted_u, key_weights,
+                                 k_scaled, q_scaled, alpha, PER_CHANNEL)
+        u = beta * (v_cur - Sk)
+        tl.store(o_row + offs_v, (Sq + u * kq).to(o_ptr.dtype.element_ty), mask=mask_v)
+        _append_entry(ubuf_ptr, gbuf_ptr, kbuf_base, slot, i_v, i_hv, h, u, g_cur, k_scaled, offs_v, mask_v, offs_k,
+                      mask_k, stride_u_slot, stride_u_h, stride_u_l, stride_gb_slot, stride_gb_h, stride_gb_l,
+                      stride_kb_l, HV_PER_H, PER_CHANNEL)
+    else:
+        # State-and-output route (and every flush): the whole [BV, K] block of S_h in one tile, kept in
+        # registers until the flush folds it: the state and the buffer's keys are read once per step (a K walk
+        # would have to re-read both to fold).
+        S = _rebuild_tile(s_ptrs, s_mask, kbuf_ptrs, kbuf_mask, decay0, weighted_u, HAS_BUFFER, DOT_PRECISION,
+                          key_weights, PER_CHANNEL)
+        if PER_CHANNEL:
+            # KDA: decay the state's key columns first, S_h diag(alpha), by decaying the vectors it meets
+            Sk = tl.sum(S * (k_scaled * alpha)[None, :], 1)
+            Sq = tl.sum(S * (q_scaled * alpha)[None, :], 1)
+        else:
+            Sk = alpha * tl.sum(S * k_scaled[None, :], 1)
+            Sq = alpha * tl.sum(S * q_scaled[None, :], 1)
+        u = beta * (v_cur - Sk)
+        tl.store(o_row + offs_v, (Sq + u * kq).to(o_ptr.dtype.element_ty), mask=mask_v)
+        if h == L - 1:
+            # Flush: fold the buffer and the current token into the checkpoint, from the tile still in registers.
             if PER_CHANNEL:
-                tl.store(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h + h * stride_gb_l + offs_k, g_cur,
-                         mask=mask_k)
+                S_new = S * alpha[None, :] + u[:, None] * k_scaled[None, :]
             else:
-                tl.store(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h + h, g_cur)
-            if i_hv % HV_PER_H == 0:
-                tl.store(kbuf_base + h * stride_kb_l + offs_k, k_scaled.to(kbuf_ptr.dtype.element_ty), mask=mask_k)
+                S_new = alpha * S + u[:, None] * k_scaled[None, :]
+            tl.store(s_ptrs, S_new.to(state_ptr.dtype.element_ty), mask=s_mask)
+        else:
+            _append_entry(ubuf_ptr, gbuf_ptr, kbuf_base, slot, i_v, i_hv, h, u, g_cur, k_scaled, offs_v, mask_v,
+                          offs_k, mask_k, stride_u_slot, stride_u_h, stride_u_l, stride_gb_slot, stride_gb_h,
+                          stride_gb_l, stride_kb_l, HV_PER_H, PER_CHANNEL)
+
+
+@triton.jit
+def _append_entry(ubuf_ptr, gbuf_ptr, kbuf_base, slot, i_v, i_hv, h, u, g_cur, k_scaled, offs_v, mask_v, offs_k,
+                  mask_k, stride_u_slot, stride_u_h, stride_u_l, stride_gb_slot, stride_gb_h, stride_gb_l, stride_kb_l,
+                  HV_PER_H: tl.constexpr, PER_CHANNEL: tl.constexpr):
+    """Append (u, k, g) at buffer row h: u rows of this program; g and the (shared) key by one program each."""
+    u_row = ubuf_ptr + slot * stride_u_slot + i_hv * stride_u_h + h * stride_u_l
+    tl.store(u_row + offs_v, u.to(ubuf_ptr.dtype.element_ty), mask=mask_v)
+    if i_v == 0:
+        if PER_CHANNEL:
+            tl.store(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h + h * stride_gb_l + offs_k, g_cur,
+                     mask=mask_k)
+        else:
+            tl.store(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h + h, g_cur)
+        if i_hv % HV_PER_H == 0:
+            tl.store(kbuf_base + h * stride_kb_l + offs_k, k_scaled.to(kbuf_base.dtype.element_ty), mask=mask_k)
 
 
 @triton.jit
@@ -312,12 +377,13 @@ def _per_channel_args(cache, per_channel: bool) -> dict:
 
 
 def launch_replay_step(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slots: torch.Tensor,
-                       out: torch.Tensor, per_channel: bool = False) -> None:
+                       out: torch.Tensor, per_channel: bool = False, route: str = "output_only") -> None:
     """Inputs already validated; slots int32 [batch] (NULL_SLOT rows skipped). per_channel: a KDA cache
-    (replayssm.kda), g [batch, HV, K]."""
+    (replayssm.kda), g [batch, HV, K]. route: the normal step's form (ROUTES)."""
     gm, L = cache.geometry, cache.buffer_len
     batch = q.shape[0]
-    cfg = replay_launch_config(gm.K, gm.V, cache.state_dtype, kernel_arch(q.device), L, per_channel=per_channel)
+    cfg = replay_launch_config(gm.K, gm.V, cache.state_dtype, kernel_arch(q.device), L, per_channel=per_channel,
+                               route=route)
     grid = (triton.cdiv(gm.V, cfg.block_v), batch, gm.HV)
     _gdn_replay_step_kernel[grid](
         q, k, v, g, beta, out, slots, cache.state, cache.u, cache.k, cache.g, cache.write_pos,
@@ -329,6 +395,7 @@ def launch_replay_step(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: boo
         BK=max(16, next_pow2(gm.K)), BV=cfg.block_v, BC=max(16, next_pow2(L)),
         USE_L2NORM=bool(use_qk_l2norm), DOT_PRECISION=cfg.dot_precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_per_channel_args(cache, per_channel),
+        **({"OUTPUT_ONLY": True} if route == "output_only" else {}),
     )
     if cache.shared_cursor:
         return                        # a DecodeCursor shared by every layer advances once per step

@@ -34,7 +34,7 @@ from replayssm.kda.cache import ReplayCache
 def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                 beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False,
                 slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                backend: str = "triton") -> torch.Tensor:
+                backend: str = "triton", route: str = "output_only") -> torch.Tensor:
     """One AR decode step per row: o from the checkpoint + cached entries, then the token is cached (or folded).
 
     Args:
@@ -50,12 +50,17 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
         slots: int32 [batch], each row's cache slot (default arange(batch)); a NULL_SLOT (-1) row is skipped.
         out: optional [batch, HV, V] output in cache.act_dtype.
         backend: "triton" (default), "torch", "cpu" or "ref"; all compute the same function and cache contents.
+        route: the Triton kernel's normal-step form: "output_only" (default; the checkpoint is read with the two
+            vectors k and q and S_h is never formed, the algebra the torch and C forms also use) or
+            "state_and_output" (S_h rebuilt as a tile by a tensor-core GEMM over the buffer, then read: the
+            paper's GDN kernel). Flush steps rebuild the tile on both routes; the float64, torch and C backends
+            accept either name and compute the same function.
 
     Returns:
         o [batch, HV, V] in cache.act_dtype (`out` when given).
 
     Raises:
-        ValueError: a bad shape, dtype, device, slot or backend, before anything is written.
+        ValueError: a bad shape, dtype, device, slot, route or backend, before anything is written.
 
     Example:
         >>> from replayssm.geometry import KDAGeometry
@@ -69,7 +74,8 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
         ((2, 4, 16), [1, 1, 0])
     """
     check_cache_type(cache, ReplayCache)
-    return run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend, decode_torch)
+    return run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend, decode_torch,
+                           route)
 
 
 def materialize(cache: ReplayCache, slots: torch.Tensor | None = None, backend: str = "triton",

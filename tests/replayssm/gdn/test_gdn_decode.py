@@ -15,10 +15,12 @@ from replayssm.gdn.decode import materialize, replay_step
 from replayssm.gdn.inputs import random_state, random_step
 from replayssm.gdn.ref import gdn_step_ref, l2norm
 from replayssm.geometry import GDNGeometry, get_geometry
-from replayssm.testing import assert_rel_close, poison_, rel_err, tolerance
+from replayssm.testing import assert_rel_close, poison_, rel_err, split_route, tolerance
 
 F32, F16 = torch.float32, torch.float16
 BACKENDS = ["ref", "torch", "triton", "cpu"]
+# the Triton step has two routes (its default output-only and the state-and-output tile): both run the scenarios
+ROUTED = ["ref", "torch", "triton", "triton:state_and_output", "cpu"]
 TINY = GDNGeometry(H=2, HV=4, K=32, V=32)      # two value heads per key head
 
 
@@ -61,6 +63,7 @@ def random_cache(gm, num_slots, L, act_dtype, state_dtype, gen, device):
 
 def run_scenario(backend, gm, L, act_dtype, state_dtype, steps, gen, device, use_qk_l2norm=False, scale=None,
                  strided=False, batch=3, extra_slots=2):
+    backend, route = split_route(backend)
     tol = tolerance(act_dtype, state_dtype)
     num_slots = batch + extra_slots
     cache, truth = random_cache(gm, num_slots, L, act_dtype, state_dtype, gen, device)
@@ -80,7 +83,7 @@ def run_scenario(backend, gm, L, act_dtype, state_dtype, steps, gen, device, use
             out = strided_copy(out)
         before = cache.clone()
         replay_step(cache, **inp, scale=scale, use_qk_l2norm=use_qk_l2norm, slots=slots.to(device), out=out,
-                    backend=backend)
+                    backend=backend, **route)
 
         rows, sl = live.nonzero().flatten(), slots[live].long()
         S_true, o_true, _ = gdn_step_ref(truth[sl], *(inp[n].cpu()[rows] for n in ("q", "k", "v", "g", "beta")),
@@ -112,10 +115,10 @@ SCENARIOS = [  # (L, act, state, use_qk_l2norm, scale, strided)
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ROUTED)
 @pytest.mark.parametrize("L, act, state, l2, scale, strided", SCENARIOS)
 def test_replay_matches_ground_truth(backend, L, act, state, l2, scale, strided, gen, device):
-    steps = L + 3 if backend == "triton" else 2 * L + 6
+    steps = L + 3 if backend.startswith("triton") else 2 * L + 6
     run_scenario(backend, TINY, L, act, state, steps, gen, device, use_qk_l2norm=l2, scale=scale, strided=strided)
 
 
@@ -184,13 +187,14 @@ def test_buffer_len_one_is_the_baseline(backend, state_dtype, gen, device):
 
 def synced_run_checkpoints(backend, gm, L, steps, batch, gen, device):
     """All rows in step: after every flush the checkpoint must equal the ground-truth state."""
+    backend, route = split_route(backend)
     cache = ReplayCache.allocate(gm, batch, L, device=device)
     cache.state.copy_(random_state(gm, batch, generator=gen))
     truth = cache.state.double().cpu()
     worst, checked = 0.0, 0
     for step in range(steps):
         inp = random_step(gm, batch, device=device, use_qk_l2norm=True, generator=gen)
-        o = replay_step(cache, **inp, use_qk_l2norm=True, backend=backend)
+        o = replay_step(cache, **inp, use_qk_l2norm=True, backend=backend, **route)
         truth, o_true, _ = gdn_step_ref(truth, *(inp[n].cpu() for n in ("q", "k", "v", "g", "beta")),
                                         use_qk_l2norm=True)
         worst = max(worst, rel_err(o, o_true))
@@ -210,8 +214,9 @@ def test_long_run_torch(gen, device):
 
 
 @pytest.mark.slow
-def test_long_run_triton(gen, device):
-    synced_run_checkpoints("triton", GDNGeometry(H=1, HV=2, K=16, V=16), 4, 104, 2, gen, device)
+@pytest.mark.parametrize("backend", ["triton", "triton:state_and_output"])
+def test_long_run_triton(backend, gen, device):
+    synced_run_checkpoints(backend, GDNGeometry(H=1, HV=2, K=16, V=16), 4, 104, 2, gen, device)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -316,25 +321,29 @@ def test_bf16_rejected_by_the_interpreter(gen, device):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("route", ["output_only", "state_and_output"])
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.bfloat16, F32), (F32, torch.bfloat16)])
-def test_bf16_on_gpu(act_dtype, state_dtype, gen):
-    run_scenario("triton", TINY, 4, act_dtype, state_dtype, 7, gen, "cuda", use_qk_l2norm=True)
+def test_bf16_on_gpu(act_dtype, state_dtype, route, gen):
+    run_scenario(f"triton:{route}", TINY, 4, act_dtype, state_dtype, 7, gen, "cuda", use_qk_l2norm=True)
 
 
-GPU_TILES = GDNGeometry(H=1, HV=2, K=128, V=40)     # GPU table: [16, 128] tiles, three V tiles, the last masked
+GPU_TILES = GDNGeometry(H=1, HV=2, K=128, V=40)     # GPU table: [16, 128] / [32, 128] tiles, the last V tile masked
 
 
+@pytest.mark.parametrize("route", ["output_only", "state_and_output"])
 @pytest.mark.parametrize("arch", ["90", "100"])
-def test_gpu_tile_table_under_interpreter(arch, gen, device, monkeypatch):
+def test_gpu_tile_table_under_interpreter(arch, route, gen, device, monkeypatch):
     """The GPU launch table run by the interpreter: several V-tile programs per (row, value head), so the
     u rows are appended by their own tile, g and the shared key (two value heads per key head) by one
     program each, and a flush folds the tile it kept in registers. Outputs, checkpoint and materialize vs
-    the float64 ground truth, over a flush."""
+    the float64 ground truth, over a flush, on both routes (state-and-output: 3 V tiles; output-only: 2)."""
     if not interpreter_active():
         pytest.skip("the forced launch table is an interpreter-only check")
     monkeypatch.setenv("REPLAYSSM_TARGET_ARCH", arch)
     from replayssm.gdn.decode_kernels import replay_launch_config
 
-    cfg = replay_launch_config(GPU_TILES.K, GPU_TILES.V, F32, int(arch))
-    assert cfg.block_kt == GPU_TILES.K and -(-GPU_TILES.V // cfg.block_v) == 3 and cfg.dot_precision == "tf32x3"
-    run_scenario("triton", GPU_TILES, 4, F32, F32, 5, gen, device, use_qk_l2norm=True, batch=2, extra_slots=1)
+    cfg = replay_launch_config(GPU_TILES.K, GPU_TILES.V, F32, int(arch), route=route)
+    tiles = {"output_only": 2, "state_and_output": 3}[route]
+    assert cfg.block_kt == GPU_TILES.K and -(-GPU_TILES.V // cfg.block_v) == tiles and cfg.dot_precision == "tf32x3"
+    run_scenario(f"triton:{route}", GPU_TILES, 4, F32, F32, 5, gen, device, use_qk_l2norm=True, batch=2,
+                 extra_slots=1)
