@@ -27,7 +27,7 @@ the padded dimension it tiles is left out:
     gdn_recurrent (baseline)                       block_v x num_warps    {8,16,32} x {1,2,4,8}        12
     gdn_spec_verify, gdn_cr_verify, gdn_cr_commit  BV x num_warps         {8,16,32} x {1,2,4,8}        12
     mamba2_replay_ar (step + flush, per route)     block_m x num_warps    {16,32,64} x {1,2,4,8}       12
-    gdn_replay_ar (step + flush)                   block_v x num_warps x  {16,32,64} x {2,4,8} x {1,2} 18
+    gdn_replay_ar (step + flush, per route)        block_v x num_warps x  {16,32,64} x {2,4,8} x {1,2} 18
                                                    num_stages
     mamba2_replay_spec (scatter + verify)          spec_kernels.spec_tile_candidates: dstate chunk     11
                                                    {16,32,64} x warps {2,4,8} x T pad {min,32}, less
@@ -142,7 +142,8 @@ def dropped_reason(kernel: str, key: dict, cand) -> str | None:
     """Why candidate `cand` of `kernel` is not in the space at `key` (TUNE_DROPPED), or None."""
     if not isinstance(cand, dict):
         return None
-    return TUNE_DROPPED.get((kernel, key.get("route"), tuple(cand.items())))
+    fields = tuple(cand.items())      # an entry under route None holds for every route of the kernel
+    return TUNE_DROPPED.get((kernel, key.get("route"), fields)) or TUNE_DROPPED.get((kernel, None, fields))
 
 
 def candidates(kernel: str, key: dict, include_dropped: bool = False) -> list:
@@ -212,7 +213,7 @@ def static_key(kernel: str, p: Point, geometry) -> dict:
     key = {"K": g["K"], "V": g["V"]}
     kernel = gdn_twin(kernel)
     if kernel == "gdn_replay_ar":
-        key["L"] = p.buffer_len
+        key.update(L=p.buffer_len, route=p.route)
     if kernel in ("gdn_replay_spec", "gdn_replay_tree"):
         key.update(history=p.history_len, window=p.spec_T)
     return key

@@ -173,7 +173,7 @@ def layer_traffic(geom, method: str, *, L: int = 16, route: str = "output_only",
     if method == "replay_ar":
         if m:
             return traffic.mamba2_replay_ar_cycle(geom, L, route, state_bytes, act_bytes)
-        return traffic.gdn_replay_ar_cycle(geom, L, state_bytes, act_bytes)
+        return traffic.gdn_replay_ar_cycle(geom, L, state_bytes, act_bytes, route)
     if method == "baseline_spec":
         return (traffic.mamba2_baseline_spec if m else traffic.gdn_baseline_spec)(geom, T, state_bytes, act_bytes)
     if method == "commit_replay_spec":

@@ -240,10 +240,12 @@ def gdn_baseline_ar(geom: GDNGeometry, state_bytes: int = FP32, act_bytes: int =
                    flops=_gdn_flops_baseline_token(geom))
 
 
-def gdn_replay_ar(geom: GDNGeometry, L: int, h: int, state_bytes: int = FP32, act_bytes: int = HALF) -> Traffic:
+def gdn_replay_ar(geom: GDNGeometry, L: int, h: int, state_bytes: int = FP32, act_bytes: int = HALF,
+                  route: str = "output_only") -> Traffic:
     """ReplaySSM GDN AR step at fill h: as `mamba2_replay_ar` with the (u, k, g) entry; h == L-1 flushes.
     The kernel folds the rebuilt S_h tile it still holds in registers, so a flush reads the state once too
-    (scripts/kernels/kernel_traffic.py checks issued against unique state loads)."""
+    (scripts/kernels/kernel_traffic.py checks issued against unique state loads). The route changes the FLOPs
+    only: both read the checkpoint once and the same buffer entries."""
     _check_geometry(geom, GDNGeometry)
     _check_dtypes(state_bytes, act_bytes)
     _check_int("L", L, 1)
@@ -253,13 +255,14 @@ def gdn_replay_ar(geom: GDNGeometry, L: int, h: int, state_bytes: int = FP32, ac
     flush = h == L - 1
     return Traffic(read=state + h * entry + gdn_input_bytes(geom, act_bytes),
                    write=gdn_output_bytes(geom, act_bytes) + (state if flush else entry),
-                   flops=_gdn_flops_replay(geom, h, flush))
+                   flops=_gdn_flops_replay(geom, h, flush, route))
 
 
-def gdn_replay_ar_cycle(geom: GDNGeometry, L: int, state_bytes: int = FP32, act_bytes: int = HALF) -> Traffic:
+def gdn_replay_ar_cycle(geom: GDNGeometry, L: int, state_bytes: int = FP32, act_bytes: int = HALF,
+                        route: str = "output_only") -> Traffic:
     """Mean step over one flush cycle h = 0..L-1."""
     _check_int("L", L, 1)
-    return mean_traffic([gdn_replay_ar(geom, L, h, state_bytes, act_bytes) for h in range(L)])
+    return mean_traffic([gdn_replay_ar(geom, L, h, state_bytes, act_bytes, route) for h in range(L)])
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -164,12 +164,18 @@ def _gdn_flops_baseline_token(geom: GDNGeometry, readout: bool = True) -> int:
     return geom.HV * (VK + 2 * VK + 2 * VK + (2 * VK if readout else 0) + 2 * geom.V)
 
 
-def _gdn_flops_replay(geom: GDNGeometry, h: int, flush: bool) -> int:
-    """Rebuild S_h = e^G S0 + sum_{j<h} w_j u_j k_j^T (VK + 2hVK, nothing when h = 0), read it with k and q
-    (4VK), the token's vector work (u: 3V; o = alpha S_h q + u (k . q): 3V + 2K); a flush writes
-    alpha S_h + u k^T (3VK)."""
+def _gdn_flops_replay(geom: GDNGeometry, h: int, flush: bool, route: str = "output_only") -> int:
+    """State-and-output (and every flush): rebuild S_h = e^G S0 + sum_{j<h} w_j u_j k_j^T (VK + 2hVK, nothing
+    when h = 0), read it with k and q (4VK), the token's vector work (u: 3V; o = alpha S_h q + u (k . q):
+    3V + 2K); a flush writes alpha S_h + u k^T (3VK). Output-only (normal steps): S0 read with k and q (4VK),
+    the buffered keys with the same two (4hK) and their u rows summed with those weights (4hV), the same
+    token work: S_h is never formed."""
+    if route not in ROUTES:
+        raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
     V, K = geom.V, geom.K
     VK = V * K
+    if route == "output_only" and not flush:
+        return geom.HV * (4 * VK + 4 * h * (K + V) + 6 * V + 2 * K)
     rebuild = (VK + 2 * h * VK) if h else 0
     fold = 3 * VK if flush else 0
     return geom.HV * (rebuild + 4 * VK + 6 * V + 2 * K + fold)

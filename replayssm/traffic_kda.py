@@ -72,8 +72,8 @@ def _flops_baseline_token(geom: KDAGeometry, readout: bool = True) -> int:
     return _gdn_flops_baseline_token(geom, readout) + geom.HV * (geom.K - 1)
 
 
-def _flops_replay(geom: KDAGeometry, h: int, flush: bool) -> int:
-    return _gdn_flops_replay(geom, h, flush) + geom.HV * (3 * h * geom.K + 3 * geom.K)
+def _flops_replay(geom: KDAGeometry, h: int, flush: bool, route: str = "output_only") -> int:
+    return _gdn_flops_replay(geom, h, flush, route) + geom.HV * (3 * h * geom.K + 3 * geom.K)
 
 
 def _flops_spec_verify(geom: KDAGeometry, h: int, T: int, flush: bool) -> int:
@@ -95,7 +95,8 @@ def kda_baseline_ar(geom: KDAGeometry, state_bytes: int = FP32, act_bytes: int =
                    flops=_flops_baseline_token(geom))
 
 
-def kda_replay_ar(geom: KDAGeometry, L: int, h: int, state_bytes: int = FP32, act_bytes: int = HALF) -> Traffic:
+def kda_replay_ar(geom: KDAGeometry, L: int, h: int, state_bytes: int = FP32, act_bytes: int = HALF,
+                  route: str = "output_only") -> Traffic:
     """ReplaySSM KDA AR step at fill h (h == L - 1 flushes): GDN's structure with the KDA entry."""
     _check(geom, state_bytes, act_bytes)
     _check_int("L", L, 1)
@@ -104,13 +105,14 @@ def kda_replay_ar(geom: KDAGeometry, L: int, h: int, state_bytes: int = FP32, ac
     flush = h == L - 1
     return Traffic(read=state + h * entry + kda_input_bytes(geom, act_bytes),
                    write=kda_output_bytes(geom, act_bytes) + (state if flush else entry),
-                   flops=_flops_replay(geom, h, flush))
+                   flops=_flops_replay(geom, h, flush, route))
 
 
-def kda_replay_ar_cycle(geom: KDAGeometry, L: int, state_bytes: int = FP32, act_bytes: int = HALF) -> Traffic:
-    """Mean step over one flush cycle h = 0..L-1."""
+def kda_replay_ar_cycle(geom: KDAGeometry, L: int, state_bytes: int = FP32, act_bytes: int = HALF,
+                        route: str = "output_only") -> Traffic:
+    """Mean step over one flush cycle h = 0..L-1 (the route changes the FLOPs only, as GDN's)."""
     _check_int("L", L, 1)
-    return mean_traffic([kda_replay_ar(geom, L, h, state_bytes, act_bytes) for h in range(L)])
+    return mean_traffic([kda_replay_ar(geom, L, h, state_bytes, act_bytes, route) for h in range(L)])
 
 
 def kda_baseline_spec(geom: KDAGeometry, T: int, state_bytes: int = FP32, act_bytes: int = HALF) -> Traffic:

@@ -87,7 +87,7 @@ class Method:
             return "torch"
         return backend
 
-    def routes(self, family: str) -> tuple[str | None, ...]:
+    def routes(self, family: str, backend: str = "triton") -> tuple[str | None, ...]:
         return (None,)
 
     def module(self, family: str):
@@ -182,9 +182,13 @@ class ReplayAR(Method):
     name, kind, uses_buffer, partner = "replay_ar", "ar", True, "baseline_ar"
     modules = {"mamba2": "replayssm.mamba2.decode", "gdn": "replayssm.gdn.decode", "kda": "replayssm.kda.decode"}
 
-    def routes(self, family):
-        # GDN and KDA read the state with two vectors (S k, S q): only the state-and-output route exists.
-        return ("output_only", "state_and_output") if family == "mamba2" else ("state_and_output",)
+    def routes(self, family, backend="triton"):
+        # Mamba-2: both routes on every backend (the C kernels have both). GDN and KDA: the Triton kernel has both
+        # (output-only reads the checkpoint with the two vectors k and q); the torch and C forms compute the
+        # output-only algebra only, so a state-and-output row there would name a form that did not run.
+        if family == "mamba2" or backend == "triton":
+            return ("output_only", "state_and_output")
+        return ("output_only",)
 
     def api(self, family):
         return {"step": self.module(family).replay_step}
@@ -205,17 +209,14 @@ class ReplayAR(Method):
         return cache.write_pos
 
     def step(self, fns, cache, p, kw, slots, out):
-        if p.family == "mamba2":
-            return fns["step"](cache, **kw, slots=slots, out=out, backend=p.backend, route=p.route)
-        return fns["step"](cache, **kw, slots=slots, out=out, backend=p.backend)
+        route = {} if p.route is None else {"route": p.route}
+        return fns["step"](cache, **kw, slots=slots, out=out, backend=p.backend, **route)
 
     def traffic(self, p, wl, accepted):
         fn = _tr_fn(_traffic(), wl.family, "replay_ar_cycle")
         if fn is None:
             return None
-        if wl.family == "mamba2":
-            return fn(wl.geometry, p.buffer_len, p.route, **_tr_args(wl))
-        return fn(wl.geometry, p.buffer_len, **_tr_args(wl))
+        return fn(wl.geometry, p.buffer_len, route=p.route or "output_only", **_tr_args(wl))
 
 
 # ------------------------------------------------------------------------------------------- spec methods

@@ -435,7 +435,7 @@ def _method_points(method: Method, base: dict, family: str, kind: str, is_refere
     if method.kind == "ar":
         if not method.uses_buffer or is_reference:
             return [Point(**base, **empty)]
-        method_routes = [r for r in routes if r in method.routes(family)]
+        method_routes = [r for r in routes if r in method.routes(family, base["backend"])]
         return [Point(**base, **dict(empty, route=r, buffer_len=L)) for L in buffer_lens for r in method_routes]
     out = []
     for T in spec_Ts:

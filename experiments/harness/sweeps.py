@@ -48,7 +48,7 @@ class HybridSweepSchema:
     spec_T: list[int] = field(default_factory=lambda: [4])
     acceptance: list[Any] = field(default_factory=lambda: [{"kind": "rate", "p": 0.8}])
     spec_steps: int = 8                     # verify+commit steps per timed cycle (raised to pass >= 3 flushes)
-    route: str = "output_only"              # Mamba-2 replay route (GDN: state_and_output)
+    route: str = "output_only"              # replay_ar route (GDN / KDA off Triton: output_only only)
     state_dtype: str = "float32"
     act_dtype: str = "float32"
     backend: str = "torch"
@@ -85,7 +85,7 @@ class AccuracySweepSchema:
     methods: list[str] = field(default_factory=lambda: list(ACCURACY_METHODS))
     workloads: list[str] = field(default_factory=lambda: list(ACCURACY_WORKLOADS))
     buffer_len: list[int] = field(default_factory=lambda: [4, 16])
-    route: str = "output_only"       # Mamba-2 replay_ar route (GDN has one)
+    route: str = "output_only"       # replay_ar route (GDN / KDA off Triton: output_only only)
     spec_T: int = 4
     history_len: int = 16
     acceptance: str = "rate:0.7"

@@ -186,7 +186,7 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
                         points.append(HybridPoint(
                             **on(spec), model=spec.name, tp=spec.tp, family=spec.family, method=m, mode=None, batch=b,
                             context_len=ctx, buffer_len=spec.buffer_len if m == "replay_ar" else None, history_len=None,
-                            spec_T=None, acceptance=None, route=_route(spec, m, route),
+                            spec_T=None, acceptance=None, route=_route(spec, m, route, on(spec)["backend"]),
                             build=_build(spec, build, sweep, ad),
                             **_residency(spec, _build(spec, build, sweep, ad), m, b, None, device, hardware, timing,
                                          sd, ad)))
@@ -285,10 +285,12 @@ def _check_context(ctx: int, steps: int, T: int, max_len: int, key: str) -> None
                          f"sequence, more than the KV budget sweep.max_model_len={max_len}")
 
 
-def _route(spec: HybridSpec, method: str, route: str) -> str | None:
+def _route(spec: HybridSpec, method: str, route: str, backend: str) -> str | None:
+    """The replay_ar route a point runs (ReplayAR.routes): GDN and KDA have the state-and-output form on Triton
+    only, so elsewhere their rows say output_only, the algebra their torch and C forms compute."""
     if method != "replay_ar":
         return None
-    return route if spec.family == "mamba2" else "state_and_output"
+    return route if route in REGISTRY["replay_ar"].routes(spec.family, backend) else "output_only"
 
 
 def _build(spec: HybridSpec, build: str, sweep: dict, act: str) -> str:

@@ -80,7 +80,7 @@ declare -A WHAT=([env]="nvidia-smi, NVML, versions, measured device copy bandwid
                  [wheels]="offline install of WHEELS=DIR + import check (only with WHEELS)"
                  [launch]="launch floor b1: minimal kernel + each method, graph/eager/host; 3.6 launcher builds"
                  [tests]="the cheapest GPU tests (bf16 Triton, graph capture, production shapes), per-test record"
-                 [headline]="AR decode b64/256/512 Super-120B L8/16 + Qwen3.5-122B L16; spec T4 b128/512, T6 b128"
+                 [headline]="AR decode b64/256/512 Super-120B L8/16 + Qwen3.5-122B, Kimi-Linear L16 (both routes); spec T4 b128/512, T6 b128"
                  [e2e]="e2e decode Nano-4B + Qwen3.5-4B b256; serving T4 Nano-4B b128 native + ReplaySSM"
                  [dram]="ncu DRAM bytes read/written: baseline_ar, replay_ar, replay_spec vs the byte model"
                  [report]="aggregate, tables, claims report on what ran; plots in the time left")
@@ -89,6 +89,7 @@ declare -A WHAT=([env]="nvidia-smi, NVML, versions, measured device copy bandwid
 # Mamba-2 ones had not started there. One parametrization of each production-geometry test: the rest add
 # minutes of compiles (`make test-gpu-stack` builds every kernel AOT on a CPU). GPU_TESTS=... replaces the list.
 DEFAULT_GPU_TESTS="tests/replayssm/gdn/test_gdn_decode.py::test_bf16_on_gpu
+tests/replayssm/kda/test_kda_decode.py::test_bf16_on_gpu
 tests/baselines/test_gdn_recurrent.py::test_bf16_on_gpu
 tests/replayssm/mamba2/test_decode.py::test_cuda_bf16_and_fp32_parity
 tests/replayssm/mamba2/test_decode.py::test_cuda_graph_capture
@@ -419,9 +420,9 @@ headline_stage() {
                   "sweep.act_dtype=[bfloat16]")
     sweep kernel_decode "${common[@]}" "sweep.models=[nemotron3_super_120b]" "sweep.batch=[64,256,512]" \
         "sweep.buffer_len=[8,16]" method=all ${extra[@]+"${extra[@]}"} || return 1
-    sweep kernel_decode "${common[@]}" "sweep.models=[qwen35_122b_a10b]" "sweep.batch=[64,256,512]" \
-        "sweep.buffer_len=[16]" method=all ${extra[@]+"${extra[@]}"} || return 1
-    sweep kernel_spec "${common[@]}" "sweep.models=[nemotron3_super_120b,qwen35_122b_a10b]" \
+    sweep kernel_decode "${common[@]}" "sweep.models=[qwen35_122b_a10b,kimi_linear_48b_a3b]" \
+        "sweep.batch=[64,256,512]" "sweep.buffer_len=[16]" method=all ${extra[@]+"${extra[@]}"} || return 1
+    sweep kernel_spec "${common[@]}" "sweep.models=[nemotron3_super_120b,qwen35_122b_a10b,kimi_linear_48b_a3b]" \
         "sweep.batch=[128,512]" "sweep.spec_T=[4]" "sweep.acceptance=[{kind: rate, p: 0.8}]" \
         "method.names=[baseline_spec,replay_spec,commit_replay_spec]" ${extra[@]+"${extra[@]}"} || return 1
     sweep kernel_spec "${common[@]}" "sweep.models=[nemotron3_super_120b,qwen35_122b_a10b]" \

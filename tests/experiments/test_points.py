@@ -25,8 +25,12 @@ def test_cpu_sweep_expands_to_every_method_of_each_kind(tmp_path):
     assert ("tiny_mamba2", "baseline_ar", None) in methods
     assert ("tiny_mamba2", "replay_ar", "output_only") in methods
     assert ("tiny_mamba2", "replay_ar", "state_and_output") in methods
-    assert ("tiny_gdn", "replay_ar", "state_and_output") in methods
-    assert ("tiny_gdn", "replay_ar", "output_only") not in methods      # GDN has no output-only route
+    assert ("tiny_gdn", "replay_ar", "output_only") in methods
+    # GDN's state-and-output route is a Triton kernel form: the C kernels (backend cpu) compute output-only
+    assert ("tiny_gdn", "replay_ar", "state_and_output") not in methods
+    triton = expand(compose(tmp_path, "kernel_decode", ["sweep.backend=triton"]))
+    assert {("tiny_gdn", "output_only"), ("tiny_gdn", "state_and_output")} <= {
+        (p.model, p.route) for p in triton.points if p.method == "replay_ar"}
     assert ("tiny_gdn", "peer:mamba_ssm", None) not in methods          # family filter
     assert not any(p.method.endswith("_spec") for p in plan.points)     # decode runs AR methods only
     baseline = next(p for p in plan.points if p.method == "baseline_ar")

@@ -210,7 +210,9 @@ RECIPES = [
            spec_recipe("mamba2", "baselines.mamba2_ssu", "SpecStates"), ar=False),
     Recipe("mamba2.commit_replay", "mamba2",
            spec_recipe("mamba2", "baselines.mamba2_commit_replay", "CommitReplayCache"), ar=False),
-    Recipe("gdn.replay", "gdn", replay_ar_recipe("gdn", "replayssm.gdn.cache"), ar=True),
+    Recipe("gdn.replay", "gdn", replay_ar_recipe("gdn", "replayssm.gdn.cache"), ar=True),      # output-only
+    Recipe("gdn.replay[state_and_output]", "gdn",
+           replay_ar_recipe("gdn", "replayssm.gdn.cache", "state_and_output"), ar=True),
     Recipe("gdn.replay_spec", "gdn",
            spec_recipe("gdn", ("replayssm.gdn.spec", "replayssm.gdn.ring"), "SpecRing"), ar=False),
     Recipe("gdn.recurrent", "gdn",
@@ -250,7 +252,9 @@ RECIPES += [
     Recipe("mamba2.replay_tree", "mamba2", tree_recipe("mamba2"), ar=False),
     Recipe("gdn.replay_tree", "gdn", tree_recipe("gdn"), ar=False),
     # KDA (replayssm.kda): GDN's kernels with PER_CHANNEL set, built at Kimi-Linear's geometry
-    Recipe("kda.replay", "kda", replay_ar_recipe("kda", "replayssm.kda.cache"), ar=True),
+    Recipe("kda.replay", "kda", replay_ar_recipe("kda", "replayssm.kda.cache"), ar=True),      # output-only
+    Recipe("kda.replay[state_and_output]", "kda",
+           replay_ar_recipe("kda", "replayssm.kda.cache", "state_and_output"), ar=True),
     Recipe("kda.replay_spec", "kda", spec_recipe("kda", ("replayssm.kda.spec", "replayssm.kda.cache"), "SpecRing"),
            ar=False),
     Recipe("kda.replay_tree", "kda", tree_recipe("kda"), ar=False),
