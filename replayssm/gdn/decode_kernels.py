@@ -100,12 +100,11 @@ def default_replay_config(K: int, V: int, state_dtype: torch.dtype, arch: int,
 
 
 @triton.jit
-def _rebuild_tile(state_ptrs, state_mask, kbuf_ptrs, kbuf_mask, decay0, weighted_u,
-                  HAS_BUFFER: tl.constexpr, DOT_PRECISION: tl.constexpr, key_weights=1.0,
-                  PER_CHANNEL: tl.constexpr = False):
-    """One [BV, BKT] tile of S_h = exp(G_tot) S0 + (u * w) @ k_buf, in fp32. PER_CHANNEL (KDA): decay0 is the
-    [BKT] row exp(G_tot), weighted_u the plain u rows and key_weights the [BC, BKT] weights w of the keys."""
-    S = tl.load(state_ptrs, mask=state_mask, other=0.0).to(tl.float32)
+def _rebuild_tile(S, kbuf_ptrs, kbuf_mask, decay0, weighted_u, HAS_BUFFER: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  key_weights=1.0, PER_CHANNEL: tl.constexpr = False):
+    """One [BV, BKT] tile of S_h = exp(G_tot) S0 + (u * w) @ k_buf, in fp32, from the checkpoint tile S0 (loaded
+    by the caller, fp32). PER_CHANNEL (KDA): decay0 is the [BKT] row exp(G_tot), weighted_u the plain u rows and
+    key_weights the [BC, BKT] weights w of the keys."""
     if HAS_BUFFER:
         kb = tl.load(kbuf_ptrs, mask=kbuf_mask, other=0.0).to(tl.float32)           # [BC, BKT]
         if PER_CHANNEL:
@@ -154,14 +153,13 @@ def _buffer_weights(gbuf_ptr, ubuf_ptr, h, offs_c, offs_v, mask_v, stride_u_l, H
 
 
 @triton.jit
-def _vector_readout(s_ptrs, s_mask, kbuf_ptrs, kbuf_mask, decay0, weighted_u, key_weights, xk, xq, alpha,
+def _vector_readout(S0, kbuf_ptrs, kbuf_mask, decay0, weighted_u, key_weights, xk, xq, alpha,
                     PER_CHANNEL: tl.constexpr):
     """Output-only route: alpha S_h k and alpha S_h q ([BV] each; KDA: S_h (alpha k), S_h (alpha q)) without S_h,
         S_h x = exp(G_tot) (S0 x) + sum_j w_j (k_j . x) u_j        (KDA: S0 (exp(G_tot) x) + sum_j ((w_j k_j) . x) u_j)
     The checkpoint tile meets two vectors (two FMAs per element, no tensor-core tile, no layout conversion) and
     the buffered keys the same two: k_j . x is [BC] per program, recomputed by each V tile of a head (L K FMAs
     against the tile's BV K)."""
-    S0 = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)                       # [BV, BK]
     kb = tl.load(kbuf_ptrs, mask=kbuf_mask, other=0.0).to(tl.float32)                  # [BC, BK]
     if PER_CHANNEL:
         xk = xk * alpha
@@ -204,12 +202,20 @@ def _gdn_replay_step_kernel(
     if slot == NULL_ID:
         return
     i_h = i_hv // HV_PER_H
+    offs_k = tl.arange(0, BK)
+    mask_k = offs_k < K
+    offs_v = i_v * BV + tl.arange(0, BV)
+    mask_v = offs_v < V
+    # The checkpoint tile first: its address needs only the slot, so its load is in flight while the cursor, the
+    # buffer weights and the q / k norms are computed (issued after them, behind the cursor's dependent load and
+    # the branch on it, it would serialise with them).
+    s_ptrs = state_ptr + slot * stride_s_slot + i_hv * stride_s_h + offs_v[:, None] * stride_s_v + offs_k[None, :]
+    s_mask = mask_v[:, None] & mask_k[None, :]
+    S0 = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)                         # [BV, BK]
     h = tl.load(wpos_ptr + slot)
     HAS_BUFFER: tl.constexpr = L > 1
 
     # q and k whole: the L2 norms and k . q need all of K.
-    offs_k = tl.arange(0, BK)
-    mask_k = offs_k < K
     q_row = q_ptr + i_b * stride_q_b + i_h * stride_q_h
     k_row = k_ptr + i_b * stride_k_b + i_h * stride_k_h
     q_full = tl.load(q_row + offs_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -222,8 +228,6 @@ def _gdn_replay_step_kernel(
         k_mult = 1.0
     kq = tl.sum(q_full * k_full, 0) * q_mult * k_mult
 
-    offs_v = i_v * BV + tl.arange(0, BV)
-    mask_v = offs_v < V
     offs_c = tl.arange(0, BC)
     decay0, weighted_u = _buffer_weights(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h,
                                          ubuf_ptr + slot * stride_u_slot + i_hv * stride_u_h,
@@ -232,11 +236,8 @@ def _gdn_replay_step_kernel(
     if PER_CHANNEL:
         decay0, key_weights = _channel_weights(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h, h, offs_c,
                                                offs_k, mask_k, stride_gb_l, HAS_BUFFER)
-    state_base = state_ptr + slot * stride_s_slot + i_hv * stride_s_h
     kbuf_base = kbuf_ptr + slot * stride_kb_slot + i_h * stride_kb_h
     mask_c = offs_c < h
-    s_ptrs = state_base + offs_v[:, None] * stride_s_v + offs_k[None, :]
-    s_mask = mask_v[:, None] & mask_k[None, :]
     kbuf_ptrs = kbuf_base + offs_c[:, None] * stride_kb_l + offs_k[None, :]
     kbuf_mask = mask_c[:, None] & mask_k[None, :]
     k_scaled = k_full * k_mult
@@ -256,7 +257,7 @@ def _gdn_replay_step_kernel(
         normal_step = False              # compiled out: the state-and-output route, or L = 1 (every step flushes)
     if normal_step:
         # Output-only route, normal step: two vectors meet the checkpoint tile; S_h is never formed.
-        Sk, Sq = _vector_readout(s_ptrs, s_mask, kbuf_ptrs, kbuf_mask, decay0, weighted_u, key_weights,
+        Sk, Sq = _vector_readout(S0, kbuf_ptrs, kbuf_mask, decay0, weighted_u, key_weights,
                                  k_scaled, q_scaled, alpha, PER_CHANNEL)
         u = beta * (v_cur - Sk)
         tl.store(o_row + offs_v, (Sq + u * kq).to(o_ptr.dtype.element_ty), mask=mask_v)
@@ -267,8 +268,8 @@ def _gdn_replay_step_kernel(
         # State-and-output route (and every flush): the whole [BV, K] block of S_h in one tile, kept in
         # registers until the flush folds it: the state and the buffer's keys are read once per step (a K walk
         # would have to re-read both to fold).
-        S = _rebuild_tile(s_ptrs, s_mask, kbuf_ptrs, kbuf_mask, decay0, weighted_u, HAS_BUFFER, DOT_PRECISION,
-                          key_weights, PER_CHANNEL)
+        S = _rebuild_tile(S0, kbuf_ptrs, kbuf_mask, decay0, weighted_u, HAS_BUFFER, DOT_PRECISION, key_weights,
+                          PER_CHANNEL)
         if PER_CHANNEL:
             # KDA: decay the state's key columns first, S_h diag(alpha), by decaying the vectors it meets
             Sk = tl.sum(S * (k_scaled * alpha)[None, :], 1)
@@ -357,9 +358,9 @@ def _gdn_materialize_kernel(
         if PER_CHANNEL:
             decay0, key_weights = _channel_weights(gbuf_ptr + slot * stride_gb_slot + i_hv * stride_gb_h, h, offs_c,
                                                    offs_kt, mask_kt, stride_gb_l, HAS_BUFFER)
-        S = _rebuild_tile(state_base + offs_v[:, None] * stride_s_v + offs_kt[None, :],
-                          mask_v[:, None] & mask_kt[None, :],
-                          kbuf_base + offs_c[:, None] * stride_kb_l + offs_kt[None, :],
+        S0 = tl.load(state_base + offs_v[:, None] * stride_s_v + offs_kt[None, :],
+                     mask=mask_v[:, None] & mask_kt[None, :], other=0.0).to(tl.float32)
+        S = _rebuild_tile(S0, kbuf_base + offs_c[:, None] * stride_kb_l + offs_kt[None, :],
                           mask_c[:, None] & mask_kt[None, :], decay0, weighted_u, HAS_BUFFER, DOT_PRECISION,
                           key_weights, PER_CHANNEL)
         tl.store(out_base + offs_v[:, None] * stride_out_v + offs_kt[None, :], S,

@@ -122,6 +122,26 @@ def measure(args, method: str, ncu: str | None) -> dict:
                   "measured_over_model": (rd + wr) / model_bytes if model_bytes else "", "status": "ok"}
 
 
+def profile_sections(args, method: str, ncu: str) -> Path:
+    """Nsight Compute's section report (text) of `method`'s main kernels (--kernel-regex, the first
+    --launch-count launches of the profiled cycle): why a kernel sits below the bandwidth (occupancy, warp stall
+    reasons, memory throughput). Written beside --out as <out stem>-<method>[-<route>].ncu.txt."""
+    route = f"-{args.route}" if method == "replay_ar" else ""
+    path = args.out.with_name(f"{args.out.stem}-{method}{route}.ncu.txt")
+    cmd = [ncu, "--profile-from-start", "off", *(a for sec in args.sections.split(",") for a in ("--section", sec)),
+           "--kernel-name", f"regex:{args.kernel_regex}", "--launch-count", str(args.launch_count),
+           "--target-processes", "all", sys.executable, "-m", STEP_MODULE, "--step", method, "--model", args.model,
+           "--batch", str(args.batch), "--buffer-len", str(args.buffer_len), "--spec-T", str(args.spec_T),
+           "--route", args.route]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT,
+                              env=dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"))
+        path.write_text(f"$ {' '.join(cmd)}\nrc={proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}")
+    except subprocess.TimeoutExpired:
+        path.write_text(f"$ {' '.join(cmd)}\nncu run exceeded {args.timeout} s\n")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="CSV to write (one row per method)")
@@ -133,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--route", default="output_only")
     ap.add_argument("--methods", default=",".join(AR_METHODS + SPEC_METHODS))
     ap.add_argument("--timeout", type=float, default=60)
+    ap.add_argument("--sections", help="also write ncu's report of these sections per method (comma-separated, "
+                                       "e.g. SpeedOfLight,Occupancy,WarpStateStats,MemoryWorkloadAnalysis)")
+    ap.add_argument("--kernel-regex", default="step_kernel|ssu|recurrent", help="--sections: which kernels")
+    ap.add_argument("--launch-count", type=int, default=2, help="--sections: how many launches of them")
     args = ap.parse_args(argv)
     if args.step:
         return step_mode(args)
@@ -150,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             r = rows[-1]
             print(f"{method:<20} {r['status']:<12} dram {r['dram_bytes'] or '-'} B vs model {r['model_bytes'] or '-'}"
                   f" B {r['message']}")
+            if args.sections and ncu is not None:
+                print(f"{method:<20} sections -> {profile_sections(args, method, ncu)}")
     return 0
 
 

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# scripts/gpu/route_check.sh OUT_DIR: the GDN / KDA replay routes side by side on one GPU, with the evidence for
+# where the time goes. Needs the wheel bundle (WHEELS, default gpu_wheels: scripts/gpu/gpu_bundle.sh) and ncu.
+#   1. kernel_decode at Qwen3.5-122B and Kimi-Linear (TP1), batch 256 / 512, L = 16: baseline_ar and replay_ar on
+#      both routes, graph timing, cold L2 (the paper sweep's settings, short timing windows)
+#   2. ncu at Qwen3.5-122B batch 256: DRAM bytes against the byte model and the section report (speed of light,
+#      occupancy, warp states, memory workload) of the first two step-kernel launches, per method and route
+# Files in OUT_DIR: rows.tar.gz (the run directory), dram.csv, ncu.tar.gz (the section reports), log.txt.
+set -uo pipefail
+OUT="$1"; PY="${PY:-python3}"; WHEELS="${WHEELS:-gpu_wheels}"
+cd "$(dirname "$0")/../.."
+WORK="$(mktemp -d)"
+exec > >(tee "$OUT/log.txt") 2>&1
+"$PY" -m pip install --no-index --no-deps --target "$WORK/site" "$WHEELS"/*.whl -q || exit 1
+export PYTHONPATH="$PWD:$WORK/site"
+"$PY" -m experiments.kernel_decode sweep=paper timing.warmup_ms=10 timing.rep_ms=40 "sweep.state_dtype=[float32]" \
+    "sweep.act_dtype=[bfloat16]" "sweep.models=[qwen35_122b_a10b,kimi_linear_48b_a3b]" "sweep.batch=[256,512]" \
+    "sweep.buffer_len=[16]" "method.names=[baseline_ar,replay_ar]" "out_dir=$WORK/results" progress=false \
+    "hydra.run.dir=$WORK/hydra"
+tar czf "$OUT/rows.tar.gz" -C "$WORK" results
+for route in output_only state_and_output; do
+    methods=replay_ar; [[ $route == output_only ]] && methods=baseline_ar,replay_ar
+    "$PY" scripts/kernels/dram_traffic.py --out "$WORK/dram-$route.csv" --model qwen35_122b_a10b --batch 256 \
+        --buffer-len 16 --route "$route" --methods "$methods" --timeout 90 \
+        --sections SpeedOfLight,Occupancy,LaunchStats,WarpStateStats,MemoryWorkloadAnalysis,SchedulerStats
+done
+{ cat "$WORK/dram-output_only.csv"; tail -n +2 "$WORK/dram-state_and_output.csv"; } > "$OUT/dram.csv"
+tar czf "$OUT/ncu.tar.gz" -C "$WORK" $(cd "$WORK" && ls *.ncu.txt)
