@@ -1,8 +1,10 @@
-"""Triton kernels for ReplaySSM Gated DeltaNet AR decode (state-and-output route) and their launchers.
+"""Triton kernels for ReplaySSM Gated DeltaNet AR decode (both routes) and their launchers.
 
 One decode step is two launches (CUDA-graph capturable, no host sync):
   1. `_gdn_replay_step_kernel`, grid (cdiv(V, BV), batch, HV): each program owns BV value rows of one
-     (row, value head). It rebuilds the state after the cached entries, S_h,
+     (row, value head). Output-only route (OUTPUT_ONLY, the default), normal steps: the checkpoint tile meets
+     the two vectors k and q and the buffered keys the same two (`_vector_readout`); S_h is never formed.
+     State-and-output route, and every flush on both: it rebuilds the state after the cached entries, S_h,
      as one [BV, K] tile (padded K >= 16) from the checkpoint and the buffer:
          S_h = exp(G_tot) S0 + (u^T * w) @ k_buf          (one tl.dot over the padded buffer axis)
      reads S_h k and S_h q from it, then for the current token
