@@ -150,9 +150,7 @@ def plan_series(sweep: dict, specs) -> list[Series]:
                     if spec.family not in entry.families:
                         continue
                     lens = sweep["buffer_len"] if entry.uses_buffer else [None]
-                    # the sweep's route where the method has it on this backend (GDN / KDA off Triton: output_only)
-                    routes = entry.routes(spec.family, sweep["backend"]) if entry.uses_buffer else (None,)
-                    route = sweep["route"] if sweep["route"] in routes else routes[0]
+                    route = entry.route_for(spec.family, sweep["backend"], sweep["route"])
                     for sd in sweep["state_dtype"]:
                         if sd == FP8_NAME and not acs.METHODS[name].fp8_checkpoint:
                             continue            # the other methods refuse an fp8 state

@@ -90,6 +90,12 @@ class Method:
     def routes(self, family: str, backend: str = "triton") -> tuple[str | None, ...]:
         return (None,)
 
+    def route_for(self, family: str, backend: str, requested: str | None) -> str | None:
+        """The route a single-route sweep (sweep.route) runs: `requested` where this method has it on `backend`,
+        else its first route (None for a method without routes)."""
+        routes = self.routes(family, backend)
+        return requested if requested in routes else routes[0]
+
     def module(self, family: str):
         return import_module(self.modules[family])
 

@@ -286,11 +286,9 @@ def _check_context(ctx: int, steps: int, T: int, max_len: int, key: str) -> None
 
 
 def _route(spec: HybridSpec, method: str, route: str, backend: str) -> str | None:
-    """The replay_ar route a point runs (ReplayAR.routes): GDN and KDA have the state-and-output form on Triton
-    only, so elsewhere their rows say output_only, the algebra their torch and C forms compute."""
-    if method != "replay_ar":
-        return None
-    return route if route in REGISTRY["replay_ar"].routes(spec.family, backend) else "output_only"
+    """The route a point runs (Method.route_for): GDN and KDA have the state-and-output form on Triton only, so
+    elsewhere their rows say output_only, the algebra their torch and C forms compute."""
+    return REGISTRY[method].route_for(spec.family, backend, route)
 
 
 def _build(spec: HybridSpec, build: str, sweep: dict, act: str) -> str:

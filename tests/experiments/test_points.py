@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from experiments.harness import points
 from experiments.harness.acceptance import parse_acceptance
 from experiments.harness.entry import load_config
+from experiments.harness.methods import REGISTRY
 from experiments.harness.points import CONF_DIR, expand, known_models, load_model_config, model_spec
 from replayssm.geometry import get_geometry
 
@@ -190,3 +191,17 @@ def test_acceptance_models():
     assert parse_acceptance("fixed:all").sample(3, 2, 2, gen).eq(3).all()
     again = parse_acceptance("rate:0.5").sample(4, 8, 8, torch.Generator().manual_seed(1))
     assert torch.equal(again, parse_acceptance("rate:0.5").sample(4, 8, 8, torch.Generator().manual_seed(1)))
+
+
+def test_single_route_sweeps_run_a_route_the_backend_has():
+    """sweep.route (accuracy, e2e_decode, serving) goes through Method.route_for: Mamba-2 keeps the requested
+    route everywhere; GDN / KDA keep it on Triton and run output_only elsewhere (their torch and C forms);
+    methods without routes get None."""
+    replay, baseline = REGISTRY["replay_ar"], REGISTRY["baseline_ar"]
+    assert replay.route_for("mamba2", "cpu", "state_and_output") == "state_and_output"
+    for family in ("gdn", "kda"):
+        assert replay.route_for(family, "triton", "state_and_output") == "state_and_output"
+        assert replay.route_for(family, "cpu", "state_and_output") == "output_only"
+        assert replay.route_for(family, "torch", "output_only") == "output_only"
+    assert baseline.route_for("gdn", "triton", "output_only") is None
+    assert REGISTRY["replay_spec"].route_for("mamba2", "cpu", "output_only") is None
