@@ -95,17 +95,25 @@ def parse_ncu_csv(text: str) -> tuple[int, float, float]:
     return len(kernels), total[METRICS[0]], total[METRICS[1]]
 
 
+def _step_argv(args, method: str) -> list[str]:
+    """ncu's target: this module in --step mode for `method` at the requested point, every child process."""
+    return ["--target-processes", "all", sys.executable, "-m", STEP_MODULE, "--step", method, "--model", args.model,
+            "--batch", str(args.batch), "--buffer-len", str(args.buffer_len), "--spec-T", str(args.spec_T),
+            "--route", args.route]
+
+
+def _run(cmd: list[str], args) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"))
+
+
 def measure(args, method: str, ncu: str | None) -> dict:
     row = {c: "" for c in COLUMNS} | {"method": method, "model": args.model, "batch": args.batch}
     if ncu is None:
         return row | {"status": "unavailable", "message": "ncu not found on PATH (Nsight Compute)"}
-    cmd = [ncu, "--profile-from-start", "off", "--metrics", ",".join(METRICS), "--csv", "--target-processes",
-           "all", sys.executable, "-m", STEP_MODULE, "--step", method, "--model", args.model,
-           "--batch", str(args.batch), "--buffer-len", str(args.buffer_len), "--spec-T", str(args.spec_T),
-           "--route", args.route]
+    cmd = [ncu, "--profile-from-start", "off", "--metrics", ",".join(METRICS), "--csv", *_step_argv(args, method)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT,
-                              env=dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"))
+        proc = _run(cmd, args)
     except subprocess.TimeoutExpired:
         return row | {"status": "unavailable", "message": f"ncu run exceeded {args.timeout} s"}
     out = proc.stdout + proc.stderr
@@ -130,12 +138,9 @@ def profile_sections(args, method: str, ncu: str) -> Path:
     path = args.out.with_name(f"{args.out.stem}-{method}{route}.ncu.txt")
     cmd = [ncu, "--profile-from-start", "off", *(a for sec in args.sections.split(",") for a in ("--section", sec)),
            "--kernel-name", f"regex:{args.kernel_regex}", "--launch-count", str(args.launch_count),
-           "--target-processes", "all", sys.executable, "-m", STEP_MODULE, "--step", method, "--model", args.model,
-           "--batch", str(args.batch), "--buffer-len", str(args.buffer_len), "--spec-T", str(args.spec_T),
-           "--route", args.route]
+           *_step_argv(args, method)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=ROOT,
-                              env=dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"))
+        proc = _run(cmd, args)
         path.write_text(f"$ {' '.join(cmd)}\nrc={proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}")
     except subprocess.TimeoutExpired:
         path.write_text(f"$ {' '.join(cmd)}\nncu run exceeded {args.timeout} s\n")
