@@ -9,15 +9,9 @@
 set -uo pipefail
 OUT="$1"; PY="${PY:-python3}"; WHEELS="${WHEELS:-gpu_wheels}"
 cd "$(dirname "$0")/../.."
-WORK="$(mktemp -d)"
-exec > >(tee "$OUT/log.txt") 2>&1
-"$PY" -m pip install --no-index --no-deps --target "$WORK/site" "$WHEELS"/*.whl -q || exit 1
-export PYTHONPATH="$PWD:$WORK/site"
-"$PY" -m experiments.kernel_decode sweep=paper timing.warmup_ms=10 timing.rep_ms=40 "sweep.state_dtype=[float32]" \
-    "sweep.act_dtype=[bfloat16]" "sweep.models=[qwen35_122b_a10b,kimi_linear_48b_a3b]" "sweep.batch=[256,512]" \
-    "sweep.buffer_len=[16]" "method.names=[baseline_ar,replay_ar]" "out_dir=$WORK/results" progress=false \
-    "hydra.run.dir=$WORK/hydra"
-tar czf "$OUT/rows.tar.gz" -C "$WORK" results
+source scripts/gpu/route_common.sh
+setup_run
+route_sweep
 for route in output_only state_and_output; do
     methods=replay_ar; [[ $route == output_only ]] && methods=baseline_ar,replay_ar
     "$PY" scripts/kernels/dram_traffic.py --out "$WORK/dram-$route.csv" --model qwen35_122b_a10b --batch 256 \

@@ -7,15 +7,10 @@ set -uo pipefail
 OUT="$1"; shift; PY="${PY:-python3}"; WHEELS="${WHEELS:-gpu_wheels}"
 MODELS=("${@:-qwen35_122b_a10b}")
 cd "$(dirname "$0")/../.."
-WORK="$(mktemp -d)"
-exec > >(tee "$OUT/log.txt") 2>&1
-"$PY" -m pip install --no-index --no-deps --target "$WORK/site" "$WHEELS"/*.whl -q || exit 1
-export PYTHONPATH="$PWD:$WORK/site" REPLAYSSM_LAUNCH_TABLES="$OUT/tables"
+source scripts/gpu/route_common.sh
+setup_run
+export REPLAYSSM_LAUNCH_TABLES="$OUT/tables"
 geo=(); for m in "${MODELS[@]}"; do geo+=(--geometry "$m"); done
 "$PY" -m experiments.tune --experiment kernel_decode --all "${geo[@]}" -- "sweep.batch=[256]" "sweep.buffer_len=[16]" \
     "method.names=[baseline_ar,replay_ar]" "sweep.state_dtype=[float32]" "sweep.act_dtype=[bfloat16]"
-"$PY" -m experiments.kernel_decode sweep=paper timing.warmup_ms=10 timing.rep_ms=40 "sweep.state_dtype=[float32]" \
-    "sweep.act_dtype=[bfloat16]" "sweep.models=[qwen35_122b_a10b,kimi_linear_48b_a3b]" "sweep.batch=[256,512]" \
-    "sweep.buffer_len=[16]" "method.names=[baseline_ar,replay_ar]" "out_dir=$WORK/results" progress=false \
-    "hydra.run.dir=$WORK/hydra"
-tar czf "$OUT/rows.tar.gz" -C "$WORK" results
+route_sweep
