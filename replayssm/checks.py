@@ -28,6 +28,15 @@ FP8_SCOPE = ("an fp8 (float8_e4m3fn) state is experimental and exists only for t
              "(replayssm.mamba2 / replayssm.gdn ReplayCache) on backend 'torch' or 'ref'")
 
 
+ROUTES = ("output_only", "state_and_output")   # the normal-step forms of a ReplaySSM AR step, every family
+
+
+def check_route(route) -> None:
+    """A replay step's or byte model's route: one of ROUTES."""
+    if route not in ROUTES:
+        raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
+
+
 def interpreter_active() -> bool:
     """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1 before import)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -30,7 +30,7 @@ the checks, spec_cycle, GDN's sizes and FLOPs) live in replayssm/traffic_core.py
 
 from __future__ import annotations
 
-from replayssm.checks import next_pow2
+from replayssm.checks import check_route, next_pow2
 from replayssm.geometry import GDNGeometry, KDAGeometry, Mamba2Geometry
 from replayssm.traffic_core import (  # noqa: F401 - re-exported: traffic.X is the public name of every unit
     CACHED_SCALAR_BYTES,
@@ -42,7 +42,6 @@ from replayssm.traffic_core import (  # noqa: F401 - re-exported: traffic.X is t
     _check_dtypes,
     _check_geometry,
     _check_int,
-    _check_route,
     _check_spec,
     _gdn_flops_baseline_token,
     _gdn_flops_replay,
@@ -147,7 +146,7 @@ def mamba2_replay_ar(geom: Mamba2Geometry, L: int, h: int, route: str = "output_
     """
     _check_geometry(geom, Mamba2Geometry)
     _check_dtypes(state_bytes, act_bytes)
-    _check_route(route)
+    check_route(route)
     _check_int("L", L, 1)
     _check_int("h", h, 0, L - 1)
     state = mamba2_state_bytes(geom, state_bytes)

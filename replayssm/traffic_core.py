@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from replayssm.checks import ROUTES, check_route  # noqa: F401 - ROUTES re-exported (traffic.ROUTES)
 from replayssm.geometry import GDNGeometry
 
 FP32 = 4
 HALF = 2                       # bf16 / fp16
 CACHED_SCALAR_BYTES = FP32     # cached dt / g, and the raw dt, g, beta inputs
-ROUTES = ("output_only", "state_and_output")
 
 
 @dataclass(frozen=True)
@@ -91,11 +91,6 @@ def _check_dtypes(state_bytes: int, act_bytes: int) -> None:
         raise ValueError(f"act_bytes must be 2 (bf16/fp16) or 4 (fp32), got {act_bytes!r}")
 
 
-def _check_route(route: str) -> None:
-    if route not in ROUTES:
-        raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
-
-
 def _check_spec(T: int, accepted: int, B_hist: int | None = None) -> None:
     _check_int("T", T, 1)
     _check_int("accepted", accepted, 1, T)
@@ -170,8 +165,7 @@ def _gdn_flops_replay(geom: GDNGeometry, h: int, flush: bool, route: str = "outp
     3V + 2K); a flush writes alpha S_h + u k^T (3VK). Output-only (normal steps): S0 read with k and q (4VK),
     the buffered keys with the same two (4hK) and their u rows summed with those weights (4hV), the same
     token work: S_h is never formed."""
-    if route not in ROUTES:
-        raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
+    check_route(route)
     V, K = geom.V, geom.K
     VK = V * K
     if route == "output_only" and not flush:

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from experiments.harness.acceptance import Acceptance, parse_acceptance
 from experiments.harness.bandwidth import MODES as COLD_PROBE_MODES
 from experiments.harness.methods import REGISTRY, Method
-from replayssm.checks import interpreter_active
+from replayssm.checks import ROUTES, interpreter_active
 from replayssm.geometry import GDN_MODELS, KDA_MODELS, MAMBA2_MODELS, GDNGeometry, KDAGeometry, Mamba2Geometry
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -34,7 +34,6 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float3
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 STATE_DTYPES = ("float32", "float16", "bfloat16")
 ACT_DTYPES = ("float32", "float16", "bfloat16")
-ROUTES = ("output_only", "state_and_output")
 TIMING_MODES = ("graph", "eager", "auto")   # auto: graph on a GPU (Triton backend), else eager
 L2_MODES = ("cold", "warm")
 BACKENDS = ("triton", "torch", "cpu")   # cpu: the fused C/OpenMP kernels (replayssm/cpu), CPU only

@@ -17,9 +17,9 @@ from hydra.core.config_store import ConfigStore
 
 from experiments.harness.points import load_model_config
 from experiments.vllm.commands import BENCHES, MODES, REPLAYSSM_MODES, SPEC_MODES, EnginePoint
+from replayssm.checks import ROUTES
 
 _MODEL_ENTRY = re.compile(r"^([A-Za-z0-9_]+)(?:@tp(\d+))?$")
-ROUTES = ("output_only", "state_and_output")
 
 
 @dataclass

@@ -26,13 +26,14 @@ from replayssm.checks import (
     check_cache_type,
     check_dtype,
     check_last_dim_contiguous,
+    check_route,
     check_same_device,
     check_shape,
     check_slots,
 )
 from replayssm.gdn import decode_ref, decode_torch
 from replayssm.gdn.cache import ReplayCache
-from replayssm.gdn.decode_kernels import MAX_K, ROUTES, launch_materialize, launch_replay_step
+from replayssm.gdn.decode_kernels import MAX_K, launch_materialize, launch_replay_step
 from replayssm.ring_cursors import keep_shared_cursor
 
 
@@ -128,8 +129,7 @@ def run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, b
     replay_step_torch); the Triton kernels, the C kernels and the float64 loops take either shape."""
     gm = cache.geometry
     per_channel = gm.PER_CHANNEL_DECAY
-    if route not in ROUTES:
-        raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
+    check_route(route)
     check_backend(backend, q, k, v, out, cache.state)
     batch = check_step_inputs(q, k, v, g, beta, out, H=gm.H, HV=gm.HV, K=gm.K, V=gm.V, act_dtype=cache.act_dtype,
                               scale=scale, use_qk_l2norm=use_qk_l2norm, per_channel_g=per_channel)

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from replayssm import launch_table
-from replayssm.checks import NULL_SLOT, kernel_arch, next_pow2
+from replayssm.checks import NULL_SLOT, check_route, kernel_arch, next_pow2
 
 MAX_K = 256  # q and k are loaded whole (for the L2 norm and k . q): beyond this they do not fit registers
 
@@ -53,9 +53,6 @@ class ReplayLaunchConfig:
     num_warps: int
     num_stages: int
     dot_precision: str
-
-
-ROUTES = ("output_only", "state_and_output")
 
 
 def replay_launch_config(K: int, V: int, state_dtype: torch.dtype, arch: int, L: int | None = None,
@@ -91,8 +88,7 @@ def default_replay_config(K: int, V: int, state_dtype: torch.dtype, arch: int,
     scripts/kernels/kernel_report.py). A K walk in [32, 64] tiles needed 103 registers but re-read the state
     and the buffer's keys on every flush. tf32x3 dots keep fp32 parity (plain tf32 drifts ~1e-3).
     """
-    if route not in ROUTES:
-        raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
+    check_route(route)
     BK = max(16, next_pow2(K))
     if arch == 0:
         return ReplayLaunchConfig(max(16, next_pow2(V)), BK, 4, 1, "ieee")
@@ -382,7 +378,7 @@ def _per_channel_args(cache, per_channel: bool) -> dict:
 def launch_replay_step(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slots: torch.Tensor,
                        out: torch.Tensor, per_channel: bool = False, route: str = "output_only") -> None:
     """Inputs already validated; slots int32 [batch] (NULL_SLOT rows skipped). per_channel: a KDA cache
-    (replayssm.kda), g [batch, HV, K]. route: the normal step's form (ROUTES)."""
+    (replayssm.kda), g [batch, HV, K]. route: the normal step's form (checks.ROUTES)."""
     gm, L = cache.geometry, cache.buffer_len
     batch = q.shape[0]
     cfg = replay_launch_config(gm.K, gm.V, cache.state_dtype, kernel_arch(q.device), L, per_channel=per_channel,

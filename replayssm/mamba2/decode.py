@@ -32,6 +32,7 @@ from replayssm.checks import (
     check_backend,
     check_dtype,
     check_last_dim_contiguous,
+    check_route,
     check_same_device,
     check_shape,
     check_slots,
@@ -42,7 +43,6 @@ from replayssm.geometry import Mamba2Geometry
 from replayssm.mamba2.cache import ReplayCache
 from replayssm.ring_cursors import keep_shared_cursor
 
-ROUTES = ("output_only", "state_and_output")
 DT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_DSTATE = 256  # dstate is held whole in one register tile
 _A_ATTR = "_replay_A"  # where replay_step leaves the layer's A on the cache object for materialize
@@ -105,8 +105,7 @@ def _validate_common(cache: ReplayCache, backend: str) -> None:
 def _validate_step(cache, x, dt, A, B, C, D, z, dt_bias, slots, route, out, backend) -> torch.Tensor:
     """All checks of replay_step; returns int32 slots [batch]."""
     _validate_common(cache, backend)
-    if route not in ROUTES:
-        raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
+    check_route(route)
     g = cache.geometry
     if x.dim() != 3:
         raise ValueError(f"x must be [batch, nheads, headdim], got shape {tuple(x.shape)}")
