@@ -50,11 +50,8 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
         slots: int32 [batch], each row's cache slot (default arange(batch)); a NULL_SLOT (-1) row is skipped.
         out: optional [batch, HV, V] output in cache.act_dtype.
         backend: "triton" (default), "torch", "cpu" or "ref"; all compute the same function and cache contents.
-        route: the Triton kernel's normal-step form: "output_only" (default; the checkpoint is read with the two
-            vectors k and q and S_h is never formed, the algebra the torch and C forms also use) or
-            "state_and_output" (S_h rebuilt as a tile by a tensor-core GEMM over the buffer, then read: the
-            paper's GDN kernel). Flush steps rebuild the tile on both routes; the float64, torch and C backends
-            accept either name and compute the same function.
+        route: the Triton kernel's normal-step form, "output_only" (default) or "state_and_output", as in
+            replayssm.gdn.replay_step (the same kernel; the decays go onto the vectors and keys per channel).
 
     Returns:
         o [batch, HV, V] in cache.act_dtype (`out` when given).
