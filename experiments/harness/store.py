@@ -3,7 +3,8 @@
 One tidy row per (point, method), appended and fsync'ed as soon as it is finished, so a crash loses at most
 the point in flight. A run never overwrites another: a new run directory is created exclusively (an
 automatic run-id that collides gets a -2, -3 ... suffix; an explicit one is refused), and an existing one is
-only reopened by `resume`, which then skips the points whose config_hash already has a row.
+only reopened by `resume`, which then skips the points whose config_hash already has a row (the kernel runner
+also writes the missing default-launch row of a recorded tuned baseline point: experiments/kernel/run.py).
 
 Several processes may write one run directory at once (two `resume=` of it, the shards of a Hydra multirun,
 SLURM array jobs on a shared file system). Three file locks (fcntl.flock: released by the kernel when a
@@ -239,9 +240,10 @@ class RunStore:
 
     def append(self, row: dict, extra: Sequence[dict] = ()) -> bool:
         """Append one point's row, and `extra` rows that belong to it (the default-launch row of a tuned
-        baseline point), in one durable write: a run stopped in between cannot keep the row without its extras,
-        which a resume would then never write (it skips every point whose config_hash has a row). False
-        (nothing written) when its config_hash already has a row (another process measured the point)."""
+        baseline point), in one durable write: a run stopped in between cannot keep the row without its extras
+        (a resume skips every point whose config_hash has a row; for a run directory that still holds a tuned
+        row alone, the kernel runner's `missing_defaults` writes the default row). False (nothing written) when
+        its config_hash already has a row (another process measured the point)."""
         for r in (row, *extra):
             missing = set(self.columns) - set(r)
             if missing:

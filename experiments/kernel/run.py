@@ -18,7 +18,9 @@ Launch configs: every launch a point resolves (replayssm/launch_table.py) is rec
 came from (launch_source: tuned | default | mixed | n/a) and what they were (launch_config). A baseline point
 whose kernels ran a tuned config is measured a second time under the default configs
 (`launch_table.use_defaults`), as its own row (launch_source=default, config_hash + DEFAULT_SUFFIX), so the
-report can give every ratio against the tuned baseline and, beside it, against the default one.
+report can give every ratio against the tuned baseline and, beside it, against the default one. The two are
+appended in one write; a run directory that still holds a tuned row without its default row (written before
+that, or torn by a kill) gets just the default row on resume (`missing_defaults`).
 """
 
 from __future__ import annotations
@@ -93,8 +95,9 @@ def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
     budget = Budget.of(data)
     mine = [p for p in plan.points if shard_of(p.config_hash(), shards) == shard]
     todo = budget.order([p for p in mine if p.config_hash() not in done], CLAIMS)
+    redo = missing_defaults(store, mine, done)     # recorded tuned baselines whose default row is absent
     skipped = len(mine) - len(todo)
-    if not todo:                                   # nothing to run: no provenance file, no bandwidth probe
+    if not todo and not redo:                      # nothing to run: no provenance file, no bandwidth probe
         return RunResult(run_dir=store.run_dir, run_id=store.run_id, rows=[], resumed_skipped=skipped)
     if plan.device == "cuda" and shards > 1:       # one process per GPU: shard i on local GPU i mod count
         torch.cuda.set_device(shard % torch.cuda.device_count())
@@ -133,9 +136,15 @@ def _run(data: dict, plan: Plan, progress: bool | None) -> RunResult:
             return True
         return False
 
-    run_pending(todo, Point.config_hash, lambda p: run_point(p, ctx), keep, store.claim, experiment=plan.experiment,
-                run_dir=store.run_dir, desc=plan.experiment, show=show, stop=budget.expired)
-    skipped += len(todo) - len(rows)               # measured meanwhile by another process (a second resume)
+    # (point, default_only): the missing default rows first (they complete points already recorded), then the
+    # points without a row; a default-only item is claimed and keyed by its own config_hash (+ DEFAULT_SUFFIX)
+    items = [(p, True) for p in redo] + [(p, False) for p in todo]
+    run_pending(items, lambda it: it[0].config_hash() + (DEFAULT_SUFFIX if it[1] else ""),
+                lambda it: run_default(it[0], ctx) if it[1] else run_point(it[0], ctx), keep, store.claim,
+                experiment=plan.experiment, run_dir=store.run_dir, desc=plan.experiment, show=show,
+                stop=budget.expired)
+    written = {r["config_hash"] for r in rows}
+    skipped += sum(p.config_hash() not in written for p in todo)   # measured meanwhile by another process
     env["host_per_point_s"] = host_summary(host_table.path)
     store.write_json(name, env)
     if plan.device == "cuda":                       # device-wide usage at the end (None when NVML is absent)
@@ -198,19 +207,39 @@ def geometry_label(geometry) -> str:
     return " ".join(f"{k}={v}" for k, v in geometry)
 
 
+def wants_default(method: str, launch_source: str | None) -> bool:
+    """Whether a row of `method` that ran `launch_source` configs comes with a default-launch row."""
+    return method in BASELINE_METHODS and launch_source in ("tuned", "mixed")
+
+
+def missing_defaults(store: RunStore, points: list[Point], done: set[str]) -> list[Point]:
+    """The points of `points` whose row is recorded and asks for a default-launch row (`wants_default`) that
+    the run directory lacks: a run written before the pair became one write, or torn by a kill, keeps the tuned
+    row alone, and a resume skips its config_hash; these get just their default row (`run_default`)."""
+    if not any(p.method in BASELINE_METHODS and p.config_hash() in done for p in points):
+        return []                                   # nothing recorded could need one: rows.csv is not read
+    tuned = {r["config_hash"] for r in store.read_rows() if wants_default(r["method"], r["launch_source"])}
+    return [p for p in points if p.config_hash() in tuned and p.config_hash() + DEFAULT_SUFFIX not in done]
+
+
 def run_point(p: Point, ctx: Context) -> dict:
     """One row for one point (and, for a baseline that ran tuned launch configs, its default-config row in
     row["_extra"]); never raises (a failure is the row's status)."""
     with launch_table.record() as launches:
         row = _run_point(p, ctx)
     row["launch_source"], row["launch_config"] = launch_table.summarize(launches)
-    if p.method in BASELINE_METHODS and row["launch_source"] in ("tuned", "mixed"):
-        with launch_table.use_defaults(), launch_table.record() as launches:
-            default = _run_point(p, ctx)
-        default["launch_source"], default["launch_config"] = launch_table.summarize(launches)
-        default["config_hash"] = p.config_hash() + DEFAULT_SUFFIX
-        row["_extra"] = [default]
+    if wants_default(p.method, row["launch_source"]):
+        row["_extra"] = [run_default(p, ctx)]
     return row
+
+
+def run_default(p: Point, ctx: Context) -> dict:
+    """The default-launch row of baseline point `p` (launch_source=default, config_hash + DEFAULT_SUFFIX)."""
+    with launch_table.use_defaults(), launch_table.record() as launches:
+        default = _run_point(p, ctx)
+    default["launch_source"], default["launch_config"] = launch_table.summarize(launches)
+    default["config_hash"] = p.config_hash() + DEFAULT_SUFFIX
+    return default
 
 
 def _run_point(p: Point, ctx: Context) -> dict:
