@@ -8,7 +8,9 @@ PY    ?= $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: test lint bench-cpu kernel-report kernel-traffic reproduce venv clean test-gpu-stack
+N ?= 5
+
+.PHONY: test test-seeds lint bench-cpu kernel-report kernel-traffic reproduce venv clean test-gpu-stack
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	python3 -m venv $(VENV)
@@ -27,6 +29,11 @@ venv: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -n 2 --dist loadfile -q tests
+
+# The suite under N fresh seeds, one after another, each seed printed with its result (logs in .test-seeds/);
+# exit 1 if any failed. Replay one: REPLAYSSM_TEST_SEED=<seed> make test. SEEDS=a,b reruns given seeds.
+test-seeds: $(STAMP)
+	$(VENV)/bin/python scripts/test_seeds.py -n $(N) $(if $(SEEDS),--seeds $(SEEDS))
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -40,8 +40,7 @@ def engine_rows(run_id: str, rng: random.Random, batches=(256, 512)) -> tuple[li
     return rows, tps
 
 
-def test_engine_ratios_are_ratios_of_reported_values(tmp_path):
-    rng = random.Random()
+def test_engine_ratios_are_ratios_of_reported_values(tmp_path, rng):
     rows, tps = engine_rows("eng", rng)
     rows[-1]["status"] = "error"                 # replayssm_spec at 512 failed: no ratio may use it
     run = aggregate.load_run(syn.write_run(tmp_path, rows, hardware="h200", run_id="eng", env=GPU_ENV))
@@ -61,8 +60,7 @@ def test_engine_ratios_are_ratios_of_reported_values(tmp_path):
         "AR decode: medians")[1].split("###")[0]
 
 
-def test_engine_pairs_never_cross_runs(tmp_path):
-    rng = random.Random()
+def test_engine_pairs_never_cross_runs(tmp_path, rng):
     a, _ = engine_rows("run-a", rng, batches=(256,))
     b, _ = engine_rows("run-b", rng, batches=(256,))
     a = [r for r in a if r["mode"] != "standard"]          # run-a has no standard row: no ar_speedup there
@@ -73,8 +71,7 @@ def test_engine_pairs_never_cross_runs(tmp_path):
     assert list(ar["run_id"]) == ["run-b"]
 
 
-def test_claims_prefer_engine_rows_for_e2e_and_serving_claims(tmp_path):
-    rng = random.Random()
+def test_claims_prefer_engine_rows_for_e2e_and_serving_claims(tmp_path, rng):
     rows, tps = engine_rows("eng", rng)
     kernel = syn.write_run(tmp_path / "k", syn.ar_rows(run_id="kern") + syn.spec_rows(run_id="kern"),
                            hardware="h200", run_id="kern", env=GPU_ENV)

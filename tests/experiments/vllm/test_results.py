@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 from help_parser import FIXTURES, fixture
@@ -29,9 +28,8 @@ def test_serve_json_with_spec_decoding():
     assert m["peak_concurrent_requests"] == 64.0
 
 
-def test_serve_values_are_read_not_assumed(tmp_path):
+def test_serve_values_are_read_not_assumed(tmp_path, rng):
     """Fresh random values in the real schema come back unchanged."""
-    rng = random.Random()
     data = json.loads(fixture("serve_spec.json"))
     keys = ["request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms",
             "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "spec_decode_acceptance_length"]
