@@ -4,6 +4,8 @@ flushes, and bad input refused before anything is written."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -78,11 +80,32 @@ def test_chain_tree_is_spec(family, backend, gen):
     assert flushed > 0
 
 
+def steps_forcing_flush(history_len: int, depth: int) -> int:
+    """Steps after which every live row has flushed at least once, whatever the draws: a row that has not
+    flushed has write_pos >= k after k commits (each accepts >= 1), so commit k = history_len - depth + 1 at
+    the latest flags is_flush (write_pos + depth + N > history_len + N), seen before the verify of step k."""
+    return history_len - depth + 2
+
+
+@dataclass
+class Run:
+    """What a _run_trees run went through, [steps, batch] bool per live row (padding rows False):
+    flushed = the verify of that step folded the history; wrapped = its history or window crossed ring row
+    R - 1 into row 0."""
+    flushed: torch.Tensor
+    wrapped: torch.Tensor
+    live: torch.Tensor
+
+    def every_row_flushed(self) -> bool:
+        return bool(self.flushed[:, self.live].any(0).all())
+
+
 def _run_trees(fam, backends, trees, steps, gen, history_len=8, null_row=True, act_dtype=torch.float32,
-               state_dtype=torch.float32):
+               state_dtype=torch.float32, fixed_acc=None) -> Run:
     """Drive one ring per backend and the ref ring in lockstep with the same random windows and branches;
     compare every node's output and the caches to the ref, and each row's committed state to a float64
-    serial replay of the accepted tokens. Returns the number of flush steps taken."""
+    serial replay of the accepted tokens. fixed_acc {row: count} pins some rows' accepted counts (capped at
+    the drawn branch's length); the rest are drawn."""
     N = len(trees[0])
     batch = len(trees)
     depth = max(depth_of(t) for t in trees)
@@ -99,11 +122,15 @@ def _run_trees(fam, backends, trees, steps, gen, history_len=8, null_row=True, a
     live = slots != NULL_SLOT
     parents = torch.tensor(trees, dtype=torch.int32)
     expected = fam.committed(rings["ref"], slots)
-    flushes = 0
+    flushed = torch.zeros(steps, batch, dtype=torch.bool)
+    wrapped = torch.zeros(steps, batch, dtype=torch.bool)
+    ref = rings["ref"]
     for step in range(steps):
         w = fam.window(batch, N, act_dtype)
-        flushes += int(rings["ref"].is_flush[slots[live].long()].sum())
-        y_ref = fam.verify(rings["ref"], w, parents, "ref", slots=slots)
+        sl = slots[live].long()
+        flushed[step, live] = ref.is_flush[sl] != 0
+        wrapped[step, live] = ref.origin[sl] + ref.write_pos[sl] + N > ref.ring_len
+        y_ref = fam.verify(ref, w, parents, "ref", slots=slots)
         for b in backends:
             out = torch.full_like(y_ref, float("nan"))
             y = fam.verify(rings[b], w, parents, b, slots=slots, out=out)
@@ -111,18 +138,20 @@ def _run_trees(fam, backends, trees, steps, gen, history_len=8, null_row=True, a
             err = rel_err(y[live], y_ref[live])
             assert err <= tol, f"{b} step {step}: node outputs differ from the path recurrence, rel err {err:.2e}"
         path, acc = random_commit(trees, depth, gen)
+        for r, a in (fixed_acc or {}).items():
+            acc[r] = min(a, int((path[r] >= 0).sum()))
         for b in ("ref", *backends):
             fam.mod.tree_commit(rings[b], path, acc, slots, backend=b)
         for b in backends:
-            _assert_caches_close(rings[b], rings["ref"], fam, f"{b} step {step}", tol)
+            _assert_caches_close(rings[b], ref, fam, f"{b} step {step}", tol)
         for r in range(batch):
             if live[r]:
                 nodes = path[r, : int(acc[r])].tolist()
                 expected[r] = fam.serial(expected[r], w, r, nodes)
-        got = fam.committed(rings["ref"], slots)
+        got = fam.committed(ref, slots)
         err = rel_err(got[live], expected[live])
         assert err <= tol, f"step {step}: committed state != serial replay of the accepted tokens ({err:.2e})"
-    return flushes
+    return Run(flushed, wrapped, live)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -130,14 +159,17 @@ def _run_trees(fam, backends, trees, steps, gen, history_len=8, null_row=True, a
 @pytest.mark.parametrize("backend", ["torch", "triton", "cpu"])
 def test_tree_matches_path_recurrence(family, shape, backend, gen):
     """Random trees of each shape (random shapes differ per row) against the float64 path recurrence, node by
-    node, with the caches after every commit; Triton (interpreter) on the branching shapes, fewer steps."""
+    node, with the caches after every commit; Triton (interpreter) on the branching shapes, fewer steps.
+    Enough steps that every live row flushes whatever the draws (steps_forcing_flush)."""
     if backend == "triton" and shape in ("chain", "star"):
         pytest.skip("the interpreter is slow: Triton runs the branching shapes (binary, random)")
     fam = FAMILIES[family](gen)
     N = 7 if shape == "binary" else 5
     trees = [SHAPES[shape](N, gen) for _ in range(3)]
-    flushes = _run_trees(fam, (backend,), trees, steps=8 if backend == "torch" else 5, gen=gen)
-    assert flushes > 0 or shape in ("star", "binary") or backend == "triton"
+    depth = max(depth_of(t) for t in trees)
+    steps = max(8 if backend == "torch" else 5, steps_forcing_flush(8, depth))
+    run = _run_trees(fam, (backend,), trees, steps=steps, gen=gen, history_len=8)
+    assert run.every_row_flushed(), run.flushed
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -158,8 +190,9 @@ def test_cpu_half_precision(family, act_dtype, state_dtype, gen):
     the ring where it stores), against the float64 path recurrence run on the same ring dtypes."""
     fam = FAMILIES[family](gen)
     trees = [random_tree(5, gen) for _ in range(2)] + [full_binary(5)]
-    flushes = _run_trees(fam, ("cpu",), trees, steps=8, gen=gen, act_dtype=act_dtype, state_dtype=state_dtype)
-    assert flushes > 0
+    steps = max(8, steps_forcing_flush(8, max(depth_of(t) for t in trees)))
+    run = _run_trees(fam, ("cpu",), trees, steps=steps, gen=gen, act_dtype=act_dtype, state_dtype=state_dtype)
+    assert run.every_row_flushed(), run.flushed
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -182,12 +215,22 @@ def test_cpu_other_branches_never_read(family, gen):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_long_random_run_wraps_and_flushes(family, gen):
-    """A long run of random trees per row on a small ring: the ring wraps, rows flush at different steps."""
+    """A long run of random trees per row on a small ring: the ring wraps, rows flush at different steps.
+    Forced, not hoped for: row 0 always accepts 1 token and flushes at steps 5, 10, ...; the chain row
+    (row 3, depth 4 = the ring's lookahead) always accepts 4 and flushes at steps 2, 4, ..., its window
+    crossing ring row 15 from step 4 on (L = 8 + 4, R = 16); row 1 draws its counts and flushes at least
+    every 5 steps; row 2 is padding."""
     fam = FAMILIES[family](gen, **({"nheads": 2, "headdim": 4, "dstate": 8, "ngroups": 1} if family == "mamba2"
                                    else {"H": 1, "HV": 2, "K": 8, "V": 4}))
     trees = [random_tree(4, gen) for _ in range(3)] + [chain(4)]
-    flushes = _run_trees(fam, ("torch", "cpu"), trees, steps=24, gen=gen, history_len=4)
-    assert flushes >= 3
+    run = _run_trees(fam, ("torch", "cpu"), trees, steps=24, gen=gen, history_len=8, fixed_acc={0: 1, 3: 4})
+    assert run.live.tolist() == [True, True, False, True]
+    per_row = run.flushed.sum(0)
+    assert (per_row[run.live] >= 4).all(), per_row
+    assert not torch.equal(run.flushed[:, 0], run.flushed[:, 3]), "rows 0 and 3 flushed at the same steps"
+    assert run.flushed[:, 0].nonzero().flatten().tolist() == [5, 10, 15, 20]
+    assert run.flushed[:, 3].nonzero().flatten().tolist() == list(range(2, 24, 2))
+    assert run.wrapped[:, 3].any(), "the chain row's window never crossed the ring's end"
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
