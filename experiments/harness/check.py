@@ -10,7 +10,9 @@ random inputs, and its outputs are compared with the float64 oracle (experiments
 Outputs are poisoned (NaN) before every call, so a method that leaves rows unwritten fails. The error is
 the relative RMSE over every output of every step (replayssm.testing.rel_err) against
 replayssm.testing.tolerance(act_dtype, state_dtype). The gate runs on at most `max_batch` rows of the
-point, with the point's slot layout, so the float64 oracle stays cheap at serving batch.
+point, with the point's slot layout, pool and cursor layout (experiments/harness/fixture.py: a staggered
+batch is primed through the method's own steps, the oracle following), so the float64 oracle stays cheap at
+serving batch.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from experiments.harness.acceptance import Acceptance
+from experiments.harness.fixture import PointFixture
 from experiments.harness.methods import Method
 from experiments.harness.points import Point
 from experiments.harness.workload import Workload
@@ -47,12 +50,8 @@ def gate(method: Method, fns: dict, wl: Workload, p: Point, *, max_batch: int, a
          acceptance: Acceptance | None = None) -> GateResult:
     """Run the gate for one point with the API functions `fns` (eager or compiled)."""
     rows = min(p.batch, max_batch)
-    cache = method.allocate(p, wl, rows, wl.device)
-    S0 = wl.random_state(rows)
-    method.set_state(cache, S0)
-    slots = wl.slots(rows, rows, p.slot_layout)
-    order = torch.arange(rows, device=wl.device) if slots is None else slots.long()
-    ref_state = S0.double()[order]                                  # row r starts from slot slots[r]
+    fx = PointFixture.build(method, fns, wl, p, rows, oracle=True)   # the point's pool and cursor layout
+    cache, slots, ref_state = fx.caches[0], fx.slots, fx.ref_state
     steps = method.gate_steps(p, ar_steps)
     outs, refs = [], []
     if method.kind == "ar":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from experiments.harness.acceptance import Acceptance, parse_acceptance
 from experiments.harness.bandwidth import MODES as COLD_PROBE_MODES
+from experiments.harness.fixture import cursor_period, parse_cursors
 from experiments.harness.methods import REGISTRY, Method
 from replayssm.checks import ROUTES, interpreter_active
 from replayssm.geometry import GDN_MODELS, KDA_MODELS, MAMBA2_MODELS, GDNGeometry, KDAGeometry, Mamba2Geometry
@@ -64,6 +65,10 @@ class SweepSchema:
     l2: str = "cold"
     torch_compile: Any = False                   # true | false | auto
     slot_layout: str = "identity"
+    # Production shape (experiments/harness/fixture.py): the rows' cursor layouts ("aligned", "staggered", or a
+    # write position "h=k" / k) and the pool's size as a multiple of the batch (rows map into a sparse pool).
+    cursors: list[Any] = field(default_factory=lambda: ["aligned"])
+    pool_factor: list[int] = field(default_factory=lambda: [1])
     threads: int | None = None
     # Sweep keys that replace the ones above when the run is on a CPU (device chosen at run time), so one
     # sweep (smoke) runs anywhere: e.g. {models: [tiny_mamba2, tiny_gdn], backend: torch, act_dtype: [float32]}
@@ -131,13 +136,26 @@ class Point:
     device: str
     seed: int
     geometry: tuple = field(default=())
+    cursors: str | None = None          # a method with a cursor: aligned | staggered | h=k (None: no cursor)
+    num_slots: int = 0                  # slots in the pool the rows map into; 0: exactly the batch
 
     @property
     def model_key(self) -> str:
         return f"{self.model}@tp{self.tp}"
 
+    @property
+    def pool_slots(self) -> int:
+        return self.num_slots or self.batch
+
     def config_hash(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True, default=str)
+        fields = asdict(self)
+        # The production-shape keys enter the hash only away from their defaults, so every point of a run made
+        # before they existed keeps its hash (its rows still resume and pair).
+        if fields["cursors"] in (None, "aligned"):
+            del fields["cursors"]
+        if fields["num_slots"] in (0, self.batch):
+            del fields["num_slots"]
+        blob = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -364,6 +382,8 @@ def expand(cfg) -> Plan:
     if sweep.get("threads") is not None:
         _int("sweep.threads", sweep["threads"])
     batches = _int_list(sweep, "batch")
+    layouts = [parse_cursors(c, f"sweep.cursors[{i}]") for i, c in enumerate(sweep.get("cursors") or ["aligned"])]
+    pool_factors = _int_list(dict(pool_factor=sweep.get("pool_factor") or [1]), "pool_factor")
     state_dtypes = _dtype_list(sweep, "state_dtype", STATE_DTYPES)
     act_dtypes = _dtype_list(sweep, "act_dtype", ACT_DTYPES)
     routes = [_choice(f"sweep.routes[{i}]", r, ROUTES) for i, r in enumerate(sweep.get("routes") or [])]
@@ -414,13 +434,15 @@ def expand(cfg) -> Plan:
             if spec.family not in method.families:
                 continue
             for batch in batches:
-                for sd in state_dtypes:
-                    for ad in act_dtypes:
-                        base = dict(common, family=spec.family, model=spec.name, tp=spec.tp, method=method.name,
-                                    batch=batch, state_dtype=sd, act_dtype=ad, geometry=geo,
-                                    backend=method.backend_for(backend, spec.family))
-                        points += _method_points(method, base, spec.family, kind, method.name in reference,
+                for factor in pool_factors:
+                    for sd in state_dtypes:
+                        for ad in act_dtypes:
+                            base = dict(common, family=spec.family, model=spec.name, tp=spec.tp,
+                                        method=method.name, batch=batch, state_dtype=sd, act_dtype=ad, geometry=geo,
+                                        backend=method.backend_for(backend, spec.family), num_slots=batch * factor)
+                            new = _method_points(method, base, spec.family, kind, method.name in reference,
                                                  buffer_lens, routes, spec_Ts, history_lens, accs)
+                            points += _with_cursors(method, new, layouts)
     if not points:
         raise ValueError("sweep: no point to run (no selected method applies to the selected models)")
     return Plan(experiment=exp["name"], kind=kind, device=device, points=points,
@@ -442,3 +464,24 @@ def _method_points(method: Method, base: dict, family: str, kind: str, is_refere
             hist = history_lens if method.uses_history else [None]
             out += [Point(**base, **dict(empty, spec_T=T, acceptance=acc.label, history_len=B)) for B in hist]
     return out
+
+
+def _with_cursors(method: Method, points: list[Point], layouts: list[str]) -> list[Point]:
+    """Each point once per cursor layout when its method has a cursor (else once, cursors=None); a fixed
+    position must lie inside the cursor's cycle (checked here, before anything runs)."""
+    out = []
+    for p in points:
+        period = cursor_period(method, p)
+        if period is None:
+            out.append(p)
+            continue
+        for layout in layouts:
+            if layout.startswith("h=") and int(layout[2:]) >= period:
+                raise ValueError(f"sweep.cursors: {layout} is past the cursor's cycle of {method.name} "
+                                 f"({period} positions at {_cycle_label(p)})")
+            out.append(replace(p, cursors=layout))
+    return out
+
+
+def _cycle_label(p: Point) -> str:
+    return f"L={p.buffer_len}" if p.spec_T is None else f"B={p.history_len}, T={p.spec_T}"

@@ -40,8 +40,9 @@ from tqdm import tqdm
 COLUMNS = [
     "experiment", "family", "model", "tp", "geometry", "method", "route", "backend", "batch", "buffer_len", "spec_T",
     "history_len", "acceptance", "mean_accepted", "state_dtype", "act_dtype", "context_len", "timing_mode", "l2",
+    "cursors", "num_slots",
     "cache_resident", "compiled", "launch_source", "launch_config", "threads", "median_us", "p20_us", "p80_us",
-    "flush_us", "bytes_model",
+    "flush_us", "step_h0_us", "step_hmid_us", "bytes_model",
     "byte_model_ratio", "achieved_GBps", "pct_peak_measured", "pct_peak_datasheet", "peak_mem_bytes",
     "footprint_bytes", "tokens_per_s", "rel_err", "status", "message", "config_hash", "run_id",
 ]
@@ -50,6 +51,10 @@ STATUSES = ("ok", "wrong", "oom", "error", "skipped")
 # device's table), default (the hand rule: no entry, or the default baseline timed beside a tuned one),
 # mixed (some of each), n/a (no Triton launch: torch / cpu backends, peers); `launch_config` lists them,
 # `kernel[field=value,...]` per distinct config, "; "-separated.
+# `cursors`: the rows' cursor layout (aligned | staggered | h=k; empty for a method without a cursor) and
+# `num_slots` the pool the rows map into (experiments/harness/fixture.py). An AR replay row times its cycle
+# (median_us: the mean step over L steps) and, beside it, one step with every row at write position 0
+# (step_h0_us), L/2 (step_hmid_us) and L-1 (flush_us, the fold).
 # `geometry` is the shape one rank's kernel sees ("dstate=128 headdim=64 ngroups=1 nheads=16"), so a run with
 # an overridden geometry (model.geometry.headdim=17) says so in every row, not just by the model's name.
 __doc__ += "    " + ", ".join(COLUMNS) + "\n"

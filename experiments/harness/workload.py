@@ -54,10 +54,18 @@ class Workload:
                                         window=window, use_qk_l2norm=self.spec.use_qk_l2norm,
                                         generator=self.generator)
 
-    def random_state(self, num_slots: int) -> torch.Tensor:
-        """A prefill-like committed state [num_slots, *state_shape] in the state dtype."""
-        return self._inputs.random_state(self.geometry, num_slots, dtype=self.state_dtype, device=self.device,
-                                         generator=self.generator)
+    def random_state(self, num_slots: int, on_device: bool = False) -> torch.Tensor:
+        """A prefill-like committed state [num_slots, *state_shape] in the state dtype, with the family's scale
+        (replayssm.<family>.inputs.random_state: K^-0.5 for the delta rules, so ||S k|| is O(1)).
+
+        on_device: drawn on the device from the global generator (a timed GPU stack of many layers, where a
+        CPU draw of gigabytes would dominate the build); else from the workload's generator on the CPU."""
+        if not on_device:
+            return self._inputs.random_state(self.geometry, num_slots, dtype=self.state_dtype, device=self.device,
+                                             generator=self.generator)
+        std = 1.0 if self.family == "mamba2" else self.geometry.K ** -0.5
+        state = torch.empty(num_slots, *self.state_shape, dtype=self.state_dtype, device=self.device)
+        return state.normal_(0.0, std)
 
     def call_kwargs(self, inp: dict) -> dict:
         """Keyword arguments of the family's public API for these inputs (everything but cache/slots/out)."""

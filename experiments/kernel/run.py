@@ -41,6 +41,7 @@ from experiments.harness.budget import Budget
 from experiments.harness.check import gate
 from experiments.harness.entry import config_dict
 from experiments.harness.env import collect_env, resolve_hardware
+from experiments.harness.fixture import PointFixture
 from experiments.harness.methods import REGISTRY, Method, MethodUnavailable
 from experiments.harness.points import CONF_DIR, Plan, Point, device_sweep, expand
 from experiments.harness.store import COLUMNS, RunStore, RunTable, failure, parse_shard, run_pending, shard_of
@@ -193,8 +194,9 @@ def host_summary(path: Path) -> dict:
 def blank_row(p: Point, run_id: str) -> dict:
     row = {c: None for c in COLUMNS}
     for c in ("experiment", "family", "model", "tp", "method", "route", "backend", "batch", "buffer_len", "spec_T",
-              "history_len", "acceptance", "state_dtype", "act_dtype", "context_len", "timing_mode", "l2"):
+              "history_len", "acceptance", "state_dtype", "act_dtype", "context_len", "timing_mode", "l2", "cursors"):
         row[c] = getattr(p, c)
+    row["num_slots"] = p.pool_slots
     row.update(compiled=False, threads=torch.get_num_threads(), config_hash=p.config_hash(), run_id=run_id,
                message="", geometry=geometry_label(p.geometry))
     return row
@@ -340,44 +342,39 @@ def _partner_ratio(method: Method, p: Point, wl: Workload, counts, traffic, note
 
 
 class Stack:
-    """`layers` caches (each its own pool of `batch` slots) with shared inputs; the cycle to time."""
+    """`layers` caches (each its own pool of the point's `num_slots` slots, primed to the point's cursor layout
+    by experiments/harness/fixture.py) with shared inputs; the cycle to time."""
 
-    def __init__(self, method: Method, wl: Workload, p: Point, acc, settings: dict, hardware: dict):
+    def __init__(self, method: Method, wl: Workload, p: Point, acc, settings: dict, hardware: dict,
+                 fns: dict | None = None):
         self.method, self.wl, self.p = method, wl, p
-        self.num_slots = p.batch
-        first = self._layer()
+        # the states are drawn on the device: a stack sized past the LLC / L2 holds gigabytes
+        self.fx = PointFixture.build(method, method.api(p.family) if fns is None else fns, wl, p, fast_state=True)
+        self.num_slots = self.fx.num_slots
+        first = self.fx.caches[0]
         budget = memory.free_bytes(p.device)
         budget = int(budget * float(settings["hbm_budget_frac"])) if budget is not None else None
         self.layers, note = memory.stack_layers(method.footprint(first), l2=p.l2, l2_bytes=hardware.get("l2_bytes"),
                                                 l2_factor=float(settings["l2_factor"]),
                                                 max_layers=int(settings["max_layers"]), budget_bytes=budget,
                                                 unreachable_one=p.device == "cpu")
-        self.caches = [first] + [self._layer() for _ in range(self.layers - 1)]
+        for _ in range(self.layers - 1):
+            self.fx.add_cache()
+        self.caches = self.fx.caches
         # a stack that stayed under l2_factor x L2 (LLC on a CPU) is timed from cache: the row says so
         self.cache_resident = memory.cache_resident(self.layers, method.footprint(first), l2=p.l2,
                                                     l2_bytes=hardware.get("l2_bytes"),
                                                     l2_factor=float(settings["l2_factor"]))
         self.note = f"layers={self.layers}" + (f" ({note})" if note else "")
-        self.slots = wl.slots(p.batch, self.num_slots, p.slot_layout)
+        self.slots, self.kw, self.out = self.fx.slots, self.fx.kw, self.fx.out
         self.A = wl.params.get("A")
         self.acc = acc
         self.counts = None
         if method.kind == "ar":
-            self.kw = wl.call_kwargs(wl.inputs(p.batch))
-            self.out = wl.out(p.batch)
             self.steps = p.buffer_len if method.uses_buffer else 1
         else:
-            self.kw = wl.call_kwargs(wl.inputs(p.batch, window=p.spec_T))
-            self.out = wl.out(p.batch, window=p.spec_T)
             self.steps = self._spec_steps(int(settings["spec_steps"]))
             self.counts = acc.sample(p.spec_T, p.batch, self.steps, wl.generator).to(p.device)
-
-    def _layer(self):
-        cache = self.method.allocate(self.p, self.wl, self.num_slots, self.p.device)
-        std = self.wl.geometry.K ** -0.5 if self.wl.family == "gdn" else 1.0
-        state = torch.empty(self.num_slots, *self.wl.state_shape, dtype=self.wl.state_dtype, device=self.p.device)
-        self.method.set_state(cache, state.normal_(0.0, std))
-        return cache
 
     def _spec_steps(self, requested: int) -> int:
         """At least `requested`, and enough to pass 3 flushes of the ring at one accepted token per step."""
@@ -443,13 +440,18 @@ def _time_variants(stack: Stack, method: Method, wl: Workload, p: Point, setting
         notes.append(f"eager {timed[False].median_us:.4g} us vs compiled {timed[True].median_us:.4g} us")
     flush = None
     if method.flush_cursor(stack.caches[0]) is not None:
-        last = p.buffer_len - 1
-
-        def prepare():
-            for c in stack.caches:
-                method.flush_cursor(c).fill_(last)
-        # the flush resets write_pos to 0, so the caches are back at the start of a cycle afterwards
-        flush = _time_prepared(prepare, stack.one_step(apis[compiled]), stack.layers, p, settings)
+        # One step with every row at write position h, for h = 0, L/2 and L-1 (the fold: flush_us): the cycle's
+        # median is their mean over the L positions, and the spread between them is what a staggered batch
+        # averages out. The last one resets write_pos to 0: the caches are back at the start of a cycle.
+        by_h = {}
+        for h in sorted({0, p.buffer_len // 2, p.buffer_len - 1}):
+            def prepare(h=h):
+                for c in stack.caches:
+                    method.flush_cursor(c).fill_(h)
+            by_h[h] = _time_prepared(prepare, stack.one_step(apis[compiled]), stack.layers, p, settings)
+        flush = by_h[p.buffer_len - 1]
+        row["step_h0_us"] = by_h[0].median_us
+        row["step_hmid_us"] = by_h[p.buffer_len // 2].median_us
     return timed[compiled], flush
 
 
@@ -477,12 +479,13 @@ def summarize(rows: list[dict], limit: int = 200) -> str:
     """A plain-text table of rows: the config keys that vary, the median time and the status."""
     if not rows:
         return "(no rows)"
-    head = ["model", "tp", "batch", "L/T", "acc", "method", "route", "median_us", "flush_us", "GB/s", "status"]
+    head = ["model", "tp", "batch", "pool", "L/T", "acc", "method", "route", "cursors", "median_us", "flush_us",
+            "GB/s", "status"]
     lines = []
     for r in rows[:limit]:
-        lines.append([r["model"], r["tp"], r["batch"], _window(r), r["acceptance"] or "",
-                      r["method"], r["route"] or "", _fmt(r["median_us"]), _fmt(r["flush_us"]),
-                      _fmt(r["achieved_GBps"]), r["status"]])
+        lines.append([r["model"], r["tp"], r["batch"], r.get("num_slots") or r["batch"], _window(r),
+                      r["acceptance"] or "", r["method"], r["route"] or "", r.get("cursors") or "",
+                      _fmt(r["median_us"]), _fmt(r["flush_us"]), _fmt(r["achieved_GBps"]), r["status"]])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     counts: dict[str, int] = {}

@@ -53,21 +53,25 @@ ROW_COLUMNS = tuple(COLUMNS)
 NUMERIC_COLUMNS = (
     "tp", "batch", "buffer_len", "spec_T", "history_len", "mean_accepted", "context_len", "threads", "median_us",
     "p20_us", "p80_us", "flush_us", "bytes_model", "byte_model_ratio", "achieved_GBps", "pct_peak_measured",
-    "pct_peak_datasheet", "peak_mem_bytes", "footprint_bytes", "tokens_per_s", "rel_err",
+    "pct_peak_datasheet", "peak_mem_bytes", "footprint_bytes", "tokens_per_s", "rel_err", "num_slots",
+    "step_h0_us", "step_hmid_us",
 )
 # The point keys: everything that says *what* was measured (not the measures, not the method).
 POINT_KEYS = (
     "experiment", "family", "model", "tp", "geometry", "route", "backend", "batch", "buffer_len", "spec_T",
     "history_len", "acceptance", "state_dtype", "act_dtype", "context_len", "timing_mode", "l2", "compiled", "threads",
+    "cursors", "num_slots",
 )
 RUN_KEYS = ["_source", "run_id"]
 # Strict keys must be equal; "wild" keys must be equal unless one side does not have them (NA): the
 # baseline has no buffer_len/route/history_len, so one baseline row serves every replay setting.
+# The pool (num_slots) is strict: both sides gather from the same pool. The cursor layout is wild: a baseline
+# has no cursor, so its row serves every layout of the replay rows.
 AR_STRICT = RUN_KEYS + ["experiment", "family", "model", "tp", "geometry", "batch", "state_dtype", "act_dtype",
-                        "timing_mode", "l2", "backend", "threads"]
-AR_WILD = ["buffer_len", "route", "context_len"]
+                        "timing_mode", "l2", "backend", "threads", "num_slots"]
+AR_WILD = ["buffer_len", "route", "context_len", "cursors"]
 SPEC_STRICT = AR_STRICT + ["spec_T", "acceptance"]
-SPEC_WILD = ["history_len", "buffer_len", "route", "context_len"]
+SPEC_WILD = ["history_len", "buffer_len", "route", "context_len", "cursors"]
 # Spec rows vs standard-decode rows: kernel_spec times baseline_ar itself (its reference method); rows of
 # another experiment in the same run serve only when it did not.
 CROSS_STRICT = [k for k in AR_STRICT if k != "experiment"]
@@ -80,8 +84,8 @@ NA_KEY = "<na>"
 
 SUMMARY_COLUMNS = (
     "run_id", "hardware", "metric", "experiment", "family", "model", "tp", "geometry", "batch", "buffer_len", "route",
-    "spec_T", "history_len", "acceptance", "mean_accepted", "state_dtype", "act_dtype", "context_len",
-    "timing_mode", "l2", "backend", "threads", "num_method", "den_method", "value", "lo", "hi", "num_value",
+    "spec_T", "history_len", "acceptance", "mean_accepted", "state_dtype", "act_dtype", "context_len", "timing_mode",
+    "l2", "backend", "threads", "cursors", "num_slots", "num_method", "den_method", "value", "lo", "hi", "num_value",
     "den_value", "value_unit", "bytes_ratio", "num_backend", "den_backend", "num_compiled", "den_compiled",
     "measured_over_model", "cache_resident", "verdict", "num_launch_source", "den_launch_source", "value_default",
     "launch_note",
