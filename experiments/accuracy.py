@@ -44,6 +44,7 @@ from experiments.harness.acceptance import parse_acceptance
 from experiments.harness.budget import Budget
 from experiments.harness.entry import config_dict, exit_if_nothing_measured
 from experiments.harness.env import collect_env, resolve_hardware
+from experiments.harness.fixture import PointFixture
 from experiments.harness.methods import MethodUnavailable
 from experiments.harness.points import CONF_DIR, DTYPES, Point, _models, resolve_device
 from experiments.harness.store import RunStore, RunTable, failure, run_pending
@@ -217,10 +218,11 @@ def run_series(s: Series, group: Group, sweep: dict, seed: int) -> list[dict]:
     p = _point(spec, s, sweep, seed)
     rows, device, backend = sweep["rows"], sweep["device"], sweep["backend"]
     fns = method.api(spec.family)
-    cache = method.allocate(p, wl, rows, device)
     # fp8: set_state quantises the float32 state with its per-head scale (a cast alone would drop the scale)
     S0_dtype = torch.float32 if is_fp8(wl.state_dtype) else wl.state_dtype
-    method.set_state(cache, group.S0.to(device=device, dtype=S0_dtype))
+    # the harness's fixture builds the cache (the series' own trajectory brings the inputs: none drawn here)
+    cache = PointFixture.build(method, fns, wl, p, rows, state=group.S0.to(device=device, dtype=S0_dtype),
+                               with_inputs=False).caches[0]
     A = wl.params.get("A")
     out_rows, pending = [], []
     if method.kind == "ar":

@@ -50,6 +50,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.harness.fixture import PointFixture
 from experiments.harness.methods import REGISTRY, MethodUnavailable
 from experiments.harness.points import Point, load_model_config, model_spec
 from experiments.harness.workload import Workload
@@ -108,11 +109,8 @@ def build_step(e: Entry, device: str) -> Callable[[], None]:
         raise MethodUnavailable(reason)
     spec = model_spec(load_model_config(e.model), 1)
     wl = Workload(spec, p, device, torch.Generator().manual_seed(0))
-    fns = m.api(e.family)
-    cache = m.allocate(p, wl, 1, device)
-    m.set_state(cache, wl.random_state(1))
-    window = SPEC_T if m.kind == "spec" else None
-    kw, out = wl.call_kwargs(wl.inputs(1, window=window)), wl.out(1, window=window)
+    fx = PointFixture.build(m, m.api(e.family), wl, p, 1)        # the cache and inputs every runner builds
+    fns, cache, kw, out = fx.fns, fx.caches[0], fx.kw, fx.out
     if m.kind == "ar":
         return lambda: m.step(fns, cache, p, kw, None, out)
     accepted = torch.full((1,), ACCEPTED, dtype=torch.int32, device=device)

@@ -92,11 +92,14 @@ class PointFixture:
 
     @classmethod
     def build(cls, method: Method, fns: dict, wl: Workload, p, rows: int | None = None, *, cursors=None,
-              oracle: bool = False, fast_state: bool = False) -> PointFixture:
+              oracle: bool = False, fast_state: bool = False, state: torch.Tensor | None = None,
+              with_inputs: bool = True) -> PointFixture:
         """The first cache of point `p` with `rows` rows (default p.batch) in a pool of the point's size
         scaled to `rows` (p.num_slots / p.batch of it), primed to the cursor layout `cursors` (default the
-        point's), plus one step's (or window's) inputs and a NaN-poisoned output. `fast_state` draws the
-        state on the device (a GPU stack of many layers), else from the workload's generator."""
+        point's), plus one step's (or window's) inputs and a NaN-poisoned output (`with_inputs`; a caller
+        that brings its own inputs leaves the workload's generator untouched). `fast_state` draws the state
+        on the device (a GPU stack of many layers), else from the workload's generator; `state`
+        [num_slots, *state_shape] is set instead of a drawn one (the accuracy study: one S0 for every method)."""
         rows = p.batch if rows is None else rows
         num_slots = rows * pool_factor(p)
         layout = getattr(p, "cursors", None) if cursors is None else parse_cursors(cursors, "cursors")
@@ -105,7 +108,9 @@ class PointFixture:
                  targets=cursor_targets(layout, rows, cursor_period(method, p)), oracle=oracle,
                  fast_state=fast_state)
         window = p.spec_T if method.kind == "spec" else None
-        fx.add_cache()
+        fx.add_cache(state)
+        if not with_inputs:
+            return fx
         fx.inputs = wl.inputs(rows, window=window)
         fx.kw = wl.call_kwargs(fx.inputs)
         fx.out = wl.out(rows, window=window)
@@ -118,11 +123,12 @@ class PointFixture:
             return torch.arange(self.rows, device=self.wl.device)
         return self.slots.long()
 
-    def add_cache(self):
-        """Allocate one more cache (a layer of a stack) with a fresh state, primed like the first."""
+    def add_cache(self, state: torch.Tensor | None = None):
+        """Allocate one more cache (a layer of a stack) with a fresh state (or `state`), primed like the first."""
         m, wl, p = self.method, self.wl, self.p
         cache = m.allocate(p, wl, self.num_slots, wl.device)
-        state = wl.random_state(self.num_slots, on_device=self.fast_state)
+        if state is None:
+            state = wl.random_state(self.num_slots, on_device=self.fast_state)
         m.set_state(cache, state)
         if self.oracle and not self.caches:
             self.ref_state = state.double()[self.order]          # row r starts from slot order[r]
