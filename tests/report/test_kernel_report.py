@@ -218,7 +218,8 @@ def test_report_on_super_tp8_both_targets(tmp_path):
                            "--fp32-state-only", "--json", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.exists(), proc.stderr[-3000:]
-    rows = json.loads(out.read_text())
+    report = json.loads(out.read_text())
+    rows, steps = report["rows"], report["steps"]
     assert "| kernel" in proc.stdout
     present = [r for r in rows if not r["status"].startswith("missing")]
     assert present, "no Mamba-2 recipe produced a kernel"
@@ -231,3 +232,129 @@ def test_report_on_super_tp8_both_targets(tmp_path):
     assert not broken, "\n".join(broken)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert all(r["registers"] > 0 and r["spill"] == 0 for r in present)
+    # the predictions: every built kernel has its dynamic shared memory, SASS mix, occupancy and issue floor
+    for r in present:
+        assert r["dyn_shared"] >= 0 and r["sass"] >= r["path_min"] > 0 or r["loops"], r
+        assert 0 < r["path_min"] <= r["path_max"] and 0 < r["occupancy"] <= 1 and r["issue_us"] > 0, r
+        assert r["sass"] >= r["shfl"] + r["bar"] + r["mma"] + r["mufu"] + r["lds"] + r["sts"], r
+    # the Mamba-2 AR step at b256 (the default point): its kernels' programs scale with the batch, byte time beside
+    step = next(s for s in steps if s["method"] == "mamba2.replay[output_only]" and s["target"] == "sm_90")
+    assert step["point"] == "b256 L16" and step["byte_us"] > 0 and step["issue_us_cycle"] >= step["issue_us"] > 0
+    assert step["bound"] in ("issue", "bytes")
+    ssu = next(r for r in present if r["method"] == "mamba2.ssu" and r["target"] == "sm_90")
+    assert ssu["programs"] == 256 * ssu["programs_per_row"] + ssu["programs_fixed"] and ssu["programs_per_row"] > 0
+
+
+# --------------------------------------------------------------------------- SASS paths, occupancy, ncu evidence
+
+SASS = """
+        /*0000*/                   S2R R0, SR_TID.X ;
+        /*0010*/              @!P0 EXIT ;
+        /*0020*/                   ISETP.NE.AND P1, PT, R0, RZ, PT ;
+        /*0030*/               @P1 BRA 0x70 ;
+        /*0040*/                   FADD R1, R1, R1 ;
+        /*0050*/                   SHFL.BFLY PT, R2, R1, 0x1, 0x1f ;
+        /*0060*/                   BRA 0xd0 ;
+        /*0070*/                   MOV R3, RZ ;
+        /*0080*/                   HMMA.16816.F32.TF32 R4, R8, R10, R4 ;
+        /*0090*/                   MUFU.EX2 R5, R5 ;
+        /*00a0*/                   IADD3 R3, R3, 0x1, RZ ;
+        /*00b0*/               @P2 BRA 0x80 ;
+        /*00c0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*00d0*/                   STG.E desc[UR4][R2.64], R1 ;
+        /*00e0*/                   EXIT ;
+        /*00f0*/                   BRA 0xf0;
+        /*0100*/                   NOP;
+"""
+TTGIR = """
+    %c0_i32 = arith.constant 0 : i32
+    %c128_i32 = arith.constant 128 : i32
+    %c16_i32 = arith.constant 16 : i32
+    %a:2 = scf.for %i = %c0_i32 to %c128_i32 step %c16_i32 iter_args(%x = %c0_i32) -> (i32) : i32 {
+    %b = scf.for %j = %c0_i32 to %n step %c16_i32 iter_args(%y = %c0_i32) -> (i32) : i32 {
+"""
+
+
+def test_sass_mix_and_paths_by_hand():
+    from experiments.report.kernels import sass
+
+    instrs = sass.parse_sass(SASS)
+    assert len(instrs) == 15                     # the trap loop and NOP after the last EXIT are padding
+    assert sass.instruction_mix(instrs) == {"total": 15, "shfl": 1, "bar": 1, "lds": 0, "sts": 0, "mma": 1,
+                                            "mufu": 1, "ldg": 0, "stg": 1}
+    assert sass.ttgir_loop_trips(TTGIR) == [8, None]
+    # then-arm: 2 + 2 + 3 + 2 = 9; else-arm: 2 + 2 + 1 + 8 x 4 (the loop) + 1 + 2 = 40; the early EXIT after 2
+    # instructions stores nothing, so it is not the shortest path
+    p = sass.paths(instrs, [8])
+    assert (p.path_min, p.path_max, p.loops, p.loops_unknown, p.trips) == (9, 40, 1, 0, (8,))
+    unknown = sass.paths(instrs, [8, None])      # two TTGIR loops for one SASS loop: the body counts once
+    assert (unknown.path_max, unknown.loops_unknown) == (12, 1) and "trip counts not applied" in unknown.note
+    assert cs.sass_statistics(SASS)["loops"] == "?"
+
+
+def test_occupancy_reproduces_ncu_and_the_limits():
+    from experiments.report.kernels import occupancy as oc
+
+    # results/h200/route-check-*/ncu: 163 regs / 4 warps -> 3 blocks (18.75 %), 72 -> 7, 48 -> 10
+    assert [oc.occupancy(r, 4, s, 90).blocks for r, s in ((163, 8192), (72, 8192), (48, 256))] == [3, 7, 10]
+    o = oc.occupancy(163, 4, 8192, 90)
+    assert (o.warps, o.occupancy, o.limiter) == (12, 0.1875, "registers")
+    assert oc.occupancy(32, 4, 60 * 1024, 90).blocks == 3 and oc.occupancy(32, 4, 60 * 1024, 90).limiter == "shared"
+    assert oc.occupancy(32, 4, 228 * 1024, 90).blocks == 0           # over the 227 KB a block may have
+    assert oc.occupancy(16, 1, 0, 100).blocks == 32 and oc.occupancy(16, 32, 0, 90).limiter == "warps"
+    assert oc.block_shared(1024, 8192, 90) == 8192 and oc.block_shared(3072, 0, 90) == 2048
+    for lim in oc.LIMITS.values():
+        assert "Programming Guide" in lim.source and lim.regs_per_sm == 65536 and lim.reserved_smem == 1024
+
+
+NCU_DIR = ROOT / "results" / "h200" / "route-check-20261204T130226Z-feec103"
+
+
+def test_ncu_parsing_derives_instructions_per_warp():
+    from experiments.report.kernels import ncu_compare as nc
+
+    launches = nc.ncu_launches(NCU_DIR / "ncu" / "dram-output_only-replay_ar-output_only.ncu.txt")
+    assert [lch["kernel"] for lch in launches] == ["_gdn_replay_step_kernel"] * 2
+    m = nc.measured(launches[0])
+    # 0.49 issues/cycle/scheduler x 4 x 132 SMs x 1,132,467.48 active cycles / (65,536 programs x 4 warps)
+    assert m["insts_per_warp"] == pytest.approx(0.49 * 4 * 132 * 1132467.48 / 262144)
+    assert (m["registers"], m["occupancy"], m["dyn_shared"], m["programs"]) == pytest.approx((163, 0.1875, 8190, 65536))
+
+
+def _gpu_stack_python() -> str | None:
+    """A python whose Triton is the one ncu's run used (env.json), or None."""
+    want = json.loads((NCU_DIR / "env.json").read_text())["triton"]
+    import triton
+
+    if triton.__version__ == want:
+        return sys.executable
+    gs = ROOT / ".venv-gpustack" / "bin" / "python"
+    if gs.exists():
+        ver = subprocess.run([str(gs), "-c", "import triton; print(triton.__version__)"], capture_output=True,
+                             text=True, timeout=120).stdout.strip()
+        if ver == want:
+            return str(gs)
+    return None
+
+
+def test_report_agrees_with_the_h200_ncu_report(tmp_path):
+    """GDN's steps at Qwen3.5-122B b256 (the kernels ncu profiled at feec103), built by the Triton that ran there:
+    registers, theoretical occupancy, dynamic shared memory and instructions per warp within 10 % of ncu's."""
+    python = _gpu_stack_python()
+    if python is None:
+        pytest.skip("ncu ran Triton 3.6.0: needs it here or in .venv-gpustack (make test-gpu-stack builds it)")
+    from experiments.report.kernels import ncu_compare as nc
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    out = tmp_path / "report.json"
+    proc = subprocess.run([python, str(SCRIPT), "--geometry", "qwen35_122b_a10b", "--target", "90", "--fp32-state-only",
+                           "--method", "gdn.replay", "--method", "gdn.replay[state_and_output]", "--method",
+                           "gdn.recurrent", "--batch", "256", "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = nc.compare(json.loads(out.read_text())["rows"], NCU_DIR / "ncu", "qwen35_122b_a10b")
+    assert sorted({r["method"] for r in rows}) == ["gdn.recurrent", "gdn.replay", "gdn.replay[state_and_output]"]
+    for r in rows:
+        for k in ("registers", "occupancy", "dyn_shared", "insts_per_warp"):
+            assert 0.9 <= r[f"{k}_ratio"] <= 1.1, (r["file"], k, r[f"{k}_ncu"], r[f"{k}_report"])

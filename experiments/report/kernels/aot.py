@@ -62,10 +62,24 @@ class Launch:
     args: dict[str, Any]
     grid: tuple[int, ...]
     options: dict[str, Any]
+    phase: str = ""              # what the recipe was doing: "step" inside the step it times, "" elsewhere
 
     @property
     def name(self) -> str:
         return self.fn.fn.__name__
+
+
+_PHASE = [""]
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Tag the launches captured inside with `name` (a recipe wraps the calls of one step in phase("step"))."""
+    saved, _PHASE[0] = _PHASE[0], name
+    try:
+        yield
+    finally:
+        _PHASE[0] = saved
 
 
 @contextlib.contextmanager
@@ -82,7 +96,7 @@ def capture_launches() -> Iterator[list[Launch]]:
         bound.apply_defaults()
         arguments = dict(bound.arguments)
         resolved = grid(arguments) if callable(grid) else grid
-        launches.append(Launch(self, arguments, tuple(int(g) for g in resolved), options))
+        launches.append(Launch(self, arguments, tuple(int(g) for g in resolved), options, _PHASE[0]))
         return None
 
     JITFunction.run = record
@@ -207,7 +221,18 @@ class Build:
     spill: int = -1              # bytes of spill stores (STL in the SASS) = ptxas's "bytes spill stores"
     local: int = -1              # LOCAL from cuobjdump (spills land in the stack frame, so this stays 0)
     stack: int = -1
-    shared: int = -1
+    shared: int = -1             # cuobjdump's SHARED: static, with the 1 KB the runtime reserves per block
+    dyn_shared: int = -1         # Triton's dynamic shared memory (compiled.metadata.shared), ncu's "Dynamic Shared"
+    sass: int = -1               # static SASS instructions (padding excluded) and their mix (sass.instruction_mix)
+    shfl: int = -1
+    bar: int = -1
+    lds: int = -1
+    sts: int = -1
+    mma: int = -1
+    mufu: int = -1
+    path_min: int = -1           # instructions per warp on the shortest storing path, loops x trips (sass.paths)
+    path_max: int = -1           # ... on the longest path
+    loops: str = ""              # trip count per SASS loop, "?" where unknown (counted once)
     widest_load: str = ""
     state_load: str = ""
     ldg: dict[str, int] = field(default_factory=dict)
@@ -261,9 +286,11 @@ class Builder:
                                             attrs=spec.attrs)
             compiled = triton.compile(src, target=GPUTarget("cuda", target, 32), options=options)
             out.num_warps = compiled.metadata.num_warps
+            out.dyn_shared = int(compiled.metadata.shared)
             cubin = self.workdir / f"{serial:03d}_{launch.name}_sm{target}.cubin"
             cubin.write_bytes(compiled.asm["cubin"])
-            for name, value in inspect_cubin(cubin, compiled.asm["ptx"], spec.signature).items():
+            for name, value in inspect_cubin(cubin, compiled.asm["ptx"], spec.signature,
+                                             compiled.asm.get("ttgir")).items():
                 setattr(out, name, value)
             out.status = "SPILL" if out.spill > 0 or out.local > 0 else "ok"
         except Exception as exc:  # a kernel that does not build is a finding, not a crash of the report

@@ -19,6 +19,8 @@ from typing import Any
 
 import triton
 
+from experiments.report.kernels import sass as sass_mod
+
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 _RESOURCE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
@@ -152,11 +154,25 @@ def run_cuobjdump(flag: str, cubin: Path) -> str:
     return proc.stdout
 
 
-def inspect_cubin(cubin: Path, ptx: str, signature: dict[str, str]) -> dict[str, Any]:
+def sass_statistics(sass: str, ttgir: str | None = None) -> dict[str, Any]:
+    """The SASS mix and the executed-path counts (experiments/report/kernels/sass.py) by kernel_report.Build's
+    field names: sass (static total), shfl, bar, lds, sts, mma, mufu, path_min, path_max, loops ("8,?")."""
+    instrs = sass_mod.parse_sass(sass)
+    mix = sass_mod.instruction_mix(instrs)
+    trips = sass_mod.ttgir_loop_trips(ttgir) if ttgir else None
+    p = sass_mod.paths(instrs, trips)
+    loops = ",".join("?" if t is None else str(t) for t in p.trips)
+    return dict(sass=mix["total"], **{k: mix[k] for k in ("shfl", "bar", "lds", "sts", "mma", "mufu")},
+                path_min=p.path_min, path_max=p.path_max, loops=loops)
+
+
+def inspect_cubin(cubin: Path, ptx: str, signature: dict[str, str], ttgir: str | None = None) -> dict[str, Any]:
     """Every statistic of one compiled kernel, by the field names of kernel_report.Build: registers, stack,
-    shared, local, spill (bytes), ldg ({"LDG.128": count, ...}), widest_load and state_load."""
+    shared, local, spill (bytes), ldg ({"LDG.128": count, ...}), widest_load, state_load, and the SASS mix and
+    path counts of sass_statistics (loop trip counts from `ttgir`, the kernel's TTGIR, where given)."""
     registers, stack, shared, local = parse_resource_usage(run_cuobjdump("--dump-resource-usage", cubin))
     sass = run_cuobjdump("--dump-sass", cubin)
     return dict(registers=registers, stack=stack, shared=shared, local=local, spill=spill_store_bytes(sass),
                 ldg={f"{op}.{w * 8}": c for (op, w), c in sorted(global_load_counts(sass).items())},
-                widest_load=describe_widths(count_global_loads(sass)), state_load=state_load(ptx, signature))
+                widest_load=describe_widths(count_global_loads(sass)), state_load=state_load(ptx, signature),
+                **sass_statistics(sass, ttgir))

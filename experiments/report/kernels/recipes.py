@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import csv
 import dataclasses
+import functools
 import importlib
 import inspect
 import json
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-from experiments.report.kernels import aot
+from experiments.report.kernels import aot, predict
 from experiments.report.kernels.aot import (
     TARGETS,
     TORCH_TO_TRITON,
@@ -48,6 +49,38 @@ from replayssm.kda import inputs as kda_inputs
 from replayssm.mamba2 import inputs as m2_inputs
 
 BATCH = 2
+
+
+@dataclass
+class RecipePoint:
+    """What the recipes build: `batch` rows (the launch grid's batch axis), q / k L2-normalised in the GDN / KDA
+    kernels or not (the benchmark follows conf/model's use_qk_l2norm: true for every GDN and KDA model), the AR
+    buffer length, the spec history and window. point() sets it for the recipes called inside."""
+
+    batch: int = BATCH
+    l2norm: bool = False
+    buffer_len: int = 16
+    history: int = 16
+    window: int = 4
+
+
+POINT = RecipePoint()
+
+
+@contextlib.contextmanager
+def point(**fields):
+    """Run the recipes inside at another RecipePoint (fields not named keep their current value)."""
+    global POINT
+    saved, POINT = POINT, dataclasses.replace(POINT, **fields)
+    try:
+        yield POINT
+    finally:
+        POINT = saved
+
+
+def _rows(values: list[int], device=None) -> torch.Tensor:
+    """`values` repeated over the batch's rows (one normal and one flush row, and so on), int32."""
+    return torch.tensor([values[i % len(values)] for i in range(POINT.batch)], dtype=torch.int32, device=device)
 
 # ---------------------------------------------------------------------------------------------------------
 # 4. recipes: build a cache and inputs through the public API, call it once
@@ -81,23 +114,23 @@ ACT = torch.bfloat16       # production activation dtype (compiled only: nothing
 
 
 def _slots(device) -> torch.Tensor:
-    return torch.arange(BATCH, dtype=torch.int32, device=device)
+    return torch.arange(POINT.batch, dtype=torch.int32, device=device)
 
 
 def _mamba2_inputs(geom: Mamba2Geometry, device, window: int | None = None) -> dict[str, Any]:
     p = m2_inputs.random_params(geom, device=device)
-    step = m2_inputs.random_step(geom, BATCH, act_dtype=ACT, device=device, window=window)
+    step = m2_inputs.random_step(geom, POINT.batch, act_dtype=ACT, device=device, window=window)
     return dict(x=step["x"], dt=step["dt"], A=p.A, B=step["B"], C=step["C"], D=p.D, z=step["z"],
                 dt_bias=p.dt_bias, dt_softplus=True, slots=_slots(device))
 
 
 def _gdn_inputs(geom: GDNGeometry, device, window: int | None = None) -> dict[str, Any]:
-    step = gdn_inputs.random_step(geom, BATCH, act_dtype=ACT, device=device, window=window)
+    step = gdn_inputs.random_step(geom, POINT.batch, act_dtype=ACT, device=device, window=window)
     return dict(step, slots=_slots(device))
 
 
 def _kda_inputs(geom: KDAGeometry, device, window: int | None = None) -> dict[str, Any]:
-    step = kda_inputs.random_step(geom, BATCH, act_dtype=ACT, device=device, window=window)
+    step = kda_inputs.random_step(geom, POINT.batch, act_dtype=ACT, device=device, window=window)
     return dict(step, slots=_slots(device))
 
 
@@ -107,10 +140,7 @@ def family_of(geom) -> str:
 
 
 def _accepted(device) -> torch.Tensor:
-    return torch.tensor([1, 3], dtype=torch.int32, device=device)[:BATCH]
-
-
-AR_BUFFER, SPEC_HISTORY, SPEC_WINDOW = 16, 16, 4
+    return _rows([1, min(3, POINT.window)], device)
 
 
 def _step(family: str, fn: Callable, target, inputs: dict[str, Any], **extra):
@@ -119,7 +149,7 @@ def _step(family: str, fn: Callable, target, inputs: dict[str, Any], **extra):
     if family == "mamba2":
         return call(fn, target, i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"], i["z"], i["dt_bias"],
                     dt_softplus=True, slots=i["slots"], backend="triton", **extra)
-    return call(fn, target, i["q"], i["k"], i["v"], i["g"], i["beta"], scale=None, use_qk_l2norm=False,
+    return call(fn, target, i["q"], i["k"], i["v"], i["g"], i["beta"], scale=None, use_qk_l2norm=POINT.l2norm,
                 slots=i["slots"], backend="triton", **extra)
 
 
@@ -133,11 +163,13 @@ def replay_ar_recipe(family: str, cache_module: str, route: str | None = None) -
 
     def run(geom, device, state_dtype):
         step, materialize = public(module, "replay_step"), public(module, "materialize")
-        cache = public(cache_module, "ReplayCache").allocate(geom, BATCH, buffer_len=AR_BUFFER,
+        L = POINT.buffer_len
+        cache = public(cache_module, "ReplayCache").allocate(geom, POINT.batch, buffer_len=L,
                                                             state_dtype=state_dtype, act_dtype=ACT, device=device)
-        cache.write_pos[:] = torch.tensor([0, AR_BUFFER - 1], dtype=torch.int32)[:BATCH]
+        cache.write_pos[:] = _rows([0, L - 1])
         inputs = _inputs(family, geom, device)
-        _step(family, step, cache, inputs, **({} if route is None else {"route": route}))
+        with aot.phase("step"):
+            _step(family, step, cache, inputs, **({} if route is None else {"route": route}))
         if route != "state_and_output":              # materialize is the same kernel for both routes
             call(materialize, cache, backend="triton", A=inputs.get("A"))
     return run
@@ -148,8 +180,10 @@ def baseline_ar_recipe(family: str, module: str, name: str) -> Callable:
     def run(geom, device, state_dtype):
         fn = public(module, name)
         shape = ((geom.nheads, geom.headdim, geom.dstate) if family == "mamba2" else (geom.HV, geom.V, geom.K))
-        state = torch.zeros(BATCH, *shape, dtype=state_dtype, device=device)
-        _step(family, fn, state, _inputs(family, geom, device))
+        state = torch.zeros(POINT.batch, *shape, dtype=state_dtype, device=device)
+        inputs = _inputs(family, geom, device)
+        with aot.phase("step"):
+            _step(family, fn, state, inputs)
     return run
 
 
@@ -172,18 +206,19 @@ def spec_recipe(family: str, modules: str | tuple[str, ...], cache_class: str) -
 
     def run(geom, device, state_dtype):
         Cache = public(_first_module_with(modules, cache_class), cache_class)
-        cache = call(Cache.allocate, geom, BATCH, history_len=SPEC_HISTORY, window=SPEC_WINDOW,
+        cache = call(Cache.allocate, geom, POINT.batch, history_len=POINT.history, window=POINT.window,
                      state_dtype=state_dtype, act_dtype=ACT, device=device)
         mod = importlib.import_module(_first_module_with(modules, "spec_verify"))
         verify, commit = mod.spec_verify, public(mod.__name__, "spec_commit")
         if hasattr(mod, "spec_reset"):
             call(mod.spec_reset, cache, backend="triton")
         if hasattr(cache, "is_flush"):
-            cache.write_pos[:] = torch.tensor([3, 13], dtype=torch.int32)[:BATCH]
-            cache.is_flush[:] = torch.tensor([0, 1], dtype=torch.int32)[:BATCH]
-        inputs = _inputs(family, geom, device, window=SPEC_WINDOW)
-        _step(family, verify, cache, inputs)
-        call(commit, cache, _accepted(device), A=inputs.get("A"), slots=inputs["slots"], backend="triton")
+            cache.write_pos[:] = _rows([3, POINT.history - 3])
+            cache.is_flush[:] = _rows([0, 1])
+        inputs = _inputs(family, geom, device, window=POINT.window)
+        with aot.phase("step"):
+            _step(family, verify, cache, inputs)
+            call(commit, cache, _accepted(device), A=inputs.get("A"), slots=inputs["slots"], backend="triton")
         if hasattr(mod, "spec_materialize"):
             call(mod.spec_materialize, cache, backend="triton", A=inputs.get("A"))
     return run
@@ -237,14 +272,16 @@ def tree_recipe(family: str) -> Callable:
         verify, commit = public(module, "tree_verify"), public(module, "tree_commit")
         Ring = public(f"replayssm.{family}", "SpecRing")
         N = len(TREE_PARENTS)
-        ring = Ring.allocate(geom, BATCH, history_len=SPEC_HISTORY, window=N, state_dtype=state_dtype,
+        ring = Ring.allocate(geom, POINT.batch, history_len=POINT.history, window=N, state_dtype=state_dtype,
                              act_dtype=ACT, device=device)
-        ring.write_pos[:] = torch.tensor([3, 15], dtype=torch.int32)[:BATCH]
-        ring.is_flush[:] = torch.tensor([0, 1], dtype=torch.int32)[:BATCH]
+        ring.write_pos[:] = _rows([3, POINT.history - 1])
+        ring.is_flush[:] = _rows([0, 1])
         parents = torch.tensor(TREE_PARENTS, dtype=torch.int32, device=device)
-        _step(family, verify, ring, _inputs(family, geom, device, window=N), parents=parents)
-        path = torch.tensor([[0, 1, 3, 7]] * BATCH, dtype=torch.int32, device=device)
-        call(commit, ring, path, _accepted(device), slots=_slots(device), backend="triton")
+        inputs = _inputs(family, geom, device, window=N)
+        path = torch.tensor([[0, 1, 3, 7]] * POINT.batch, dtype=torch.int32, device=device)
+        with aot.phase("step"):
+            _step(family, verify, ring, inputs, parents=parents)
+            call(commit, ring, path, _accepted(device), slots=_slots(device), backend="triton")
     return run
 
 
@@ -269,8 +306,11 @@ RECIPES += [
 # 5. the report
 
 COLUMNS = ["kernel", "method", "target", "geometry", "state", "variant", "grid", "num_warps", "registers", "spill",
-           "stack", "shared", "widest_load", "state_load", "status"]
-EXTRA_COLUMNS = ["num_stages", "local", "ldg"]
+           "dyn_shared", "occupancy", "sass", "path_min", "issue_us", "byte_us", "widest_load", "status"]
+EXTRA_COLUMNS = (["stack", "shared", "state_load", "num_stages", "local", "ldg", "L", "T", "history", "l2norm"]
+                 + [c for c in predict.ROW_COLUMNS if c not in COLUMNS] + ["programs_per_row", "programs_fixed"])
+STEP_COLUMNS = ["target", "geometry", "method", "state", "variant", "point", "kernels", "issue_us", "issue_us_cycle",
+                "byte_us", "bound"]
 
 
 def _variants(launches: list[tuple[Launch, KernelSpec]]) -> list[str]:
@@ -283,19 +323,19 @@ def _variants(launches: list[tuple[Launch, KernelSpec]]) -> list[str]:
     return out
 
 
-def _tile_candidates(recipe: Recipe, geom, spec_tiles: bool) -> list[tuple[str, contextlib.AbstractContextManager]]:
-    """(label, context) per tile candidate to build: the default config only, or, with `spec_tiles`, every
+def _tile_candidates(recipe: Recipe, geom, spec_tiles: bool) -> list[tuple[str, Callable]]:
+    """(label, context factory) per tile candidate to build: the default config only, or, with `spec_tiles`, every
     candidate of the Mamba-2 spec tile space (dropped ones included, labelled with their reason)."""
     if not (spec_tiles and recipe.method == "mamba2.replay_spec"):
-        return [("", contextlib.nullcontext())]
+        return [("", contextlib.nullcontext)]
     from replayssm import launch_table
     from replayssm.mamba2 import spec_kernels as sk
 
     out = []
-    for cfg in sk.spec_tile_candidates(geom.headdim, SPEC_WINDOW, include_dropped=True):
+    for cfg in sk.spec_tile_candidates(geom.headdim, POINT.window, include_dropped=True):
         dropped = sk.dropped_reason(cfg)
         out.append((f"tiles={cfg.label}" + (" (dropped)" if dropped else ""),
-                    launch_table.override("mamba2_replay_spec", cfg)))
+                    functools.partial(launch_table.override, "mamba2_replay_spec", cfg)))
     return out
 
 
@@ -303,8 +343,8 @@ TUNE_SPILL = "SPILL: a tuning candidate (reported, not a failure: drop it from e
 
 
 def _tune_candidates(recipe: Recipe, geom, target: int,
-                     state_dtype) -> list[tuple[str, contextlib.AbstractContextManager]]:
-    """(label, override) per candidate of every tuning space (experiments/tune.py) the recipe's launches
+                     state_dtype) -> list[tuple[str, Callable]]:
+    """(label, override factory) per candidate of every tuning space (experiments/tune.py) the recipe's launches
     resolve, found by capturing the recipe once under its defaults (nothing is built for that)."""
     from experiments import tune
     from replayssm import launch_table
@@ -319,71 +359,122 @@ def _tune_candidates(recipe: Recipe, geom, target: int,
             fields = launch_table.fields(cand)
             dropped = " (dropped)" if tune.dropped_reason(launch.kernel, key, cand) else ""
             out.append((f"tune={launch.kernel}:{launch_table.config_label(fields)}{dropped}",
-                        launch_table.override(launch.kernel, cand)))
+                        functools.partial(launch_table.override, launch.kernel, cand)))
     return out
+
+
+def _point_combos(buffer_lens: list[int], windows: list[int]) -> list[tuple[int, int]]:
+    """(L, T) pairs to build: every L with the first T (AR recipes), every other T with the first L (spec)."""
+    return [(L, windows[0]) for L in buffer_lens] + [(buffer_lens[0], T) for T in windows[1:]]
+
+
+def _wanted(recipe: Recipe, L: int, T: int, buffer_lens: list[int], windows: list[int]) -> bool:
+    """An AR recipe at every L and the first T; a spec / tree recipe at every T and the first L."""
+    return T == windows[0] if recipe.ar else L == buffer_lens[0]
 
 
 def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry | KDAGeometry], targets: list[int],
                methods: list[str] | None,
                fp32_state_only: bool, workdir: Path, log=print, bf16_state: bool = False,
-               spec_tiles: bool = False, tune_space: bool = False) -> list[dict[str, Any]]:
+               spec_tiles: bool = False, tune_space: bool = False, batch: int = 256,
+               buffer_lens: tuple[int, ...] = (16,), windows: tuple[int, ...] = (4,), history: int = 16,
+               l2norm: bool | None = None) -> list[dict[str, Any]]:
     """bf16_state adds a bfloat16-state build of every recipe (AR and spec: each cache stores it). spec_tiles
     builds every candidate of the Mamba-2 spec tile space (replayssm/mamba2/spec_kernels.py); a candidate the
     space drops is expected to spill and does not fail the report (its status says why it was dropped).
     tune_space builds every candidate of every tuning space the recipe launches (experiments/tune.py), each
     launch only where it differs from one already built (the default's other kernels are not repeated); a
-    spilling candidate is reported (TUNE_SPILL), not failed: the tuner would time it."""
+    spilling candidate is reported (TUNE_SPILL), not failed: the tuner would time it.
+    batch, buffer_lens, windows, history: the benchmark point of the issue floor and byte time (predict.py; AR
+    recipes at every buffer length, spec recipes at every window); l2norm: q / k normalised in the GDN / KDA
+    kernels (None: the model's conf/model use_qk_l2norm, as the benchmark runs them)."""
     builder = Builder(workdir)
     rows: list[dict[str, Any]] = []
-    device = torch.device("cpu")
     for target in targets:
         for geo_name, geom in geometries.items():
-            family = family_of(geom)
-            for recipe in RECIPES:
-                if recipe.family != family or (methods and recipe.method not in methods):
-                    continue
-                dtypes = [torch.float32] if (fp32_state_only or not recipe.ar) else [torch.float32, torch.float16]
-                if bf16_state:
-                    dtypes.append(torch.bfloat16)
-                seen_all: set = set()
-                for state_dtype, (tiles, tile_ctx) in ((d, c) for d in dtypes
-                                                       for c in _tile_candidates(recipe, geom, spec_tiles)
-                                                       + (_tune_candidates(recipe, geom, target, d)
-                                                          if tune_space else [])):
-                    base = dict(method=recipe.method, target=f"sm_{target}", geometry=geo_name,
-                                state=TORCH_TO_TRITON[state_dtype])
-                    try:
-                        with aot_environment(target), capture_launches() as launches, tile_ctx:
-                            recipe.run(geom, device, state_dtype)
-                    except MissingModule as exc:
-                        rows.append({**base, "kernel": "-", "status": f"missing: {exc}"})
-                        break
-                    except Exception as exc:
-                        rows.append({**base, "kernel": "-", "status": f"recipe error: {type(exc).__name__}: {exc}"})
-                        continue
-                    if not launches:
-                        rows.append({**base, "kernel": "-", "status": "recipe error: no Triton launch captured"})
-                        continue
-                    built, seen = [], seen_all if tune_space else set()
-                    for launch in launches:
-                        spec, build = builder.build(launch, target)
-                        ident = (state_dtype, launch.fn, spec.key(), tuple(sorted(compile_options(launch).items())))
-                        if ident not in seen:             # the same kernel launched twice alike: one row
-                            seen.add(ident)
-                            built.append((launch, spec, build))
-                    for (launch, _, build), variant in zip(built, _variants([(lch, s) for lch, s, _ in built])):
-                        variant = ",".join(v for v in (tiles, variant) if v)
-                        if "(dropped)" in tiles and build.status == "SPILL":
-                            build = dataclasses.replace(build, status="SPILL: dropped from the tile space")
-                        if tiles.startswith("tune=") and build.status == "SPILL":
-                            build = dataclasses.replace(build, status="SPILL: dropped from the tile space"
-                                                        if "(dropped)" in tiles else TUNE_SPILL)
-                        row = {**base, "kernel": launch.name, "variant": variant,
-                               "grid": "x".join(map(str, launch.grid)),
-                               **{k: v for k, v in dataclasses.asdict(build).items() if k != "seconds"}}
-                        rows.append(row)
-                        log(f"  sm_{target} {geo_name} {recipe.method} {launch.name} {variant} "
-                            f"regs={build.registers} spill={build.spill} {build.status} ({build.seconds:.1f}s)")
+            norm = _model_l2norm(geo_name) if l2norm is None else l2norm
+            for L, T in _point_combos(list(buffer_lens), list(windows)):
+                with point(l2norm=norm, buffer_len=L, window=T, history=history):
+                    for recipe in RECIPES:
+                        if (recipe.family != family_of(geom) or (methods and recipe.method not in methods)
+                                or not _wanted(recipe, L, T, list(buffer_lens), list(windows))):
+                            continue
+                        rows += _recipe_rows(recipe, builder, target, geo_name, geom, fp32_state_only, bf16_state,
+                                             spec_tiles, tune_space, batch, log)
+    return rows
+
+
+def _model_l2norm(geo_name: str) -> bool:
+    from experiments.harness.points import load_model_config
+
+    try:
+        return bool(load_model_config(geo_name.split("@")[0]).get("use_qk_l2norm"))
+    except ValueError:
+        return False
+
+
+def _capture(recipe: Recipe, geom, target: int, state_dtype, tile_ctx: Callable) -> list[Launch]:
+    with aot_environment(target), capture_launches() as launches, tile_ctx():
+        recipe.run(geom, torch.device("cpu"), state_dtype)
+    return launches
+
+
+def _recipe_rows(recipe: Recipe, builder: Builder, target: int, geo_name: str, geom, fp32_state_only: bool,
+                 bf16_state: bool, spec_tiles: bool, tune_space: bool, batch: int, log) -> list[dict[str, Any]]:
+    """The rows of one recipe at the current POINT: one per distinct kernel build, state dtype and candidate."""
+    rows: list[dict[str, Any]] = []
+    dtypes = [torch.float32] if (fp32_state_only or not recipe.ar) else [torch.float32, torch.float16]
+    if bf16_state:
+        dtypes.append(torch.bfloat16)
+    seen_all: set = set()
+    method = predict.step_method(recipe.method)
+    for state_dtype, (tiles, tile_ctx) in ((d, c) for d in dtypes
+                                           for c in _tile_candidates(recipe, geom, spec_tiles)
+                                           + (_tune_candidates(recipe, geom, target, d) if tune_space else [])):
+        base = dict(method=recipe.method, target=f"sm_{target}", geometry=geo_name, state=TORCH_TO_TRITON[state_dtype],
+                    L=POINT.buffer_len, T=POINT.window, history=POINT.history, l2norm=POINT.l2norm,
+                    point=predict.point_label(method, batch, POINT.buffer_len, POINT.window, POINT.history))
+        try:
+            launches = _capture(recipe, geom, target, state_dtype, tile_ctx)
+            with point(batch=POINT.batch + 1):        # the grid's batch axis: the same launches one row larger
+                more = _capture(recipe, geom, target, state_dtype, tile_ctx)
+        except MissingModule as exc:
+            return rows + [{**base, "kernel": "-", "status": f"missing: {exc}"}]
+        except Exception as exc:
+            rows.append({**base, "kernel": "-", "status": f"recipe error: {type(exc).__name__}: {exc}"})
+            continue
+        if not launches or len(more) != len(launches):
+            why = (f"{len(launches)} launches at batch {POINT.batch}, {len(more)} at one more" if launches
+                   else "no Triton launch captured")
+            rows.append({**base, "kernel": "-", "status": f"recipe error: {why}"})
+            continue
+        byte_s = predict.byte_seconds(geom, method, batch, target, POINT.buffer_len, POINT.window, POINT.history,
+                                      {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}[state_dtype])
+        built, seen, index = [], seen_all if tune_space else set(), {}
+        for launch, bigger in zip(launches, more):
+            spec, build = builder.build(launch, target)
+            ident = (state_dtype, launch.fn, spec.key(), tuple(sorted(compile_options(launch).items())))
+            if ident not in index:
+                grids = (predict.programs(launch.grid), predict.programs(bigger.grid))
+                index[ident] = [launch, spec, build, 0, predict.affine(*grids, POINT.batch)]
+            index[ident][3] += launch.phase == "step"
+            if ident not in seen:                     # the same kernel launched twice alike: one row
+                seen.add(ident)
+                built.append(index[ident])
+        for (launch, _, build, in_step, (per_row, fixed)), variant in zip(
+                built, _variants([(b[0], b[1]) for b in built])):
+            variant = ",".join(v for v in (tiles, variant) if v)
+            if "(dropped)" in tiles and build.status == "SPILL":
+                build = dataclasses.replace(build, status="SPILL: dropped from the tile space")
+            if tiles.startswith("tune=") and build.status == "SPILL":
+                build = dataclasses.replace(build, status="SPILL: dropped from the tile space"
+                                            if "(dropped)" in tiles else TUNE_SPILL)
+            row = {**base, "kernel": launch.name, "variant": variant, "grid": "x".join(map(str, launch.grid)),
+                   "step_launches": in_step, **{k: v for k, v in dataclasses.asdict(build).items() if k != "seconds"}}
+            rows.append(predict.annotate(row, per_row, fixed, batch, target, method, byte_s))
+            log(f"  sm_{target} {geo_name} {recipe.method} {launch.name} {variant} regs={build.registers} "
+                f"spill={build.spill} smem={build.dyn_shared} path={build.path_min}/{build.path_max} {build.status} "
+                f"({build.seconds:.1f}s)")
     return rows
 
 
@@ -419,8 +510,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="build every candidate of the Mamba-2 spec tile space (mamba2.replay_spec)")
     p.add_argument("--tune-space", action="store_true",
                    help="build every candidate of every tuning space (experiments/tune.py); spills are reported")
+    p.add_argument("--batch", type=int, default=256, help="the point of the issue floor and byte time (default 256)")
+    p.add_argument("--buffer-len", type=int, nargs="+", default=[16], help="AR buffer lengths L (default 16)")
+    p.add_argument("--spec-T", type=int, nargs="+", default=[4], help="spec windows T (default 4)")
+    p.add_argument("--history", type=int, default=16, help="spec history length (default 16)")
+    p.add_argument("--l2norm", choices=["model", "on", "off"], default="model",
+                   help="q / k L2 norm in the GDN / KDA kernels (default: conf/model's use_qk_l2norm, as benchmarked)")
     p.add_argument("--csv", type=Path, help="also write the rows as CSV")
-    p.add_argument("--json", type=Path, help="also write the rows as JSON")
+    p.add_argument("--json", type=Path, help="also write the rows as JSON (kernel rows, then the steps under 'steps')")
+    p.add_argument("--issue-table", type=Path,
+                   help="write the step kernels' instruction counts as the issue table (replayssm/issue_table.py)")
     return p.parse_args(argv)
 
 
@@ -437,8 +536,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kernel_report_") as tmp:
         rows = run_report(geometries, targets, args.method, args.fp32_state_only, Path(tmp),
                           log=lambda s: print(s, file=sys.stderr, flush=True), bf16_state=args.bf16_state,
-                          spec_tiles=args.spec_tiles, tune_space=args.tune_space)
+                          spec_tiles=args.spec_tiles, tune_space=args.tune_space, batch=args.batch,
+                          buffer_lens=tuple(args.buffer_len), windows=tuple(args.spec_T), history=args.history,
+                          l2norm={"model": None, "on": True, "off": False}[args.l2norm])
+    step_rows = predict.steps(rows, args.buffer_len[0], args.spec_T[0], args.history)
     print(format_table(rows))
+    print("\nSteps at the benchmark point (issue floor: normal step and cycle mean; byte time over "
+          "predict.COPY_BPS):\n")
+    print(format_table(step_rows, STEP_COLUMNS))
     if args.csv:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         with args.csv.open("w", newline="") as f:
@@ -447,7 +552,10 @@ def main(argv: list[str] | None = None) -> int:
             writer.writerows({**r, "ldg": json.dumps(r.get("ldg", {}))} for r in rows)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=1, default=str))
+        args.json.write_text(json.dumps({"rows": rows, "steps": step_rows}, indent=1, default=str))
+    if args.issue_table:
+        command = "python scripts/kernels/kernel_report.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        predict.write_issue_table(args.issue_table, predict.issue_table_entries(rows, geometries), command)
     bad = failures(rows)
     missing = sorted({r["method"] for r in rows if r["status"].startswith("missing")})
     print(f"\n{len(rows)} rows in {time.perf_counter() - start:.0f} s; "
