@@ -4,6 +4,7 @@ The doubles are registered in the method registry only for the test that asks fo
     test:wrong   baseline_ar whose output is off by 1 %: the gate must record status=wrong, no time
     test:raises  a step that raises RuntimeError: status=error, the sweep goes on
     test:oom     an allocation that raises torch.OutOfMemoryError: status=oom
+and scheduled_drafts, a drafter for the greedy speculative loops whose rejections are placed by construction.
 """
 
 from __future__ import annotations
@@ -47,3 +48,19 @@ class OOMBaseline(methods.BaselineAR):
 
     def allocate(self, p, wl, num_slots, device):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+
+def scheduled_drafts(ar: torch.Tensor, done: torch.Tensor, k: int, window: int, vocab: int,
+                     gen: torch.Generator) -> torch.Tensor:
+    """k drafts per row continuing the AR tokens ar [batch, n] after each row's emitted count done [batch],
+    wrong from a scheduled position on: row r of window `window` keeps (window + r) % (k + 1) leading drafts
+    right, so the window accepts that many + 1 tokens. By construction, not by chance: every count 1..k+1
+    occurs within k + 1 consecutive windows of a row (in one window when batch >= k + 1), rows of a window
+    accept different counts (batch <= k + 1), and every window with a count < k + 1 rolls drafts back.
+    A wrong draft is a random token other than the right one (so it can never be accepted by luck); past the
+    end of ar the "right" drafts repeat its last token (and may be rejected)."""
+    rows = torch.arange(done.shape[0])
+    good = ar.gather(1, (done[:, None] + torch.arange(k)).clamp(max=ar.shape[1] - 1))
+    keep = (window + rows) % (k + 1)
+    wrong = (good + torch.randint(1, vocab, good.shape, generator=gen)) % vocab
+    return torch.where(torch.arange(k)[None, :] < keep[:, None], good, wrong)

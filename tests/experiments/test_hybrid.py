@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from harness_doubles import scheduled_drafts
 
 from experiments.harness.methods import REGISTRY
 from experiments.harness.points import load_model_config
@@ -76,14 +77,13 @@ def test_greedy_speculative_loop_emits_exactly_the_ar_tokens(name, method, gen):
     calls, done = [0], torch.zeros(batch, dtype=torch.long)
 
     def drafter(token, hidden, k):
-        """Every other window the MTP module drafts; otherwise the AR continuation, randomly corrupted, so
-        windows accept 1..T tokens (all-reject, partial, all-accept) with desynchronised rows."""
+        """Every other window the MTP module drafts; otherwise the AR continuation made wrong from a scheduled
+        position on (scheduled_drafts): with batch 3 = T, each such window's rows accept 1, 2 and T tokens
+        (all-reject, partial, all-accept: desynchronised rows) by construction."""
         calls[0] += 1
         if calls[0] % 2:
             return mtp.draft(token, hidden, k)
-        good = ar.gather(1, (done[:, None] + torch.arange(k)).clamp(max=ar.shape[1] - 1))
-        bad = torch.randint(0, spec.vocab, good.shape, generator=gen)
-        return torch.where(torch.rand(good.shape, generator=gen) < 0.35, bad, good)
+        return scheduled_drafts(ar, done, k, calls[0] // 2, spec.vocab, gen)
 
     def on_commit(accepted):
         done.add_(accepted.long())
@@ -94,7 +94,7 @@ def test_greedy_speculative_loop_emits_exactly_the_ar_tokens(name, method, gen):
     assert torch.equal(out, ar[:, :n]), f"{name} {method}: speculative tokens differ from AR"
     counts = torch.cat(history)
     assert counts.min() >= 1 and counts.max() <= T
-    assert len(set(counts.tolist())) >= 2                      # the loop really accepted different lengths
+    assert set(counts.tolist()) == set(range(1, T + 1))       # all-reject, partial and all-accept windows ran
 
 
 def test_accept_greedy_counts_leading_matches():

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import yaml
+from harness_doubles import scheduled_drafts
 
 from experiments.harness.points import CONF_DIR, load_model_config, model_spec
 from experiments.hybrid import footprint as fpm
@@ -161,8 +162,9 @@ def test_the_concurrency_table_lists_the_new_models():
 
 @pytest.mark.parametrize("method", ["baseline_spec", "replay_spec"])
 def test_a_model_with_mla_attention_verifies_and_rolls_back_as_ar(method, gen):
-    """A tiny GDN hybrid with MLA attention: greedy speculative decoding (drafts the AR continuation, corrupted
-    at random, so windows accept 1..T and rejected latent entries must be rolled back) emits the AR tokens."""
+    """A tiny GDN hybrid with MLA attention: greedy speculative decoding (drafts the AR continuation, wrong
+    from a scheduled position on, so windows accept 1..T and rejected latent entries must be rolled back)
+    emits the AR tokens."""
     spec, T, n, batch = _mla_spec(), 3, 12, 2
     seed = int(torch.randint(0, 2**30, (1,), generator=gen))
 
@@ -178,16 +180,17 @@ def test_a_model_with_mla_attention_verifies_and_rolls_back_as_ar(method, gen):
     ar = greedy_ar(build("baseline_ar"), tok0, n + T)
     done = torch.zeros(batch, dtype=torch.long)
 
-    def drafter(token, hidden, k):
-        good = ar.gather(1, (done[:, None] + torch.arange(k)).clamp(max=ar.shape[1] - 1))
-        bad = torch.randint(0, spec.vocab, good.shape, generator=gen)
-        return torch.where(torch.rand(good.shape, generator=gen) < 0.35, bad, good)
+    windows = []
+
+    def drafter(token, hidden, k):                    # rejections scheduled: every count 1..T in 2 windows
+        windows.append(k)
+        return scheduled_drafts(ar, done, k, len(windows) - 1, spec.vocab, gen)
 
     model = build(method, T)
     assert isinstance(next(lay for ch, _, lay in model.layers if ch == "*"), MLAAttention)
     out, history = greedy_speculative(model, drafter, tok0, torch.zeros(batch, spec.hidden), n, T,
                                       on_commit=lambda acc: done.add_(acc.long()))
-    assert torch.equal(out, ar[:, :n]) and len(set(torch.cat(history).tolist())) >= 2
+    assert torch.equal(out, ar[:, :n]) and set(torch.cat(history).tolist()) == set(range(1, T + 1))
     assert model.cache_bytes()["kv"] == model.num_slots * model.capacity * 24 * 4
 
 
@@ -274,14 +277,15 @@ def test_kimi_like_tiny_model_speculates_exactly_as_it_decodes(gen):
     ar = greedy_ar(build("replay_ar"), tok0, n + T)
     done = torch.zeros(batch, dtype=torch.long)
 
-    def drafter(token, hidden, k):
-        good = ar.gather(1, (done[:, None] + torch.arange(k)).clamp(max=ar.shape[1] - 1))
-        bad = torch.randint(0, spec.vocab, good.shape, generator=gen)
-        return torch.where(torch.rand(good.shape, generator=gen) < 0.35, bad, good)
+    windows = []
+
+    def drafter(token, hidden, k):                    # rejections scheduled: every count 1..T in 2 windows
+        windows.append(k)
+        return scheduled_drafts(ar, done, k, len(windows) - 1, spec.vocab, gen)
 
     out, history = greedy_speculative(build("replay_spec", T), drafter, tok0, torch.zeros(batch, spec.hidden), n, T,
                                       on_commit=lambda acc: done.add_(acc.long()))
-    assert torch.equal(out, ar[:, :n]) and len(set(torch.cat(history).tolist())) >= 2
+    assert torch.equal(out, ar[:, :n]) and set(torch.cat(history).tolist()) == set(range(1, T + 1))
 
 
 @pytest.mark.parametrize("experiment", ["kernel_decode", "kernel_spec"])
