@@ -50,9 +50,15 @@ def _pools(gm, num_slots, L, act, state, gen):
 
 
 def _slots(num_slots, batch, step, gen):
+    """Rows -> a random choice of slots, about a quarter NULL_SLOT; slot 0 is live on every step (row step %
+    batch), so from write_pos L - 1 it flushes at steps 0, L, 2L, ...: a run of L + 1 steps crosses two flushes
+    by construction (the other slots step at random)."""
     slots = torch.randperm(num_slots, generator=gen)[:batch].to(torch.int32)
     live = torch.rand(batch, generator=gen) < 0.75
-    live[step % batch] = True
+    row = step % batch
+    live[row] = True
+    slots[slots == 0] = slots[row].clone()
+    slots[row] = 0
     slots[~live] = NULL_SLOT
     return slots, live
 

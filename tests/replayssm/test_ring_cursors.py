@@ -108,7 +108,7 @@ def test_backends_agree_over_many_rows(family, gen, device):
     several commits and a partial reset: torch and triton leave exactly the ref backend's cursors."""
     B, T, n, batch = 6, 3, 1100, 1030
     rings = {b: _ring(family, n, B, T, device) for b in BACKENDS}
-    h = torch.randint(0, B + 1, (n,), generator=gen, dtype=I32)
+    h = (torch.randperm(n, generator=gen) % (B + 1)).to(I32)      # every h in 0..B on ~157 slots, shuffled
     init = (h, torch.randint(0, rings["ref"].ring_len, (n,), generator=gen, dtype=I32),
             (h + 2 * T > B + T).to(I32))
     for r in rings.values():
@@ -121,7 +121,7 @@ def test_backends_agree_over_many_rows(family, gen, device):
         flushes += int(rings["ref"].is_flush[slots[slots != NULL_SLOT].long()].sum())
         for b, r in rings.items():
             ring_cursors.commit(r, accepted.to(device), slots.to(device), backend=b)
-    assert flushes > 0
+    assert flushes > 0        # forced: 471 slots start flagged (h >= 4), at most 110 + 40 rows miss the batch
     reset_slots = torch.randperm(n, generator=gen)[:300].to(I32)
     for b, r in rings.items():
         ring_cursors.reset(r, reset_slots.to(device), backend=b)

@@ -148,7 +148,7 @@ def test_triton_tp_split_geometry(gen, device):
 
 
 def test_backends_leave_the_same_cache(gen, device):
-    """ref, torch and triton write the same buffer entries, cursors and checkpoint (up to fp32 rounding)."""
+    """ref, torch, triton and cpu write the same buffer entries, cursors and checkpoint (up to fp32 rounding)."""
     gm, L = TINY, 4
     cache0, _ = random_cache(gm, 4, L, F32, F32, gen, device)
     caches = {b: cache0.clone() for b in BACKENDS}
@@ -158,7 +158,7 @@ def test_backends_leave_the_same_cache(gen, device):
         for b, c in caches.items():
             replay_step(c, **inp, use_qk_l2norm=True, slots=slots, backend=b)
     ref = caches["ref"]
-    for b in ("torch", "triton"):
+    for b in ("torch", "triton", "cpu"):
         for name in ("state", "u", "k", "g"):
             err = rel_err(getattr(caches[b], name), getattr(ref, name))
             assert err <= 1e-6, f"{b}: cache.{name} differs from ref by {err:.2e}"

@@ -312,9 +312,10 @@ def test_gpu_production_geometry(act_dtype, state_dtype, gen):
     """Real kernels at Qwen3.5-4B (H=16, HV=32, K=V=128), B=16, T=4, the GPU launch config (tf32x3 dots)."""
     gm = get_geometry("qwen35_4b")
     ring = make_ring(gm, 9, 16, 4, gen, state_dtype=state_dtype, act_dtype=act_dtype, device="cuda")
+    ring.origin[4] = ring.ring_len - 2                       # slot 4's first window crosses the ring's end
     slots = torch.tensor([4, NULL_SLOT, 0, 8, 2, 7, NULL_SLOT, 1], dtype=torch.int32)
     run = SpecRun([ring], ["triton"], slots, gen, use_qk_l2norm=True)
-    for _ in range(24):
+    for _ in range(24):                                      # B - T + 2 = 14 steps force a fold
         run.step()
     assert run.folds > 0 and run.wraps > 0
 
