@@ -42,7 +42,7 @@ def test_baseline_spec_matches_ground_truth(backend, method, act_dtype, gen):
     ring.state.copy_(S0)
     truth = S0[slots[live].long()].double()
     tol = tolerance(act_dtype)
-    for _ in range(4 if backend == "triton" else 8):
+    for step in range(4 if backend == "triton" else 8):
         x = random_step(GM, 3, act_dtype=act_dtype, window=T, generator=gen)
         states, o_ref = window_ref(truth, *(x[n][live] for n in ("q", "k", "v", "g", "beta")))
         out = nan_like(torch.empty(3, T, GM.HV, GM.V, dtype=act_dtype))
@@ -52,6 +52,8 @@ def test_baseline_spec_matches_ground_truth(backend, method, act_dtype, gen):
         o_ring = spec_verify(ring, **x, slots=slots, backend=backend)
         assert_rel_close("replay ring output", o_ring[live], o_ref, tol, row_dims=3)
         acc = torch.randint(1, T + 1, (3,), generator=gen, dtype=torch.int32)
+        if step == 0:                        # a rollback to 1 token and a full accept on the live rows, forced
+            acc[0], acc[2] = 1, T
         commit(cache, acc, slots=slots, backend=backend)
         spec_commit(ring, acc, slots=slots, backend=backend)
         truth = states[torch.arange(int(live.sum())), acc[live].long() - 1]

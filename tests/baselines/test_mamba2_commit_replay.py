@@ -46,6 +46,7 @@ def run_commit_replay_stream(backend, T, state_dtype, act_dtype, steps, geom, ba
     spec_reset(cache, backend=backend)
     truth = cache.state.double().clone()
     tol = tolerance(state_dtype, act_dtype)
+    committed_counts = set()
     for step in range(steps):
         if step % 3 == 0:                                    # default slots: row b -> slot b
             slots, rows = None, list(range(batch))
@@ -75,12 +76,17 @@ def run_commit_replay_stream(backend, T, state_dtype, act_dtype, steps, geom, ba
         for stash, old in zip((cache.x, cache.B, cache.dt), stash_before):
             assert torch.equal(stash[others], old[others])
 
-        accepted = torch.randint(1, T + 1, (batch,), generator=gen).to(device)
+        accepted = torch.randint(1, T + 1, (batch,), generator=gen)
+        if step == 0:                        # every row live: a rollback to 1 token and a full accept, forced
+            accepted[0], accepted[-1] = 1, T
+        accepted = accepted.to(device)
         spec_commit(cache, accepted, params.A, slots=slots, backend=backend)
         acc_live = accepted[rows].long().cpu()
+        committed_counts.update(acc_live.tolist())
         truth[live] = snaps[torch.arange(len(rows)), acc_live - 1].to(state_dtype).double()
         assert rel_err(cache.state[live], truth[live]) <= tol        # checkpoint = committed ground truth
         assert torch.equal(cache.state[others], checkpoint[others])
+    assert {1, T} <= committed_counts, committed_counts
 
 
 @pytest.mark.parametrize("state_dtype,act_dtype", [(F32, F32), (F16, F16), (F32, BF16), (BF16, F32)],

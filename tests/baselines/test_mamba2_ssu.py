@@ -177,6 +177,7 @@ def run_native_stream(backend, T, state_dtype, act_dtype, steps, geom, batch, nu
     assert states.last.eq(0).all()
     truth = states.state[:, 0].double().clone()
     tol = tolerance(state_dtype, act_dtype)
+    committed_counts = set()
     for step in range(steps):
         if step % 10 == 9:                                   # a new request enters one slot
             s = int(torch.randint(num_slots, (1,), generator=gen))
@@ -204,15 +205,20 @@ def run_native_stream(backend, T, state_dtype, act_dtype, steps, geom, batch, nu
         others = [s for s in range(num_slots) if s not in live]
         assert torch.equal(states.state[others], before[others])
 
-        accepted = torch.randint(1, T + 1, (batch,), generator=gen).to(device)
+        accepted = torch.randint(1, T + 1, (batch,), generator=gen)
+        if step == 0:                        # every row live: a rollback to 1 token and a full accept, forced
+            accepted[0], accepted[-1] = 1, T
+        accepted = accepted.to(device)
         last_before = states.last.clone()
         spec_commit(states, accepted, slots=slots, backend=backend)
         acc_live = accepted[rows].long().cpu()
+        committed_counts.update(acc_live.tolist())
         assert states.last[live].tolist() == (acc_live - 1).tolist()
         assert torch.equal(states.last[others], last_before[others])
         truth[live] = rounded(snaps[torch.arange(len(rows)), acc_live - 1], state_dtype)
         committed = states.committed(torch.tensor(live, device=device))
         assert rel_err(committed, truth[live]) <= tol           # the last accepted token's snapshot
+    assert {1, T} <= committed_counts, committed_counts
 
 
 @pytest.mark.parametrize("state_dtype,act_dtype", [(F32, F32), (F16, F16), (F32, BF16), (BF16, F32)],
