@@ -6,8 +6,9 @@ claims-first order of a running sweep are experiments/harness/budget.py).
 
 The estimate of one kernel point is its host work plus its device time:
     host   = gate + build (per layer) + launches x host cost per call x (2 warm-up cycles + 1 captured)
-             per timed variant (a ReplaySSM AR point has 3: its cycle, and prepare+flush / prepare alone)
-    device = per variant: do_bench's warmup_ms + rep_ms + 5 estimate cycles, a cycle being
+             per timed variant (a point with a cursor, ReplaySSM AR or ring verify, has 7: its cycle, and
+             prepare+step / prepare alone at three positions: h = 0, the middle, the fold)
+    device = per timed variant: do_bench's warmup_ms + rep_ms + 5 estimate cycles (or steps), a cycle being
              steps x layers x batch x (state read + write) / copy bandwidth (the baseline's bytes: an upper
              bound for the replay methods), plus filling the layer stack once (bytes / bandwidth)
 The host constants are measured on the machine that runs --calibrate (experiments/budget_estimate.json
@@ -45,6 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from experiments import accuracy as acc
 from experiments.harness.check import gate
+from experiments.harness.cursors import cursor_period
 from experiments.harness.entry import config_dict, load_config
 from experiments.harness.env import short_sha
 from experiments.harness.memory import stack_layers
@@ -114,11 +116,16 @@ def kernel_line(plan, cal: dict, target: dict) -> Line:
             steps = int(t["spec_steps"])
             if m.uses_history and p.history_len:
                 steps = max(steps, 3 * (p.history_len - p.spec_T + 2))
-        variants = 3 if (m.kind == "ar" and m.uses_buffer and p.buffer_len) else 1
+        # kernel/run.py: the cycle, then for a method with a cursor one step at each of 3 positions (h = 0, the
+        # middle, the fold), each timed as prepare+step and prepare alone over one step of the stack
+        positions = 3 if cursor_period(m, p) else 0
         calls = steps * layers * CALLS_PER_STEP[m.kind]
-        host += cal["gate_s"] + layers * cal["build_layer_s"] + variants * 3 * calls * call_us(cal, p.method) * 1e-6
+        one = layers * CALLS_PER_STEP[m.kind]
+        host += (cal["gate_s"] + layers * cal["build_layer_s"]
+                 + 3 * (calls + positions * 2 * one) * call_us(cal, p.method) * 1e-6)
         cycle = steps * layers * 2 * layer / bw
-        device += layers * layer / bw + variants * ((float(t["warmup_ms"]) + float(t["rep_ms"])) / 1e3 + 5 * cycle)
+        window = (float(t["warmup_ms"]) + float(t["rep_ms"])) / 1e3
+        device += layers * layer / bw + window + 5 * cycle + positions * 2 * (window + 5 * cycle / steps)
     return Line(plan.experiment, len(plan.points), host, device)
 
 

@@ -21,51 +21,13 @@ so the gate checks a staggered batch as strictly as an aligned one.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:          # points.py imports the layout rules below; the workload imports points.py
-    from experiments.harness.methods import Method
-    from experiments.harness.workload import Workload
-
-CURSOR_LAYOUTS = ("aligned", "staggered")          # or "h=<k>": every row at write position k
-_FIXED = re.compile(r"^h=(\d+)$")
-
-
-def parse_cursors(value, key: str = "sweep.cursors") -> str:
-    """'aligned', 'staggered', or a fixed position (an int k or 'h=k') -> its canonical name."""
-    if value in CURSOR_LAYOUTS:
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return f"h={value}"
-    if isinstance(value, str) and _FIXED.match(value):
-        return value
-    raise ValueError(f"{key}: expected 'aligned', 'staggered', or a write position h >= 0 ('h=3' or 3), "
-                     f"got {value!r}")
-
-
-def cursor_period(method: Method, p) -> int | None:
-    """How many single-token steps take a row through one cycle of its cursor: L for an AR buffer; for a
-    spec ring of history B and window T, the B - T + 2 one-token commits between two early flushes. None
-    for a method without a cursor (the baselines and peers, whose rows carry no cursor layout)."""
-    if method.kind == "ar":
-        return p.buffer_len if method.uses_buffer else None
-    return p.history_len - p.spec_T + 2 if method.uses_history else None
-
-
-def cursor_targets(layout: str | None, rows: int, period: int | None) -> list[int]:
-    """Single-token steps row r takes before the point runs: [rows] ints in [0, period)."""
-    if period is None or layout in (None, "aligned"):
-        return [0] * rows
-    if layout == "staggered":
-        return [r * period // rows for r in range(rows)]
-    h = int(_FIXED.match(layout).group(1))
-    if h >= period:
-        raise ValueError(f"cursors={layout}: a write position must be below the cursor's period {period}")
-    return [h] * rows
+from experiments.harness.cursors import cursor_period, cursor_targets, parse_cursors
+from experiments.harness.methods import Method
+from experiments.harness.workload import Workload
 
 
 @dataclass
@@ -137,11 +99,15 @@ class PointFixture:
         return cache
 
     def _prime(self, cache, track: bool) -> None:
-        """Take each row target[r] single-token steps through the method's own API (slot subsets)."""
+        self.prime(cache, self.targets, track)
+
+    def prime(self, cache, targets: list[int], track: bool = False) -> None:
+        """Take each row targets[r] single-token steps through the method's own API (slot subsets); `track`
+        advances the float64 oracle's rows alike."""
         m, wl, p = self.method, self.wl, self.p
         order = self.order
-        for k in range(max(self.targets, default=0)):
-            active = torch.tensor([r for r, t in enumerate(self.targets) if t > k], device=wl.device)
+        for k in range(max(targets, default=0)):
+            active = torch.tensor([r for r, t in enumerate(targets) if t > k], device=wl.device)
             n, sub = len(active), order[active].to(torch.int32)
             if m.kind == "ar":
                 inp = wl.inputs(n)

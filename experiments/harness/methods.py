@@ -128,6 +128,11 @@ class Method:
         """The write_pos tensor to set to L-1 to time a lone flush step (AR replay), else None."""
         return None
 
+    def cursor_tensors(self, cache) -> list[torch.Tensor]:
+        """Every per-slot cursor of the cache: zeroed, they are the state right after set_state (a fold or a
+        fresh checkpoint); saved and copied back, a timed step is repeated from the same ring positions."""
+        return []
+
     def traffic(self, p, wl, accepted: torch.Tensor | None):
         """Analytic bytes per step per sequence (a replayssm.traffic.Traffic), None when not modelled."""
         return None
@@ -213,6 +218,9 @@ class ReplayAR(Method):
 
     def flush_cursor(self, cache):
         return cache.write_pos
+
+    def cursor_tensors(self, cache):
+        return [cache.write_pos]
 
     def step(self, fns, cache, p, kw, slots, out):
         route = {} if p.route is None else {"route": p.route}
@@ -322,8 +330,11 @@ class ReplaySpec(SpecMethod):
 
     def set_state(self, cache, state):
         cache.state.copy_(state)
-        for cursor in (cache.write_pos, cache.origin, cache.is_flush):
+        for cursor in self.cursor_tensors(cache):
             cursor.zero_()
+
+    def cursor_tensors(self, cache):
+        return [cache.write_pos, cache.origin, cache.is_flush]
 
     def gate_steps(self, p, default):
         return p.history_len + 2            # even accepting 1 per step, the history overflows into a flush

@@ -54,7 +54,10 @@ STATUSES = ("ok", "wrong", "oom", "error", "skipped")
 # `cursors`: the rows' cursor layout (aligned | staggered | h=k; empty for a method without a cursor) and
 # `num_slots` the pool the rows map into (experiments/harness/fixture.py). An AR replay row times its cycle
 # (median_us: the mean step over L steps) and, beside it, one step with every row at write position 0
-# (step_h0_us), L/2 (step_hmid_us) and L-1 (flush_us, the fold).
+# (step_h0_us), L/2 (step_hmid_us) and L-1 (flush_us, the fold). A ring-verify row (replay_spec) likewise
+# times one window (verify + commit of one token) with every row at ring position 0 (step_h0_us: verify rows,
+# nothing folds), the middle (step_hmid_us) and the last before the early flush (flush_us: every row folds);
+# its median_us is the cycle under the acceptance schedule, a mixed batch with `cursors=staggered`.
 # `geometry` is the shape one rank's kernel sees ("dstate=128 headdim=64 ngroups=1 nheads=16"), so a run with
 # an overridden geometry (model.geometry.headdim=17) says so in every row, not just by the model's name.
 __doc__ += "    " + ", ".join(COLUMNS) + "\n"

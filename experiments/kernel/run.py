@@ -39,6 +39,7 @@ from experiments.harness import memory, timing
 from experiments.harness.bandwidth import cold_point
 from experiments.harness.budget import Budget
 from experiments.harness.check import gate
+from experiments.harness.cursors import cursor_period
 from experiments.harness.entry import config_dict
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.fixture import PointFixture
@@ -452,7 +453,42 @@ def _time_variants(stack: Stack, method: Method, wl: Workload, p: Point, setting
         flush = by_h[p.buffer_len - 1]
         row["step_h0_us"] = by_h[0].median_us
         row["step_hmid_us"] = by_h[p.buffer_len // 2].median_us
+    elif method.kind == "spec" and method.uses_history:
+        by_h = _time_ring_positions(stack, method, p, apis[compiled], settings)
+        period = cursor_period(method, p)
+        flush = by_h[period - 1]
+        row["step_h0_us"] = by_h[0].median_us
+        row["step_hmid_us"] = by_h[period // 2].median_us
     return timed[compiled], flush
+
+
+def _time_ring_positions(stack: Stack, method: Method, p: Point, fns: dict, settings: dict) -> dict:
+    """A spec ring's window (verify + commit of one accepted token) with every row at ring position h, for
+    h = 0 (verify rows: nothing to fold), the middle, and the last position before the early flush (fold
+    rows: every row folds its buffer into the checkpoint). Each position is reached through the method's own
+    steps from a fresh ring (cursors zeroed, as set_state leaves them), then the cursors are saved and
+    copied back before every timed repetition, so each repetition starts at the same positions."""
+    period = cursor_period(method, p)
+    ones = torch.ones(p.batch, dtype=torch.int32, device=p.device)
+    out = {}
+    for h in sorted({0, period // 2, period - 1}):
+        for c in stack.caches:
+            for t in method.cursor_tensors(c):
+                t.zero_()
+            stack.fx.prime(c, [h] * p.batch)
+        saved = [[t.clone() for t in method.cursor_tensors(c)] for c in stack.caches]
+
+        def prepare(saved=saved):
+            for c, cursors in zip(stack.caches, saved):
+                for t, v in zip(method.cursor_tensors(c), cursors):
+                    t.copy_(v)
+
+        def window():
+            for c in stack.caches:
+                method.verify(fns, c, p, stack.kw, stack.slots, stack.out)
+                method.commit(fns, c, p, ones, stack.slots, stack.A)
+        out[h] = _time_prepared(prepare, window, stack.layers, p, settings)
+    return out
 
 
 def _time_cycle(cycle, work: int, p: Point, settings: dict) -> timing.Timing:

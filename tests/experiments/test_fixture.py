@@ -11,7 +11,8 @@ import torch
 from harness_doubles import compose
 
 from experiments.harness.check import gate
-from experiments.harness.fixture import PointFixture, cursor_period, cursor_targets, parse_cursors
+from experiments.harness.cursors import cursor_period
+from experiments.harness.fixture import PointFixture, cursor_targets, parse_cursors
 from experiments.harness.methods import REGISTRY
 from experiments.harness.points import expand
 from experiments.harness.workload import Workload
@@ -132,3 +133,38 @@ def test_rows_say_their_layout_and_pool(tmp_path):
     assert all(r["step_h0_us"] > 0 and r["step_hmid_us"] > 0 and r["flush_us"] > 0 for r in replay)
     assert all(r["cursors"] is None for r in rows if r["method"] == "baseline_ar")
     assert "staggered" in summarize(rows)
+
+
+@pytest.mark.parametrize("model", ["tiny_mamba2", "tiny_gdn", "tiny_kda"])
+def test_ring_positions_split_verify_rows_from_fold_rows(tmp_path, gen, monkeypatch, model):
+    """kernel_spec's per-position windows: at h = 0 no row folds, at the last position every row does, and
+    every timed repetition starts from the same saved cursors."""
+    from experiments.kernel import run
+
+    plan, p = _point(tmp_path, "replay_spec", model)
+    m = REGISTRY[p.method]
+    settings = dict(plan.timing, max_layers=2, spec_steps=1, hbm_budget_frac=0.5, l2_factor=1.0)
+    stack = run.Stack(m, Workload(plan.models[p.model_key], p, "cpu", gen), p, plan.acceptances[p.acceptance],
+                      settings, {"l2_bytes": None})
+    seen = []                                      # (write_pos, is_flush) of the first layer per repetition
+
+    class Timed:
+        median_us = 1.0
+
+    def fake_time(prepare, step, work, p, settings):
+        for _ in range(2):                         # two repetitions: each starts from the saved positions
+            prepare()
+            seen.append((stack.caches[0].write_pos.clone(), stack.caches[0].is_flush.clone()))
+            step()
+        return Timed()
+
+    monkeypatch.setattr(run, "_time_prepared", fake_time)
+    by_h = run._time_ring_positions(stack, m, p, m.api(p.family), settings)
+    period = cursor_period(m, p)
+    assert sorted(by_h) == [0, period // 2, period - 1]
+    flat = seen
+    first, last = flat[0], flat[-1]
+    assert int(first[0].abs().sum()) == 0 and int(first[1].sum()) == 0          # verify rows: nothing folds
+    assert bool((last[1] != 0).all()), last                                       # fold rows: every row folds
+    for a, b in zip(flat[::2], flat[1::2]):                                       # repetitions agree
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
