@@ -1,7 +1,10 @@
-"""scripts/gpu/gpu_check.sh on this CPU box: --plan's stages and total; --dry-run with a local FAKE bundle (no
-network): the env stage runs, the wheels stage verifies the manifest, installs offline into WORK/site and imports
-every harness module, a cp312 binary is only checked, the GPU stages are printed as skipped, OUT holds at most
-8 files; a tampered bundle fails the wheels stage. The per-test log plugin and the ncu CSV parser."""
+"""The GPU checks (python -m experiments.gpu_check, wrapped by scripts/gpu/*.sh) on this CPU box: every set's
+--plan fits the budget; kernel_check's whole dry run (every stage's CPU form, packed, at most 8 files);
+gpu_check's --dry-run with a local FAKE bundle (no network): the env stage runs, the wheels stage verifies the
+manifest, installs offline into WORK/site and imports every harness module, a cp312 binary is only checked, the
+GPU stages are printed as skipped; a tampered bundle fails the wheels stage. The per-test log plugin, the tests
+stage's budget and the ncu CSV parser. The runner itself (kills, packing):
+tests/experiments/test_gpu_check_runner.py."""
 
 from __future__ import annotations
 
@@ -20,6 +23,10 @@ from experiments.report.kernels import dram as dram_traffic
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu" / "gpu_check.sh"
+SETS = {"gpu_check": ["env", "wheels", "launch", "tests", "headline", "e2e", "dram", "report"],
+        "route_check": ["env", "wheels", "sweep", "ncu"],
+        "tune_check": ["env", "wheels", "tune", "sweep"],
+        "kernel_check": ["env", "wheels", "gate", "tune", "decode", "spec", "ncu", "table"]}
 
 
 def _wheel(directory: Path, dist: str, version: str, tag: str, module: str, body: str) -> Path:
@@ -78,6 +85,37 @@ def test_dry_run_installs_the_bundle_offline_and_prints_the_gpu_commands(tmp_pat
     assert "GPU commands skipped here" in proc.stdout and "REPLAYSSM_TEST_DEVICE=cuda" in proc.stdout
 
 
+def test_the_kernel_check_dry_run_runs_every_stage_on_the_cpu_and_packs_it(tmp_path):
+    """kernel_check's whole dry run (about 40 s on 2 cores): the env stage, one tune job of each set under the
+    interpreter merged into one table, the tuned sweeps' on_cpu forms into one run directory, the table last; the
+    gate and ncu printed; OUT holds at most 8 files, among them the table and the packed run."""
+    import json
+    import tarfile
+
+    out = tmp_path / "out"
+    env = dict(os.environ, PY=sys.executable, WHEELS="none", WORK=str(tmp_path / "work"))
+    env.pop("STAGES", None)
+    proc = subprocess.run([sys.executable, "-m", "experiments.gpu_check", "--set", "kernel_check", "--dry-run",
+                           str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    stages = dict(line.split("\t")[:2] for line in (out / "stages.tsv").read_text().splitlines()[1:])
+    assert stages == {"env": "ok", "gate": "skipped-gpu", "tune": "ok", "decode": "ok", "spec": "ok",
+                      "ncu": "skipped-gpu", "table": "ok"}, stages
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and {"summary.txt", "kernel_table.md", "results.tar.gz", "logs.tar.gz", "env.json"} <= set(
+        files), files
+    with tarfile.open(out / "results.tar.gz") as tar:
+        names = tar.getnames()
+        table = json.load(tar.extractfile("tables/interpreter.json"))
+    assert any(n.endswith("/rows.csv") for n in names), names
+    assert {"gdn_recurrent", "gdn_spec_verify"} <= set(table["entries"]) and "side by side" in table["tune_jobs"]
+    text = (out / "kernel_table.md").read_text()
+    assert "| kernel_decode | tiny_gdn | 1 | L=16 | replay_ar | output_only |" in text, text
+    assert "| kernel_spec | tiny_gdn | 1 | T=4 | replay_spec |" in text and "x |" in text
+    assert "GPU commands skipped here" in proc.stdout and "dram_traffic.py" in proc.stdout
+    assert json.loads((out / "env.json").read_text())["git"]["git_commit"]
+
+
 def test_a_tampered_bundle_fails_the_wheels_stage(tmp_path):
     bundle = _bundle(tmp_path)
     whl = next(bundle.glob("replayssm_fake_dep-*.whl"))
@@ -94,15 +132,33 @@ def test_usage_error_without_out_dir():
     assert proc.returncode == 2 and "usage" in proc.stderr
 
 
-def test_plan_lists_every_stage_within_eight_minutes():
-    proc = subprocess.run(["bash", str(SCRIPT), "--plan"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+def _plan(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "experiments.gpu_check", "--plan", *args], cwd=ROOT,
+                          env=dict(os.environ, **env), capture_output=True, text=True, timeout=30)
+
+
+def _plan_rows(stdout: str) -> list[list[str]]:
+    return [ln.split() for ln in stdout.splitlines()[1:] if not ln.startswith(("total", "("))]
+
+
+@pytest.mark.parametrize("name", list(SETS))
+def test_the_plan_of_every_set_lists_its_stages_within_eight_minutes(name):
+    proc = _plan("--set", name)
     assert proc.returncode == 0, proc.stderr
-    rows = [ln.split() for ln in proc.stdout.splitlines()[1:] if not ln.startswith(("total", "("))]
-    stages = [r[0] for r in rows]
-    assert stages == ["env", "wheels", "launch", "tests", "headline", "e2e", "dram", "report"]
+    rows = _plan_rows(proc.stdout)
+    assert [r[0] for r in rows] == SETS[name]
     total = int(proc.stdout.strip().splitlines()[-1].removeprefix("total: ").removesuffix(" s"))
-    limits = sum(int(r[1]) for r in rows)
-    assert limits < total <= 480                       # the limits plus kill grace and packing per stage
+    assert total == sum(int(r[1]) + 10 for r in rows) <= 480    # the limits plus kill grace and packing per stage
+
+
+def test_the_wrappers_run_their_set():
+    for script, name in (("gpu_check.sh", "gpu_check"), ("route_check.sh", "route_check"),
+                         ("tune_check.sh", "tune_check"), ("kernel_check.sh", "kernel_check")):
+        proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / script), "--plan"], cwd=ROOT,
+                              env=dict(os.environ, PY=sys.executable), capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0 and [r[0] for r in _plan_rows(proc.stdout)] == SETS[name], proc.stderr
+        text = (ROOT / "scripts" / "gpu" / script).read_text()
+        assert len(text.splitlines()) <= 20 and "<<" not in text           # a wrapper: no heredoc, no stages
 
 
 def test_a_missing_harness_module_fails_the_wheels_stage_naming_full(tmp_path):
@@ -143,8 +199,7 @@ def test_the_per_test_log_records_each_test_and_the_time_budget(tmp_path):
 
 
 def _plan_tests() -> list[str]:
-    proc = subprocess.run(["bash", str(SCRIPT), "--plan"], cwd=ROOT, capture_output=True, text=True, timeout=30)
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("(tests stage: pytest -m gpu "))
+    line = next(ln for ln in _plan().stdout.splitlines() if ln.startswith("(tests stage: pytest -m gpu "))
     return line.removeprefix("(tests stage: pytest -m gpu ").removesuffix(")").split()
 
 
@@ -153,6 +208,8 @@ def test_the_tests_stage_runs_named_gpu_tests_that_exist():
     CPU-interpreter one in the list fails here, not on the GPU box."""
     ids = _plan_tests()
     assert ids and all("::" in i for i in ids), ids
+    gate = next(ln for ln in _plan("--set", "kernel_check").stdout.splitlines() if ln.startswith("(gate stage:"))
+    assert set(gate.removeprefix("(gate stage: pytest -m gpu ").removesuffix(")").split()) <= set(ids)
     env = dict(os.environ, TRITON_INTERPRET="0")
     counts = []
     for marker in ([], ["-m", "gpu"]):
@@ -210,13 +267,12 @@ def test_each_dram_point_is_a_valid_gpu_config():
 
 
 def test_plan_lists_the_launch_stage_after_the_wheels_and_a_subset_plans_alone():
-    proc = subprocess.run(["bash", str(SCRIPT), "--plan"], cwd=ROOT, capture_output=True, text=True, timeout=30)
-    rows = {ln.split()[0]: ln.split() for ln in proc.stdout.splitlines()[1:] if not ln.startswith(("total", "("))}
+    rows = {r[0]: r for r in _plan_rows(_plan().stdout)}
     assert int(rows["launch"][1]) > 0 and "launch floor" in " ".join(rows["launch"])
-    env = dict(os.environ, STAGES="launch", T_LAUNCH="50")
-    proc = subprocess.run(["bash", str(SCRIPT), "--plan"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=30)
+    proc = _plan(STAGES="launch", T_LAUNCH="50")
     assert proc.returncode == 0 and proc.stdout.strip().endswith("total: 60 s"), proc.stdout
+    proc = _plan(STAGES="launch nope")
+    assert proc.returncode == 2 and "unknown stage 'nope'" in proc.stderr
 
 
 def _dry_launch(tmp_path: Path, **extra: str) -> tuple[subprocess.CompletedProcess, Path]:
@@ -239,7 +295,7 @@ def test_dry_run_plans_the_launch_floor_and_times_it_on_the_cpu(tmp_path):
     proc, out = _dry_launch(tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     stages = dict(line.split("\t")[:2] for line in (out / "stages.tsv").read_text().splitlines()[1:])
-    assert stages == {"env": "ok", "launch_gpu": "skipped-gpu", "launch": "ok"}
+    assert stages == {"env": "ok", "launch": "ok"}
     assert "gdn/peer:fla" in proc.stdout and "15 entries" in proc.stdout          # the plan: every entry
     with open(out / "launch_floor.csv") as f:
         rows = list(csv.DictReader(f))
@@ -251,7 +307,8 @@ def test_dry_run_plans_the_launch_floor_and_times_it_on_the_cpu(tmp_path):
     assert meta["device"] == "cpu" and len(meta["rows"]) == 2 and "launcher_builds" in meta
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 8 and "launch_floor.csv" in files and "stage.log" not in files, files
-    assert "experiments.launch_floor --out" in proc.stdout and "launch floor (ms per call" in proc.stdout
+    assert "[launch] " in proc.stdout and "experiments.launch_floor --out" in proc.stdout     # the GPU command, said
+    assert "launch floor (ms per call" in proc.stdout
 
 
 def test_the_env_stage_says_whether_the_box_has_the_tested_torch_triton_pair(tmp_path):
