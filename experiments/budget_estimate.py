@@ -210,10 +210,20 @@ def estimate(overrides: dict[str, list[str]] | None = None, target: str = "h200"
     over = overrides or {}
     lines = []
     with mock.patch.object(torch.cuda, "is_available", return_value=True):
+        paper_hashes, production = set(), []
         for exp in ("kernel_decode", "kernel_spec"):
             cfg = load_config(exp, ["sweep=paper", f"sweep.models={PAPER_MODELS}", "device=cuda",
                                     *over.get(exp, [])])
-            lines.append(kernel_line(expand(config_dict(cfg)), cal, tgt))
+            plan = expand(config_dict(cfg))
+            paper_hashes |= {p.config_hash() for p in plan.points}
+            lines.append(kernel_line(plan, cal, tgt))
+            production.append(expand(config_dict(load_config(exp, ["sweep=production", "device=cuda"]))))
+        # the production-shape stage (conf/sweep/production.yaml) resumes the run: paper points are skipped
+        prod = [kernel_line(dataclasses.replace(plan, points=[p for p in plan.points
+                                                              if p.config_hash() not in paper_hashes]), cal, tgt)
+                for plan in production]
+        lines.append(Line("production", sum(x.points for x in prod), sum(x.host_s for x in prod),
+                          sum(x.device_s for x in prod)))
         lines += tuning_lines(cal, tgt, over.get("tune", []))
         for exp, sweep in (("e2e_decode", "paper_e2e"), ("serving", "paper_serving")):
             data = config_dict(load_config(exp, [f"sweep={sweep}", "device=cuda", "hardware=" + target,

@@ -162,6 +162,26 @@ for experiment in kernel_decode kernel_spec; do
     find_run_dir
 done
 
+# The production shape (conf/sweep/production.yaml, production_cpu.yaml on a CPU): the headline models with
+# the rows' cursors staggered over the cycle beside aligned, and a pool four times the batch, into the same
+# run; its aligned points at pool = batch equal points of the sweep above and resume from them. PRODUCTION=0
+# skips it; a SWEEP other than the defaults (smoke, a custom grid) skips it too.
+if [[ "$GPU" == "True" ]]; then PROD_SWEEP="production"; else PROD_SWEEP="production_cpu"; fi
+if [[ "${PRODUCTION:-1}" == 1 && -n "$RUN_DIR" && ( "$SWEEP" == paper || "$SWEEP" == cpu ) ]]; then
+    for experiment in kernel_decode kernel_spec; do
+        have_module "experiments.${experiment}" || continue
+        stage "production shape: python -m experiments.${experiment} sweep=${PROD_SWEEP} resume=${RUN_DIR}"
+        if [[ "$experiment" == kernel_spec ]]; then
+            cpu_args=(${CPU_SPEC_ARGS[@]+"${CPU_SPEC_ARGS[@]}"})
+        else
+            cpu_args=(${CPU_DECODE_ARGS[@]+"${CPU_DECODE_ARGS[@]}"})
+        fi
+        "$PY" -m "experiments.${experiment}" ${SHARD_ARGS[@]+"${SHARD_ARGS[@]}"} "sweep=${PROD_SWEEP}" \
+            "resume=${RUN_DIR}" progress=false "$(hydra_dir "${experiment}-production")" ${cpu_args[@]+"${cpu_args[@]}"} \
+            ${BUDGET_ARGS[@]+"${BUDGET_ARGS[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+    done
+fi
+
 # ------------------------------------------------- whole-model experiments (experiments/hybrid), same run
 # e2e_decode (a hybrid model's decode step, baseline vs ReplaySSM AR) and serving (speculative serving with an
 # MTP drafter, modes ar / native / replayssm / commit_replay) join the run directory like kernel_spec does.
