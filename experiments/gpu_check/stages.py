@@ -106,8 +106,11 @@ def program(sub: str, *argv: str) -> Step:
 def dram(out: str, *argv: str, extra: str = "") -> Step:
     """scripts/kernels/dram_traffic.py (ncu's DRAM counters, optionally its section report) -> WORK/<out>;
     `extra` names an environment variable that replaces `argv` (DRAM_ARGS, NCU_ARGS)."""
-    return lambda ctx: Cmd([ctx.py, "scripts/kernels/dram_traffic.py", "--out", str(ctx.work / out),
-                            *(ctx.arg(extra) if extra and ctx.env.get(extra) else argv)])
+    def step(ctx: Ctx) -> Cmd:
+        (ctx.work / out).parent.mkdir(parents=True, exist_ok=True)      # dram_traffic opens --out as it is
+        return Cmd([ctx.py, "scripts/kernels/dram_traffic.py", "--out", str(ctx.work / out),
+                    *(ctx.arg(extra) if extra and ctx.env.get(extra) else argv)])
+    return step
 
 
 def tune(*job_sets: str) -> Step:

@@ -8,7 +8,7 @@ Why: a tune is compile-bound. tune-check-20261204T130932Z-f5b9170 tuned one mode
 candidates) in 248 s serially, ~5 s a candidate, almost all of it Triton's compiles on one CPU core, while
 the GPU box has 16. So each job is its own `python -m experiments.tune` process (the same procedure and budget
 for ReplaySSM and the baselines); the jobs run side by side, the longest first, TUNE_JOBS at a time (default:
-the cores less two, at most 12: each holds a CUDA context and a point's cache at --batch).
+the cores less two, at most 14: each holds a CUDA context and a point's cache at --batch, a few GB).
 
 Timing stays one at a time: each job's process runs under `--worker`, which wraps replayssm.tuning.do_bench
 (every candidate's timed window) in an exclusive lock on one file, so no two candidates are timed at once;
@@ -32,6 +32,7 @@ import argparse
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -100,7 +101,14 @@ def merge(part: Path, table: Path, meta: dict) -> int:
         data = json.loads(path.read_text())
         entries = data.get("entries", {})
         keep = {k: data[k] for k in ("triton", "torch", "dry_run") if k in data}
-        launch_table.save(data.get("device", path.stem), entries, {**keep, **meta}, table)
+        device = data.get("device", path.stem)
+        # saved beside and renamed into place: a kill at the stage's limit never leaves a torn table that the
+        # sweeps after it would fail to read
+        scratch, dest = table / ".merge", launch_table.table_path(device, table)
+        scratch.mkdir(parents=True, exist_ok=True)
+        if dest.is_file():
+            shutil.copyfile(dest, scratch / dest.name)
+        os.replace(launch_table.save(device, entries, {**keep, **meta}, scratch), dest)
         count += sum(len(v) for v in entries.values())
     return count
 
@@ -108,7 +116,7 @@ def merge(part: Path, table: Path, meta: dict) -> int:
 def run_jobs(jobs: list[Job], args) -> int:
     args.logs.mkdir(parents=True, exist_ok=True)
     lock = args.logs / "timing.lock"
-    width = args.jobs or int(os.environ.get("TUNE_JOBS") or min(12, max(2 if args.dry_run else 1,
+    width = args.jobs or int(os.environ.get("TUNE_JOBS") or min(14, max(2 if args.dry_run else 1,
                                                                          (os.cpu_count() or 2) - 2)))
     pending = sorted(jobs, key=lambda j: WEIGHT.get(j.method, 1), reverse=True)
     print(f"tune_jobs: {len(jobs)} jobs, {width} at a time -> {args.table}", flush=True)
@@ -178,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-set", action="append", required=True, metavar="EXPERIMENT:SWEEP:METHODS")
     ap.add_argument("--model", action="append", default=[], help="these models instead of the sweep's")
     ap.add_argument("--batch", type=int, default=256, help="the batch the jobs tune at (default 256)")
-    ap.add_argument("--jobs", type=int, help="jobs at a time (default TUNE_JOBS, else the cores less two, <= 12)")
+    ap.add_argument("--jobs", type=int, help="jobs at a time (default TUNE_JOBS, else the cores less two, <= 14)")
     ap.add_argument("--dry-run", action="store_true", help="interpreter, the sweeps' on_cpu models, fake timer")
     args = ap.parse_args(argv)
     per_set = [jobs_of(js, args.model, args.dry_run) for js in args.job_set]
