@@ -126,6 +126,8 @@ class Runner:
         for stage in self.stages:
             if stage.when(ctx):
                 self.run_stage(stage)
+            else:                              # the wheels stage without a bundle: the box's own packages
+                print(f"\n==== [{stage.name}] not run: its condition does not hold ({stage.what})")
         self.pack()
         if self.gpu_only:
             print("\n==== dry run: GPU commands skipped here (run them on the GPU box: "
