@@ -28,13 +28,19 @@ FP8_SCOPE = ("an fp8 (float8_e4m3fn) state is experimental and exists only for t
              "(replayssm.mamba2 / replayssm.gdn ReplayCache) on backend 'torch' or 'ref'")
 
 
-ROUTES = ("output_only", "state_and_output")   # the normal-step forms of a ReplaySSM AR step, every family
+# The normal-step forms of a ReplaySSM AR step. "output_only_fold" (GDN only, replayssm/delta_rule/): the
+# output-only readout on every step, flush rows included, with the per-key-head work in a precompute kernel and the
+# flush as a separate K-chunked fold of the whole buffer (the current token appended as its last entry).
+ROUTES = ("output_only", "state_and_output", "output_only_fold")
+FAMILY_ROUTES = {"mamba2": ROUTES[:2], "gdn": ROUTES, "kda": ROUTES[:2]}   # which family's kernels have which
 
 
-def check_route(route) -> None:
-    """A replay step's or byte model's route: one of ROUTES."""
-    if route not in ROUTES:
-        raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
+def check_route(route, family: str | None = None) -> None:
+    """A replay step's or byte model's route: one of ROUTES (of FAMILY_ROUTES[family] when a family is named)."""
+    allowed = ROUTES if family is None else FAMILY_ROUTES[family]
+    if route not in allowed:
+        raise ValueError(f"unknown route {route!r}{'' if family is None else f' for {family}'}; "
+                         f"expected one of {allowed}")
 
 
 def interpreter_active() -> bool:

@@ -168,6 +168,9 @@ def _gdn_flops_replay(geom: GDNGeometry, h: int, flush: bool, route: str = "outp
     check_route(route)
     V, K = geom.V, geom.K
     VK = V * K
+    if route == "output_only_fold":       # the output-only readout on every step; a flush adds the buffer fold
+        fold = VK + 2 * (h + 1) * VK if flush else 0     # e^G S0 + (u w) @ k_buf over h + 1 entries
+        return geom.HV * (4 * VK + 4 * h * (K + V) + 6 * V + 2 * K + fold)
     if route == "output_only" and not flush:
         return geom.HV * (4 * VK + 4 * h * (K + V) + 6 * V + 2 * K)
     rebuild = (VK + 2 * h * VK) if h else 0

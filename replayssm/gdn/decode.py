@@ -31,6 +31,7 @@ from replayssm.checks import (
     check_shape,
     check_slots,
 )
+from replayssm.delta_rule.launch import launch_output_only_fold
 from replayssm.gdn import decode_ref, decode_torch
 from replayssm.gdn.cache import ReplayCache
 from replayssm.gdn.decode_kernels import MAX_K, launch_materialize, launch_replay_step
@@ -97,8 +98,10 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
         route: the Triton kernel's normal-step form: "output_only" (default; the checkpoint is read with the two
             vectors k and q and S_h is never formed, the algebra the torch and C forms also use) or
             "state_and_output" (S_h rebuilt as a tile by a tensor-core GEMM over the buffer, then read: the
-            paper's GDN kernel). Flush steps rebuild the tile on both routes; the float64, torch and C backends
-            accept either name and compute the same function.
+            paper's GDN kernel). Flush steps rebuild the tile on both routes. "output_only_fold" (GDN only,
+            replayssm/delta_rule/): the output-only readout on every step, flush rows included, with the
+            per-key-head work in a precompute kernel and the flush as a separate K-chunked fold of the whole
+            buffer. The float64, torch and C backends accept every name and compute the same function.
 
     Returns:
         o [batch, HV, V] in cache.act_dtype (`out` when given).
@@ -129,7 +132,7 @@ def run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, b
     replay_step_torch); the Triton kernels, the C kernels and the float64 loops take either shape."""
     gm = cache.geometry
     per_channel = gm.PER_CHANNEL_DECAY
-    check_route(route)
+    check_route(route, "kda" if per_channel else "gdn")
     check_backend(backend, q, k, v, out, cache.state)
     batch = check_step_inputs(q, k, v, g, beta, out, H=gm.H, HV=gm.HV, K=gm.K, V=gm.V, act_dtype=cache.act_dtype,
                               scale=scale, use_qk_l2norm=use_qk_l2norm, per_channel_g=per_channel)
@@ -141,7 +144,9 @@ def run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, b
                                                                device=device)
     if batch == 0:
         return out
-    if backend == "triton":
+    if backend == "triton" and route == "output_only_fold":
+        launch_output_only_fold(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
+    elif backend == "triton":
         launch_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out, per_channel=per_channel,
                            route=route)
     elif backend == "torch":

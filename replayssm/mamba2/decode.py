@@ -105,7 +105,7 @@ def _validate_common(cache: ReplayCache, backend: str) -> None:
 def _validate_step(cache, x, dt, A, B, C, D, z, dt_bias, slots, route, out, backend) -> torch.Tensor:
     """All checks of replay_step; returns int32 slots [batch]."""
     _validate_common(cache, backend)
-    check_route(route)
+    check_route(route, "mamba2")
     g = cache.geometry
     if x.dim() != 3:
         raise ValueError(f"x must be [batch, nheads, headdim], got shape {tuple(x.shape)}")

@@ -1,0 +1,72 @@
+"""The AR step's flush: grid (cdiv(V, BV), batch, HV), launched after the main step (ar_step.py); every program
+of a row whose cursor is not at L-1 returns at once.
+
+On a flush step the prep (ar_prep.py) has appended the token's key and log decay at buffer row L-1 and the main
+step its u, so the buffer holds all L entries and the fold is one uniform replay of the whole buffer:
+
+    S0 <- exp(G_tot) S0 + sum_{j<L} w_j u_j k_j^T = exp(G_tot) S0 + (u^T * w) @ k_buf     ([BV, BC] @ [BC, BKT])
+
+walked over K in chunks of BKT columns (a runtime loop: one [BV, BKT] chunk live at a time) and stored per chunk.
+Why a separate kernel and not a branch of the step (the shipped route) or a re-walk inside it:
+  - the step then never carries the flush's registers (the shipped step: normal path alone 85 registers,
+    flush alone 162, both 125 / 163 under Triton 3.7.1 / 3.6.0), and the fold never holds a whole [BV, K]
+    tile or waits for u: u is already in the buffer;
+  - the fold's own register budget is set by one chunk and the weighted u rows, so it can stream;
+  - the cost: one early-exit grid per step (two loads per program) and, on flush rows, a second read of the
+    checkpoint (L2-hot when the fold follows the step closely, HBM otherwise) and of the buffer. A fused
+    circular-checkpoint fold (store the history-only rebuild inside the step) would avoid the second read but
+    puts a tensor-core dot and its registers back into the step: that is what R1 exists to remove.
+The u and k of the current token enter the fold rounded to the buffer's dtype, exactly as every earlier entry
+does (the shipped route folds the current token's fp32 u and k): one more rounding of the kind every
+replayed entry already has.
+
+The dot is `replay_dot` (_tl.py): bf16x2 for bf16 keys, tf32x2 for fp16 keys, tf32x3 for fp32 keys (ieee in
+the interpreter), chosen by a heuristic on the buffer's dtype, with its error bound stated there.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from replayssm.delta_rule._tl import key_dot, replay_dot, replay_weights
+
+
+@triton.heuristics({"DOT": lambda a: key_dot(a["kbuf_ptr"].dtype, a["FP32_DOT"])})
+@triton.jit
+def ar_fold_kernel(
+    slots_ptr, wpos_ptr, state_ptr, ubuf_ptr, kbuf_ptr, gbuf_ptr,
+    stride_s_slot, stride_s_h, stride_s_v, stride_u_slot, stride_u_h, stride_u_l,
+    stride_kb_slot, stride_kb_h, stride_kb_l, stride_gb_slot, stride_gb_h, stride_gb_l,
+    NULL_ID: tl.constexpr, HV_PER_H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
+    BV: tl.constexpr, BKT: tl.constexpr, BC: tl.constexpr, FP32_DOT: tl.constexpr, DOT: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_b = tl.program_id(1).to(tl.int64)
+    i_hv = tl.program_id(2).to(tl.int64)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    if slot == NULL_ID:
+        return
+    if tl.load(wpos_ptr + slot) != L - 1:
+        return                                  # not this row's flush step
+    state_ptr += slot * stride_s_slot + i_hv * stride_s_h
+    ubuf_ptr += slot * stride_u_slot + i_hv * stride_u_h
+    kbuf_ptr += slot * stride_kb_slot + (i_hv // HV_PER_H) * stride_kb_h
+    gbuf_ptr += slot * stride_gb_slot + i_hv * stride_gb_h
+    offs_v = i_v * BV + tl.arange(0, BV)
+    mask_v = offs_v < V
+    offs_c = tl.arange(0, BC)
+    mask_c = offs_c < L
+    decay0, w = replay_weights(tl.load(gbuf_ptr + offs_c * stride_gb_l, mask=mask_c, other=0.0), mask_c, 0)
+    U = tl.load(ubuf_ptr + offs_c[None, :] * stride_u_l + offs_v[:, None],
+                mask=mask_v[:, None] & mask_c[None, :], other=0.0).to(tl.float32) * w[None, :]     # [BV, BC]
+    for kt in tl.range(0, triton.cdiv(K, BKT)):
+        offs_k = kt * BKT + tl.arange(0, BKT)
+        mask_k = offs_k < K
+        s_ptrs = state_ptr + offs_v[:, None] * stride_s_v + offs_k[None, :]
+        s_mask = mask_v[:, None] & mask_k[None, :]
+        S0 = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)
+        kb = tl.load(kbuf_ptr + offs_c[:, None] * stride_kb_l + offs_k[None, :],
+                     mask=mask_c[:, None] & mask_k[None, :], other=0.0)                          # [BC, BKT]
+        S = decay0 * S0 + replay_dot(U, kb, DOT)
+        tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)
