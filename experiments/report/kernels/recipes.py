@@ -248,6 +248,9 @@ RECIPES = [
     Recipe("gdn.replay", "gdn", replay_ar_recipe("gdn", "replayssm.gdn.cache"), ar=True),      # output-only
     Recipe("gdn.replay[state_and_output]", "gdn",
            replay_ar_recipe("gdn", "replayssm.gdn.cache", "state_and_output"), ar=True),
+    # the prep / step / fold route (replayssm/delta_rule/): issue 34 item 1
+    Recipe("gdn.replay[output_only_fold]", "gdn",
+           replay_ar_recipe("gdn", "replayssm.gdn.cache", "output_only_fold"), ar=True),
     Recipe("gdn.replay_spec", "gdn",
            spec_recipe("gdn", ("replayssm.gdn.spec", "replayssm.gdn.ring"), "SpecRing"), ar=False),
     Recipe("gdn.recurrent", "gdn",
