@@ -107,7 +107,7 @@ def test_backends_agree(gen, device):
         inp = random_step(TINY, 3, device=device, use_qk_l2norm=True, generator=gen)
         outs = {b: fused_recurrent_step(s, **inp, use_qk_l2norm=True, slots=slots, backend=b)
                 for b, s in states.items()}
-        for b in ("torch", "triton"):
+        for b in ("torch", "triton", "cpu"):
             assert rel_err(outs[b][[0, 2]], outs["ref"][[0, 2]]) <= 1e-6
             assert rel_err(states[b], states["ref"]) <= 1e-6
 
