@@ -28,7 +28,7 @@ from experiments.report.hybrid import hybrid_ratios
 from experiments.report.runs import EXCLUDED_VERDICTS, Run, describe_env, summarize
 from replayssm import step_time as st
 
-TERMS = ("bytes_s", "flops_s", "launch_s", "other_s", "total_s", "baseline_total_s")
+TERMS = ("bytes_s", "flops_s", "launch_s", "issue_s", "other_s", "total_s", "baseline_total_s")
 OUT_COLUMNS = (list(CELL_COLUMNS) + ["value_published", "value_measured", "measured_note", "value_model"]
                + list(TERMS) + ["regime", "model_note", "model_over_published", "missing_term",
                                 "value_model_run_hw", "regime_run_hw"])

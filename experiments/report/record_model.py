@@ -12,6 +12,12 @@ CONTEXT_LEN. Concurrency cells: footprint.concurrency_table (vLLM's allocator mo
 
 `model_cell(cell)` returns value_model, the terms (seconds of the ReplaySSM side; the baseline's beside them),
 the regime and, where the model does not claim to cover a cell, regime "not-modelled" with the reason.
+
+A kernel cell's step includes the issue floor (step_time: the step kernels' warp-instructions from the committed
+replayssm/issue_table.py over the issue rate at their occupancy) wherever the table has the cell's geometry,
+point and GPU arch (the blog's Fig 7 and Fig 9 points); elsewhere, and in every whole-model cell, it is bytes,
+FLOPs and launches as before. ISSUE_FLOOR = False turns it off (the
+model the record used before it), which is how the change it makes to each cell is measured.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from experiments.hybrid import footprint as fpm
 from experiments.hybrid.spec import HybridSpec, hybrid_spec
 from replayssm import step_time as st
 
+ISSUE_FLOOR = True                  # the step_time issue term (False: bytes, FLOPs and launches only)
 # ASSUMED (no source states it): the context each decode step attends to in the published e2e tables.
 CONTEXT_LEN = 1024
 # ASSUMED kernels per non-SSM-kernel sub-layer in a CUDA-graph decode step (norm, projections, activation, the
@@ -152,8 +159,10 @@ def drafter_time(spec: HybridSpec, hw: st.Hardware, batch: int, T: int, floor: f
 def model_time(spec: HybridSpec, method: str, hw: st.Hardware, batch: int, *, state_bytes: int, L: int, T: int = 1,
                B_hist: int = 16, accepted: int | None = None, floor: float = st.LAUNCH_FLOOR_S) -> dict:
     """One whole-model step: the other layers plus n_ssm SSM layers of `method` (cursor shared by the layers)."""
-    layer = st.step_time(spec.geometry, method, hw, batch, launch_floor_s=floor, shared_cursor=True, L=L,
-                         T=T, B_hist=B_hist, accepted=accepted, state_bytes=state_bytes)
+    # No issue floor here: the table counts this harness's kernels at a few points, and a whole-model cell's
+    # kernels are the publishing engine's (vLLM's fork), whose instruction counts nobody has measured.
+    layer = st.step_time(spec.geometry, method, hw, batch, launch_floor_s=floor, shared_cursor=True,
+                         issue=False, L=L, T=T, B_hist=B_hist, accepted=accepted, state_bytes=state_bytes)
     n = spec.ssm_layers
     cursor = st.CURSOR_LAUNCHES.get(method, 0) * floor
     is_spec = method.endswith("spec")
@@ -274,11 +283,12 @@ def _one(cell: dict, metric: str, agg: str, hw_override, floor) -> dict:
         method = "baseline_spec" if metric.startswith("native") else "replay_spec"
         acc = {"min": 1, "max": T}.get(agg, default_accepted(T))   # all-reject .. all-accept (blog Fig 9)
         kw = dict(L=L, T=T, B_hist=B_hist, accepted=acc, state_bytes=sb)
-        ours = st.step_time(spec.geometry, method, hw, batch, launch_floor_s=floor, **kw)
-        ar = st.step_time(spec.geometry, "baseline_ar", hw, batch, launch_floor_s=floor, **kw)
-        return {"bytes_s": ours.bytes_s, "flops_s": ours.flops_s, "launch_s": ours.launch_s, "other_s": 0.0,
-                "total_s": ours.total, "baseline_total_s": ar.total, "value_model": ours.total / ar.total,
-                "regime": ours.regime, "model_note": f"accepted {acc} of T={T}"}
+        ours = st.step_time(spec.geometry, method, hw, batch, launch_floor_s=floor, issue=ISSUE_FLOOR, **kw)
+        ar = st.step_time(spec.geometry, "baseline_ar", hw, batch, launch_floor_s=floor, issue=ISSUE_FLOOR, **kw)
+        return {"bytes_s": ours.bytes_s, "flops_s": ours.flops_s, "launch_s": ours.launch_s, "issue_s": ours.issue_s,
+                "other_s": 0.0, "total_s": ours.total, "baseline_total_s": ar.total,
+                "value_model": ours.total / ar.total, "regime": ours.regime,
+                "model_note": f"accepted {acc} of T={T}" + _issue_note(ours, ar)}
     baseline = str(cell.get("baseline") or "")
     if mode not in REPLAY_OF:
         return _empty("not-modelled", f"mode {mode!r}")
@@ -293,24 +303,37 @@ def _one(cell: dict, metric: str, agg: str, hw_override, floor) -> dict:
     kw = dict(L=L, T=T, B_hist=B_hist, accepted=default_accepted(T), state_bytes=sb)
     kw_den = {**kw, "state_bytes": BASELINE_STATE_BYTES.get(baseline, sb)}
     if level == "kernel":
-        ours = st.step_time(spec.geometry, num, hw, batch, launch_floor_s=floor, **kw)
-        theirs = st.step_time(spec.geometry, den, hw, batch, launch_floor_s=floor, **kw_den)
-        terms = {"bytes_s": ours.bytes_s, "flops_s": ours.flops_s, "launch_s": ours.launch_s, "other_s": 0.0,
-                 "total_s": ours.total, "baseline_total_s": theirs.total}
+        ours = st.step_time(spec.geometry, num, hw, batch, launch_floor_s=floor, issue=ISSUE_FLOOR, **kw)
+        theirs = st.step_time(spec.geometry, den, hw, batch, launch_floor_s=floor, issue=ISSUE_FLOOR, **kw_den)
+        terms = {"bytes_s": ours.bytes_s, "flops_s": ours.flops_s, "launch_s": ours.launch_s, "issue_s": ours.issue_s,
+                 "other_s": 0.0, "total_s": ours.total, "baseline_total_s": theirs.total}
         regime = ours.regime
+        issue_note = _issue_note(ours, theirs)
     elif level in ("e2e", "serving", "concurrency"):
         ours = model_time(spec, num, hw, batch, floor=floor, **kw)
         theirs = model_time(spec, den, hw, batch, floor=floor, **kw_den)
         terms = {k: ours[k] for k in ("bytes_s", "flops_s", "launch_s", "other_s", "total_s")}
         terms["baseline_total_s"] = theirs["total_s"]
         regime = ours["ssm_regime"] if ours["ssm_s"] >= ours["other_s"] else "other-layers-bound"
+        issue_note = ""
     else:
         return _empty("not-modelled", f"level {level!r}")
     note = "default baseline modelled as the tuned one (the model has no tuning)" if baseline == "default" else ""
+    note = (note + issue_note).lstrip("; ")
     if sb < 2:                  # an indication only: the time of an 8-bit state is not just its bytes
         regime, note = "not-modelled", EIGHT_BIT
     return {**terms, "value_model": terms["baseline_total_s"] / terms["total_s"], "regime": regime,
             "model_note": note}
+
+
+def _issue_note(ours: st.StepTime, theirs: st.StepTime) -> str:
+    """"; issue floor in the model" where the step time model had instruction counts for both sides (one side
+    alone would tilt the ratio), else a note that it is bytes, FLOPs and launches only."""
+    if not ISSUE_FLOOR:
+        return ""
+    if ours.instructions and theirs.instructions:
+        return f"; issue floor {ours.issue_s * 1e6:.0f} / {theirs.issue_s * 1e6:.0f} us (ours / the other)"
+    return "; no issue-table entry for this point (bytes, FLOPs and launches only)"
 
 
 def _spec_over_ar(cell, spec, hw, batch, sb, L, T, B_hist, floor) -> dict:
@@ -352,15 +375,16 @@ def break_even(cell: dict, hw_override: str | None = None, floor: float = st.LAU
 def _best_buffer(cell: dict, hw_override, floor) -> dict:
     """The buffer length of BUFFER_LENS with the highest modelled kernel speedup at BEST_L_BATCH."""
     batch = _int(cell.get("batch"), BEST_L_BATCH)
-    sp = {L: model_cell({**cell, "metric": "speedup", "level": "kernel", "mode": "ar", "batch": batch,
-                         "buffer_len": L, "baseline": "tuned"}, hw_override, floor).get("value_model")
-          for L in BUFFER_LENS}
-    sp = {L: v for L, v in sp.items() if v is not None}
+    cells = {L: model_cell({**cell, "metric": "speedup", "level": "kernel", "mode": "ar", "batch": batch,
+                            "buffer_len": L, "baseline": "tuned"}, hw_override, floor) for L in BUFFER_LENS}
+    sp = {L: m["value_model"] for L, m in cells.items() if m.get("value_model") is not None}
     if not sp:
         return _empty("not-modelled", "no modelled speedup")
     best = max(sp, key=sp.get)
-    return {"value_model": float(best), "regime": "bandwidth-bound",
-            "model_note": "modelled speedup per L: " + ", ".join(f"{L}: {v:.2f}x" for L, v in sp.items())}
+    issue = [L for L in sp if cells[L].get("issue_s")]
+    return {"value_model": float(best), "regime": cells[best].get("regime", "bandwidth-bound"),
+            "model_note": "modelled speedup per L: " + ", ".join(f"{L}: {v:.2f}x" for L, v in sp.items())
+            + (f"; issue floor at L = {', '.join(map(str, issue))}" if issue else "")}
 
 
 @cache
@@ -410,11 +434,13 @@ def missing_term(cell: dict, row: dict) -> str:
     regime = row.get("regime", "")
     metric = _split_metric(str(cell.get("metric") or ""))[0]
     if metric == "best_buffer_len":
-        return "the cost per cached entry beyond its bytes (the history loop's latency / compute), which favours " \
-               "shorter buffers than the byte optimum"
+        return ("the cost per cached entry beyond its bytes and instructions (the history loop's latency), which "
+                "favours shorter buffers than the modelled optimum" if "issue floor" in str(row.get("model_note"))
+                else "the cost per cached entry beyond its bytes (the history loop's latency / compute), which "
+                     "favours shorter buffers than the byte optimum")
     if metric.endswith("_step_cost_vs_ar"):       # lower is better: ours / a standard decode step
-        return ("the spec kernel below its roofline (window solve and history rebuild: compute and latency the "
-                "SIMT term undercounts)" if r < 1 else "the standard decode kernel below its byte bound")
+        return ("the spec kernel below its roofline (window solve and history rebuild: latency beyond the issue "
+                "floor and the SIMT term)" if r < 1 else "the standard decode kernel below its byte bound")
     if metric == "break_even_batch":                # lower is better for ReplaySSM
         return ("fixed costs per step of the published kernel beyond this harness's launches (e.g. quantisation, "
                 "scales, a slower launch path)" if r < 1 else "the published kernel's launches are cheaper than "

@@ -51,7 +51,9 @@ def test_replay_terms_are_the_cycle_mean_and_its_launches():
 def test_regimes():
     slow_simt = st.Hardware("slow", 3.35e12, 1e9, 1e12, 80e9, "test double")
     big = 1 << 14
-    assert st.step_time(NANO, "baseline_ar", "h100", big).regime == "bandwidth-bound"
+    # the roofline's own regimes (issue=False); with the issue table, Nano's AR baseline on an H100 is issue-bound
+    assert st.step_time(NANO, "baseline_ar", "h100", big, issue=False).regime == "bandwidth-bound"
+    assert st.step_time(NANO, "baseline_ar", "h100", big).regime == "issue-bound"
     assert st.step_time(NANO, "baseline_ar", slow_simt, big).regime == "compute-bound"
     assert st.step_time(NANO, "baseline_ar", "h100", 1, launch_floor_s=1e-3).regime == "latency-bound"
     assert st.HARDWARE["h100"].ridge == pytest.approx(67e12 / 3.35e12)
@@ -62,7 +64,7 @@ def test_mamba2_ar_kernel_loses_at_batch_1_and_reaches_the_byte_ratio_at_large_b
     assert one < 1.1 and one < 1.0                           # the published 0.73x (vLLM PR #48018, H100 fp32)
     base = st.layer_traffic(NANO, "baseline_ar").total
     ours = st.layer_traffic(NANO, "replay_ar", L=16).total
-    big = st.speedup(NANO, "replay_ar", "baseline_ar", "h100", 1 << 16)
+    big = st.speedup(NANO, "replay_ar", "baseline_ar", "h100", 1 << 16, issue=False)
     assert big == pytest.approx(base / ours, rel=0.01)       # bandwidth-bound: the byte ratio (~1.8x)
     assert 1.75 < base / ours < 1.85
     # the speedup grows with the batch
@@ -117,3 +119,74 @@ def test_an_8bit_state_from_the_affine_byte_counts():
     # the checkpoint is read every step and written once per cycle
     assert ours.total == pytest.approx(traffic.gdn_replay_ar_cycle(QWEN, L, 2).total
                                        - (1 + 1 / L) * traffic.gdn_state_bytes(QWEN, 1))
+
+
+# ------------------------------------------------------------------------------ the issue floor
+
+def _fake_table(monkeypatch, warps_sm: int, path=(1000, 2000)):
+    from replayssm import issue_table
+
+    key = (90, st.geometry_key(QWEN), *st.issue_key("replay_ar", "output_only", 16, 4, 16, 4))
+    monkeypatch.setattr(issue_table, "STEPS", {key: (("step", 4, warps_sm, 256, 3, *path),)})
+
+
+def test_issue_term_by_hand(monkeypatch):
+    _fake_table(monkeypatch, warps_sm=12)
+    h200 = st.HARDWARE["h200"]
+    # 12 resident warps per SM = 3 per scheduler, one issue every 6 cycles each: 0.5 per cycle per scheduler
+    assert h200.issue_per_cycle(12) == pytest.approx(0.5) and h200.issue_per_cycle(48) == 1.0
+    assert h200.issue_rate(12) == pytest.approx(0.5 * 4 * 132 * 1.5e9)
+    b = 64
+    # 4 warps x (256 b + 3) programs x the cycle mean (15 normal steps of 1000 instructions, one flush of 2000)
+    inst = 4 * (256 * b + 3) * (15 / 16 * 1000 + 1 / 16 * 2000)
+    t = st.step_time(QWEN, "replay_ar", "h200", b, L=16)
+    assert t.instructions == pytest.approx(inst)
+    assert t.issue_s == pytest.approx(inst / (0.5 * 4 * 132 * 1.5e9))
+    assert t.issue_s > t.bytes_s and t.regime == "issue-bound"
+    assert t.total == pytest.approx(t.issue_s + t.launch_s)
+    off = st.step_time(QWEN, "replay_ar", "h200", b, L=16, issue=False)
+    assert (off.issue_s, off.instructions, off.regime) == (0.0, 0.0, "bandwidth-bound")
+    assert off.total == pytest.approx(off.bytes_s + off.launch_s)
+    # no entry: another L, another GPU arch (b300: sm_100), a GPU without issue terms
+    assert st.step_time(QWEN, "replay_ar", "h200", b, L=8).issue_s == 0.0
+    assert st.step_time(QWEN, "replay_ar", "b300", b, L=16).issue_s == 0.0
+    assert st.step_time(QWEN, "replay_ar", "rtx4090", b, L=16).issue_s == 0.0
+
+
+def test_issue_rate_follows_occupancy(monkeypatch):
+    _fake_table(monkeypatch, warps_sm=12)
+    slow = st.step_time(QWEN, "replay_ar", "h200", 256, L=16).issue_s
+    _fake_table(monkeypatch, warps_sm=24)           # 6 warps per scheduler: one issue per cycle
+    assert st.step_time(QWEN, "replay_ar", "h200", 256, L=16).issue_s == pytest.approx(slow / 2)
+
+
+def test_longest_path_share():
+    assert st.longest_path_share("replay_ar", L=8) == 1 / 8
+    assert st.longest_path_share("replay_spec", T=4, accepted=2, B_hist=16) == 2 / 16
+    assert st.longest_path_share("replay_spec", T=4, accepted=None, B_hist=2) == 1.0
+    assert st.longest_path_share("baseline_ar") == st.longest_path_share("baseline_spec") == 0.0
+    assert st.issue_key("baseline_ar", "state_and_output", 8, 6, 32) == ("baseline_ar", "", 0, 0, 0, 4)
+    assert st.issue_key("replay_spec", "x", 8, 6, 32, 2) == ("replay_spec", "", 0, 6, 32, 2)
+
+
+def test_the_committed_table_predicts_the_h200_gdn_finding():
+    """replayssm/issue_table.py (Triton 3.6.0, the H200's): GDN's replay step at Qwen3.5-122B b256 is issue-bound on
+    the H200 and its AR baseline bandwidth-bound, as ncu found (results/h200/route-check-20261204T130226Z-feec103);
+    the replay step is then no faster than the baseline, as measured (685 against 571 us)."""
+    from replayssm import issue_table
+
+    assert issue_table.TRITON == "3.6.0" and issue_table.COMMIT and "kernel_report.py" in issue_table.COMMAND
+    ours = st.step_time(QWEN, "replay_ar", "h200", 256, L=16)
+    base = st.step_time(QWEN, "baseline_ar", "h200", 256)
+    assert ours.regime == "issue-bound" and base.regime == "bandwidth-bound"
+    assert ours.total > base.total
+    assert 0.8 < ours.total / 685e-6 < 1.2            # the measured step (CUDA graph, cycle mean)
+    assert st.speedup(QWEN, "replay_ar", "baseline_ar", "h200", 256, L=16, issue=False) > 1.7   # bytes alone
+
+
+def test_kda_layer_traffic():
+    from replayssm.geometry import KDAGeometry
+
+    kimi = KDAGeometry(H=32, HV=32, K=128, V=128)
+    assert st.layer_traffic(kimi, "replay_ar", L=16).total == pytest.approx(traffic.kda_replay_ar_cycle(kimi, 16).total)
+    assert st.launches("kda", "replay_ar") == st.launches("gdn", "replay_ar")

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z0-9_]+(?:\.[A-Za-z0-9_]+)*)([^;]*);")
 _TARGET = re.compile(r"0x([0-9a-f]+)")
+_OPERAND_PRED = re.compile(r"^\s*(!?U?P(?:[0-6]|T))\s*,")       # sm_100's `BRA.U !UP2, 0x3950`: a predicate operand
 MIX_CLASSES = {                          # column -> opcode prefixes (the first dot-separated token)
     "shfl": ("SHFL",),
     "bar": ("BAR",),
@@ -65,6 +66,9 @@ def parse_sass(text: str) -> list[Instr]:
         if op.split(".")[0] in ("BRA", "CALL", "BRX", "JMP", "JMX"):
             t = _TARGET.search(rest)
             target = int(t.group(1), 16) if t else None
+            p = _OPERAND_PRED.match(rest)
+            if p and p.group(1) not in ("PT", "UPT") and not pred:
+                pred = f"@{p.group(1)}"             # conditional on its operand: both successors
         out.append(Instr(addr, pred, op, target))
     last_exit = max((i for i, x in enumerate(out) if x.base == "EXIT" and not x.pred), default=len(out) - 1)
     tail = out[last_exit + 1:]
