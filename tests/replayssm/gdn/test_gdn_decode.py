@@ -347,3 +347,115 @@ def test_gpu_tile_table_under_interpreter(arch, route, gen, device, monkeypatch)
     assert cfg.block_kt == GPU_TILES.K and -(-GPU_TILES.V // cfg.block_v) == tiles and cfg.dot_precision == "tf32x3"
     run_scenario(f"triton:{route}", GPU_TILES, 4, F32, F32, 5, gen, device, use_qk_l2norm=True, batch=2,
                  extra_slots=1)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The output_only_fold route (replayssm/delta_rule/: prep, step, fold kernels)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from replayssm.delta_rule._tl import split_bf16  # noqa: E402
+
+FOLD = "triton:output_only_fold"
+
+
+@triton.jit
+def _split(a_ptr, hi_ptr, lo_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    hi, lo = split_bf16(tl.load(a_ptr + offs))
+    tl.store(hi_ptr + offs, hi.to(tl.float32))
+    tl.store(lo_ptr + offs, lo.to(tl.float32))
+
+
+@pytest.mark.parametrize("L, act, state, l2, scale, strided", SCENARIOS)
+def test_output_only_fold_matches_ground_truth(L, act, state, l2, scale, strided, gen, device):
+    """Token by token over 2L + 1 steps (flushes crossed), desynchronised cursors, NULL rows, NaN-poisoned outputs,
+    permuted slots of a larger pool, fp32 / fp16 state, L in {1, 4, 16}."""
+    run_scenario(FOLD, TINY, L, act, state, 2 * L + 1, gen, device, use_qk_l2norm=l2, scale=scale, strided=strided)
+
+
+def test_output_only_fold_single_key_head(gen, device):
+    gm = GDNGeometry(H=1, HV=3, K=16, V=32)   # non-power-of-two value heads per key head (the prep's padded group)
+    run_scenario(FOLD, gm, 4, F32, F32, 9, gen, device, use_qk_l2norm=True, batch=2, extra_slots=1)
+
+
+def test_output_only_fold_long_run(gen, device):
+    """A few hundred synchronised steps: the checkpoint after every flush equals the float64 state."""
+    synced_run_checkpoints(FOLD, GDNGeometry(H=1, HV=2, K=16, V=16), 16, 208, 2, gen, device)
+
+
+def test_output_only_fold_leaves_the_live_cache_of_ref(gen, device):
+    """The same checkpoint, cursors and live buffer rows (j < write_pos) as the float64 loops; the route also writes
+    row L-1 on a flush (the fold's last entry), which no reader sees."""
+    gm, L = TINY, 4
+    ref, _ = random_cache(gm, 4, L, F32, F32, gen, device)
+    fold = ref.clone()
+    for _ in range(L + 2):
+        slots = torch.tensor([2, NULL_SLOT, 0], dtype=torch.int32, device=device)
+        inp = random_step(gm, 3, device=device, use_qk_l2norm=True, generator=gen)
+        replay_step(ref, **inp, use_qk_l2norm=True, slots=slots, backend="ref")
+        replay_step(fold, **inp, use_qk_l2norm=True, slots=slots, backend="triton", route="output_only_fold")
+    assert torch.equal(fold.write_pos, ref.write_pos)
+    assert rel_err(fold.state, ref.state) <= 1e-6
+    for s, h in enumerate(ref.write_pos.tolist()):
+        for name in ("u", "k", "g"):
+            err = rel_err(getattr(fold, name)[s, :, :h], getattr(ref, name)[s, :, :h])
+            assert err <= 1e-6, f"slot {s}: cache.{name} differs from ref by {err:.2e}"
+
+
+@pytest.mark.parametrize("act", [F32, F16])
+@pytest.mark.parametrize("arch", ["90", "100"])
+def test_output_only_fold_gpu_tiles_under_interpreter(arch, act, gen, device, monkeypatch):
+    """The GPU default rules run by the interpreter: [32, 32] step chunks and several V tiles (the last masked),
+    the fold's K walk in 32-column chunks with its GPU dot (tf32x3 for fp32 keys, tf32x2 for fp16 keys)."""
+    if not interpreter_active():
+        pytest.skip("the forced launch table is an interpreter-only check")
+    monkeypatch.setenv("REPLAYSSM_TARGET_ARCH", arch)
+    from replayssm.delta_rule.launch import KERNELS, ar_config
+
+    step, fold = (ar_config(name, GPU_TILES.K, GPU_TILES.V, 4, F32, int(arch)) for name in KERNELS[1:])
+    assert (step.block_v, step.block_k, fold.block_k) == (32, 32, 32)
+    run_scenario(FOLD, GPU_TILES, 4, act, F32, 6, gen, device, use_qk_l2norm=True, batch=2, extra_slots=1)
+
+
+def test_output_only_fold_split_bf16_bound(gen, device):
+    """The fold's bf16x2 dot (replayssm/delta_rule/_tl.py): with bf16-exact keys B, hi @ B + lo @ B is within
+    (2^-14 + BC 2^-24) (|A| @ |B|) of A @ B in float64. The split runs in Triton (the interpreter truncates
+    where the GPU rounds to nearest: the bound covers both); the two products are exact in fp32, so they are
+    formed here in float64 (the interpreter's bf16 tl.dot is not emulated)."""
+    if device != "cpu":
+        pytest.skip("interpreter check")
+    M, C, N = 32, 32, 32
+    A = torch.randn(M, C, generator=gen) * torch.exp(torch.randn(M, C, generator=gen) * 3)   # wide magnitudes
+    B = torch.randn(C, N, generator=gen).bfloat16().float()
+    hi, lo = torch.empty_like(A), torch.empty_like(A)
+    _split[(1,)](A.view(-1), hi.view(-1), lo.view(-1), N=M * C)
+    assert torch.equal(hi.bfloat16().float(), hi) and torch.equal(lo.bfloat16().float(), lo)   # bf16-exact parts
+    assert ((A.double() - hi.double() - lo.double()).abs() <= 2.0 ** -14 * A.double().abs()).all()
+    exact = A.double() @ B.double()
+    split = (hi.double() @ B.double()).float().double() + (lo.double() @ B.double()).float().double()
+    bound = (2.0 ** -14 + C * 2.0 ** -24) * (A.double().abs() @ B.double().abs())
+    assert ((split - exact).abs() <= bound).all()
+
+
+def test_output_only_fold_is_gdn_only(gen, device):
+    """KDA and Mamba-2 keep their routes: the new name is refused before anything is written."""
+    from replayssm.checks import FAMILY_ROUTES, check_route
+
+    assert "output_only_fold" in FAMILY_ROUTES["gdn"]
+    for family in ("kda", "mamba2"):
+        with pytest.raises(ValueError, match="output_only_fold"):
+            check_route("output_only_fold", family)
+
+
+def test_output_only_fold_main_kernel_has_no_family_flag():
+    """structure-review §4.1 rule 1: the main step carries no family constexpr (family work lives in the prep)."""
+    import inspect
+
+    from replayssm.delta_rule import ar_fold, ar_step
+
+    for module in (ar_step, ar_fold):
+        src = inspect.getsource(module)
+        for flag in ("PER_CHANNEL", "IS_KDA", "FAMILY"):
+            assert flag not in src, f"{module.__name__} names {flag}"
