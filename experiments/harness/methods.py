@@ -197,6 +197,8 @@ class ReplayAR(Method):
         # Mamba-2: both routes on every backend (the C kernels have both). GDN and KDA: the Triton kernel has both
         # (output-only reads the checkpoint with the two vectors k and q); the torch and C forms compute the
         # output-only algebra only, so a state-and-output row there would name a form that did not run.
+        if family == "gdn" and backend == "triton":      # + the prep / step / fold route (replayssm/delta_rule/)
+            return ("output_only", "state_and_output", "output_only_fold")
         if family == "mamba2" or backend == "triton":
             return ("output_only", "state_and_output")
         return ("output_only",)
