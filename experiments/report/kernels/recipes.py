@@ -326,11 +326,27 @@ def _variants(launches: list[tuple[Launch, KernelSpec]]) -> list[str]:
     return out
 
 
-def _tile_candidates(recipe: Recipe, geom, spec_tiles: bool) -> list[tuple[str, Callable]]:
-    """(label, context factory) per tile candidate to build: the default config only, or, with `spec_tiles`, every
+class Reusable(contextlib.AbstractContextManager):
+    """A context manager entered afresh each time (a generator-based one runs once; the report enters each
+    candidate's override twice, to capture the launches at two batches)."""
+
+    def __init__(self, factory: Callable[[], contextlib.AbstractContextManager]):
+        self.factory, self.active = factory, []
+
+    def __enter__(self):
+        cm = self.factory()
+        self.active.append(cm)
+        return cm.__enter__()
+
+    def __exit__(self, *exc):
+        return self.active.pop().__exit__(*exc)
+
+
+def _tile_candidates(recipe: Recipe, geom, spec_tiles: bool) -> list[tuple[str, contextlib.AbstractContextManager]]:
+    """(label, context) per tile candidate to build: the default config only, or, with `spec_tiles`, every
     candidate of the Mamba-2 spec tile space (dropped ones included, labelled with their reason)."""
     if not (spec_tiles and recipe.method == "mamba2.replay_spec"):
-        return [("", contextlib.nullcontext)]
+        return [("", contextlib.nullcontext())]
     from replayssm import launch_table
     from replayssm.mamba2 import spec_kernels as sk
 
@@ -338,7 +354,7 @@ def _tile_candidates(recipe: Recipe, geom, spec_tiles: bool) -> list[tuple[str, 
     for cfg in sk.spec_tile_candidates(geom.headdim, POINT.window, include_dropped=True):
         dropped = sk.dropped_reason(cfg)
         out.append((f"tiles={cfg.label}" + (" (dropped)" if dropped else ""),
-                    functools.partial(launch_table.override, "mamba2_replay_spec", cfg)))
+                    Reusable(functools.partial(launch_table.override, "mamba2_replay_spec", cfg))))
     return out
 
 
@@ -346,8 +362,8 @@ TUNE_SPILL = "SPILL: a tuning candidate (reported, not a failure: drop it from e
 
 
 def _tune_candidates(recipe: Recipe, geom, target: int,
-                     state_dtype) -> list[tuple[str, Callable]]:
-    """(label, override factory) per candidate of every tuning space (experiments/tune.py) the recipe's launches
+                     state_dtype) -> list[tuple[str, contextlib.AbstractContextManager]]:
+    """(label, override) per candidate of every tuning space (experiments/tune.py) the recipe's launches
     resolve, found by capturing the recipe once under its defaults (nothing is built for that)."""
     from experiments import tune
     from replayssm import launch_table
@@ -362,7 +378,7 @@ def _tune_candidates(recipe: Recipe, geom, target: int,
             fields = launch_table.fields(cand)
             dropped = " (dropped)" if tune.dropped_reason(launch.kernel, key, cand) else ""
             out.append((f"tune={launch.kernel}:{launch_table.config_label(fields)}{dropped}",
-                        functools.partial(launch_table.override, launch.kernel, cand)))
+                        Reusable(functools.partial(launch_table.override, launch.kernel, cand))))
     return out
 
 
@@ -416,8 +432,8 @@ def _model_l2norm(geo_name: str) -> bool:
         return False
 
 
-def _capture(recipe: Recipe, geom, target: int, state_dtype, tile_ctx: Callable) -> list[Launch]:
-    with aot_environment(target), capture_launches() as launches, tile_ctx():
+def _capture(recipe: Recipe, geom, target: int, state_dtype, tile_ctx) -> list[Launch]:
+    with aot_environment(target), capture_launches() as launches, tile_ctx:
         recipe.run(geom, torch.device("cpu"), state_dtype)
     return launches
 
