@@ -118,19 +118,21 @@ AUDITED_FAMILIES = ("kda_",)      # kernels whose drops come from the record rat
 
 def audited_spills(record: dict | None = None) -> dict[tuple, str]:
     """TUNE_DROPPED entries of every candidate that spills in the audit record (any version, geometry, target),
-    keyed like TUNE_DROPPED (route None: the audited kernels have none), with the reason."""
+    keyed like TUNE_DROPPED, with the reason: a record kernel "name[route]" (a route-keyed kernel, audited per
+    route) drops it at that route, a plain "name" at every route (None)."""
     if record is None:
         record = json.loads(TUNE_AUDIT.read_text()) if TUNE_AUDIT.is_file() else {}
     reasons: dict[tuple, list[str]] = {}
     for version, geos in sorted(record.items()):
         for geo, kernels in sorted(geos.items()):
-            for kernel, configs in sorted(kernels.items()):
+            for name, configs in sorted(kernels.items()):
+                kernel, _, route = name.removesuffix("]").partition("[")
                 for label, targets in configs.items():
                     fields = tuple((k, int(v) if v.lstrip("-").isdigit() else v)
                                    for k, v in (part.split("=", 1) for part in label.split(",")))
                     for target, (regs, spill) in sorted(targets.items()):
                         if spill:
-                            reasons.setdefault((kernel, None, fields), []).append(
+                            reasons.setdefault((kernel, route or None, fields), []).append(
                                 f"{target} spills {spill} B ({regs} registers; triton {version}, {geo})")
     return {key: "; ".join(why) for key, why in reasons.items()}
 

@@ -14,7 +14,11 @@ candidate under launch_table.override; every launch of the step is built (aot.Bu
 compiled once) and the candidate's row takes the most registers and the most spill bytes over them. The default
 configs of the step's other kernels build without spills (make kernel-report), so a spill is the candidate's.
 Record (experiments.tune.TUNE_AUDIT, read by tune.audited_spills into TUNE_DROPPED): {triton version: {geometry:
-{kernel: {config label: {"sm_90": [registers, spill], "sm_100": [...]}}}}}.
+{kernel: {config label: {"sm_90": [registers, spill], "sm_100": [...]}}}}}. A kernel whose launch config is keyed
+by a route (kda_replay_ar: replayssm.checks.FAMILY_ROUTES, one recipe each) is recorded per route, as "kernel[route]":
+the two routes are different programs and spill differently. Several versions are kept side by side (the GPU
+stack's Triton and the CPU environment's): run the module under each interpreter with --write, each replaces
+only its own version's entry for the geometry.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.harness.store import locked
 from experiments.report.kernels.aot import TARGETS, Builder, aot_environment, capture_launches
 from experiments.tune import TUNE_AUDIT as RECORD
 from experiments.tune import audited_spills
@@ -47,8 +52,11 @@ def load_record(path: Path = RECORD) -> dict:
 def audit(geo_name: str, targets: list[int], family: str | None = None, only: set[tuple[str, str]] | None = None,
           workdir: Path | None = None, log=print) -> dict[str, dict[str, dict[str, list[int]]]]:
     """{kernel: {config label: {"sm_<t>": [registers, spill]}}} of every tuning candidate the recipes of
-    `geo_name`'s family launch (or only the (kernel, label) pairs in `only`), fp32 state."""
+    `geo_name`'s family launch (or only the (kernel, label) pairs in `only`), fp32 state; a route-keyed kernel is
+    named "kernel[route]" (record_name). A candidate that two recipes build at the same name keeps the most
+    registers and spill bytes of the two."""
     from experiments.report.kernels.recipes import RECIPES, _tune_candidates, family_of
+    from replayssm import launch_table
 
     geom = get_geometry(geo_name)
     out: dict[str, dict[str, dict[str, list[int]]]] = {}
@@ -60,16 +68,36 @@ def audit(geo_name: str, targets: list[int], family: str | None = None, only: se
                     continue
                 for label, ctx in _tune_candidates(recipe, geom, target, torch.float32):
                     kernel, config = label.removeprefix("tune=").removesuffix(" (dropped)").split(":", 1)
-                    if only is not None and (kernel, config) not in only:
+                    if only is not None and not any(c == config and k.split("[")[0] == kernel for k, c in only):
                         continue
-                    with aot_environment(target), capture_launches() as launches, ctx:
+                    with aot_environment(target), capture_launches() as launches, launch_table.record() as seen, \
+                            ctx:
                         recipe.run(geom, torch.device("cpu"), torch.float32)
+                    name = record_name(kernel, {route_of(x.key) for x in seen if x.kernel == kernel})
+                    if only is not None and (name, config) not in only and (kernel, config) not in only:
+                        continue
                     builds = [builder.build(launch, target)[1] for launch in launches]
                     regs = max(b.registers or 0 for b in builds)
                     spill = max(b.spill or 0 for b in builds)
-                    out.setdefault(kernel, {}).setdefault(config, {})[f"sm_{target}"] = [regs, spill]
-                    log(f"  sm_{target} {geo_name} {kernel} {config}: {regs} registers, {spill} B spilled")
+                    targets = out.setdefault(name, {}).setdefault(config, {})
+                    old = targets.get(f"sm_{target}", [0, 0])
+                    targets[f"sm_{target}"] = [max(regs, old[0]), max(spill, old[1])]
+                    log(f"  sm_{target} {geo_name} {name} {config}: {regs} registers, {spill} B spilled")
     return out
+
+
+def route_of(entry_key: str) -> str | None:
+    """The route of a launch's entry key ("K=128,L=16,V=128,route=output_only|float32"), or None."""
+    fields = dict(part.split("=", 1) for part in entry_key.split("|")[0].split(",") if "=" in part)
+    return fields.get("route")
+
+
+def record_name(kernel: str, routes: set[str | None]) -> str:
+    """The record's name of `kernel` launched at `routes` (one route, or None: not route-keyed)."""
+    if len(routes) > 1:
+        raise ValueError(f"{kernel}: one recipe launched it at several routes {sorted(routes, key=str)}")
+    route = next(iter(routes), None)
+    return f"{kernel}[{route}]" if route else kernel
 
 
 def dumps(record: dict) -> str:
@@ -88,13 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     result = audit(args.geometry, args.target or list(TARGETS), args.family,
                    log=lambda s: print(s, file=sys.stderr, flush=True))
-    for (kernel, _, fields), reason in sorted(audited_spills({triton_version(): {args.geometry: result}}).items()):
-        print(f"{kernel} {','.join(f'{k}={v}' for k, v in fields)}: {reason}")
-    if args.write:
-        record = load_record()
-        record.setdefault(triton_version(), {})[args.geometry] = result
-        RECORD.write_text(dumps(record))
-        print(f"written: {RECORD}")
+    spills = audited_spills({triton_version(): {args.geometry: result}})
+    for (kernel, route, fields), reason in sorted(spills.items(), key=str):
+        print(f"{record_name(kernel, {route})} {','.join(f'{k}={v}' for k, v in fields)}: {reason}")
+    if args.write:        # under a lock: the audits of two Triton versions may run side by side
+        with locked(Path(tempfile.gettempdir()) / "replayssm_tune_audit.lock"):
+            record = load_record()
+            record.setdefault(triton_version(), {})[args.geometry] = result
+            RECORD.write_text(dumps(record))
+        print(f"written: {RECORD} (triton {triton_version()}, {args.geometry})")
     return 0
 
 
