@@ -60,7 +60,7 @@ def ar_fold_kernel(
     decay0, w = replay_weights(tl.load(gbuf_ptr + offs_c * stride_gb_l, mask=mask_c, other=0.0), mask_c, 0)
     U = tl.load(ubuf_ptr + offs_c[None, :] * stride_u_l + offs_v[:, None],
                 mask=mask_v[:, None] & mask_c[None, :], other=0.0).to(tl.float32) * w[None, :]     # [BV, BC]
-    for kt in tl.range(0, triton.cdiv(K, BKT)):
+    for kt in tl.range(0, (K + BKT - 1) // BKT):        # constexpr bound: a loop, not unrolled
         offs_k = kt * BKT + tl.arange(0, BKT)
         mask_k = offs_k < K
         s_ptrs = state_ptr + offs_v[:, None] * stride_s_v + offs_k[None, :]
