@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm import launch_table
+from replayssm import launch_registry, launch_table
 from replayssm.checks import (
     NULL_SLOT,
     STATE_DTYPES,
@@ -48,7 +48,7 @@ def recurrent_launch_config(K: int, V: int, state_dtype: torch.dtype, arch: int,
     """This device's tuned entry for kernel "gdn_recurrent" (per_channel: "kda_recurrent", the KDA build,
     tuned apart) in replayssm/launch_table.py, else the default."""
     kernel = "kda_recurrent" if per_channel else "gdn_recurrent"
-    return launch_table.resolve(kernel, {"K": K, "V": V}, state_dtype, arch,
+    return launch_table.resolve(kernel, launch_registry.key(kernel, K=K, V=V), state_dtype, arch,
                                 default_recurrent_config(K, V, state_dtype, arch))
 
 

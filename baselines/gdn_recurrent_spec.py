@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm import launch_table
+from replayssm import launch_registry, launch_table
 from replayssm.checks import (
     ACT_DTYPES,
     NULL_SLOT,
@@ -90,8 +90,8 @@ def serial_launch_config(geometry: GDNGeometry, device, state_dtype=None, kernel
     entry never reaches it: KDA's verify holds more registers) in replayssm/launch_table.py, else the default."""
     arch = kernel_arch(device)
     if per_channel:
-        kernel = launch_table.kda_name(kernel)
-    return launch_table.resolve(kernel, {"K": geometry.K, "V": geometry.V}, state_dtype, arch,
+        kernel = launch_registry.KDA_BUILD[kernel]       # the KDA build: its own declaration and table entry
+    return launch_table.resolve(kernel, launch_registry.key(kernel, geometry), state_dtype, arch,
                                 default_serial_config(geometry, arch))
 
 

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm import launch_table
+from replayssm import launch_registry, launch_table
 from replayssm.checks import kernel_arch, next_pow2
 
 MAX_DSTATE = 256  # dstate is held whole in one tile row; beyond this the tile would spill
@@ -62,7 +62,7 @@ def launch_config(headdim: int, dstate: int, state_dtype: torch.dtype, device,
     """(BLOCK_M, BLOCK_N, num_warps) for a [BLOCK_M, dstate] state tile of `kernel` (one of KERNELS): this
     device's tuned entry, else the default rule."""
     arch = kernel_arch(device)
-    return launch_table.resolve(kernel, {"headdim": headdim, "dstate": dstate}, state_dtype, arch,
+    return launch_table.resolve(kernel, launch_registry.key(kernel, headdim=headdim, dstate=dstate), state_dtype, arch,
                                 default_launch_config(headdim, dstate, state_dtype, arch))
 
 

@@ -148,7 +148,7 @@ def tuning_lines(cal: dict, target: dict, overrides: list[str]) -> list[Line]:
         plan = expand(config_dict(load_config(exp, base + overrides)))
         pts = [p for p in plan.points if p.backend == "triton" and p.method in ("baseline_ar", "baseline_spec",
                                                                                  "commit_replay_spec")
-               and any((k, _entry(tune, k, p, plan)) in tuned for k in tune.KERNELS_OF.get((p.method, p.family), ()))]
+               and any((k, _entry(tune, k, p, plan)) in tuned for k in tune.kernels_of(p))]
         extra.append(kernel_line(dataclasses.replace(plan, points=pts), cal, target))
     lines.append(Line("default rows", sum(x.points for x in extra), sum(x.host_s for x in extra),
                       sum(x.device_s for x in extra), note="tuned baselines timed again under their default configs"))

@@ -10,7 +10,7 @@ cache is built as the sweep builds it (experiments/harness: the same Workload, a
 commit), and each phase of its step (AR: step; spec: verify, then commit after one verify; replay_spec also a
 chain-tree verify, below) is run once under `launch_table.record()` to learn which kernels it launches and at
 which key. Each kernel that has a search
-space (SPACES below) is then tuned once per (kernel, key, state dtype) by replayssm/tuning.py: state-safe
+space (its declaration's, below) is then tuned once per (kernel, key, state dtype) by replayssm/tuning.py: state-safe
 (every cache tensor and the output are snapshotted and restored), each candidate checked against the default
 config's outputs and state, then timed with triton.testing.do_bench (cold L2, 5 ms warm-up, 20 ms of
 repetitions: the same budget for every candidate of every kernel, ReplaySSM and baselines alike). The
@@ -18,36 +18,15 @@ fastest candidate goes into replayssm/launch_tables/<device>.json (only the fiel
 the default's time and the batch it was tuned at); every later run on that GPU model reads it, and rows say
 launch_source=tuned.
 
-The search spaces (Triton-only: block sizes, warps, stages where a loop can pipeline); a candidate larger than
-the padded dimension it tiles is left out:
-
-    kernel(s)                                      fields                 values                       max
-    mamba2_ssu_ar, mamba2_ssu_spec (baselines),    block_m x num_warps    {4,8,16,32} x {1,2,4,8}      16
-      mamba2_cr_verify, mamba2_cr_commit
-    gdn_recurrent (baseline)                       block_v x num_warps    {8,16,32} x {1,2,4,8}        12
-    gdn_spec_verify, gdn_cr_verify, gdn_cr_commit  BV x num_warps         {8,16,32} x {1,2,4,8}        12
-    mamba2_replay_ar (step + flush, per route)     block_m x num_warps    {16,32,64} x {1,2,4,8}       12
-    gdn_replay_ar (step + flush, per route)        block_v x num_warps x  {16,32,64} x {2,4,8} x {1,2} 18
-                                                   num_stages
-    mamba2_replay_spec (scatter + verify)          spec_kernels.spec_tile_candidates: dstate chunk     11
-                                                   {16,32,64} x warps {2,4,8} x T pad {min,32}, less
-                                                   the spilling ones (SPEC_TILE_DROPPED)
-    gdn_replay_spec (verify)                       BV x BKT x num_warps   {16,32} x {16,32} x {2,4,8}  12
-    mamba2_replay_tree (scatter + tree verify)     mamba2_replay_spec's without the T pad (a tree      6
-                                                   launch does not pad the window): dstate chunk
-                                                   {16,32,64} x warps {2,4,8}, less SPEC_TILE_DROPPED
-    gdn_replay_tree (tree verify)                  as gdn_replay_spec     {16,32} x {16,32} x {2,4,8}  12
-    kda_recurrent, kda_spec_verify, kda_cr_verify, the space of the GDN twin (gdn_twin)          as GDN
-      kda_cr_commit, kda_replay_ar, kda_replay_spec,
-      kda_replay_tree
-less the candidates that spill in the AOT build (TUNE_DROPPED, with the reason): 12 GDN / Mamba-2 ones at the
-checked geometries (written out below), and every kda_ candidate that spills at Kimi-Linear's geometry for sm_90
-or sm_100 in any Triton version of the AOT audit record (experiments/tune_audit.json, written by
-experiments/report/kernels/tune_audit.py; tests/report/test_tune_audit.py fails when a candidate of a kda_
-space is not in the record or the record no longer matches the compiler).
-KDA runs GDN's kernels with PER_CHANNEL=True, which holds more registers (KDA's spec verify spills at 2 warps
-where GDN's does not), so every KDA launch resolves under a kda_ name (launch_table.kda_name) and is tuned
-apart: a GDN entry is never applied to a KDA launch.
+The search spaces, the dropped candidates and the keys are the kernels' declarations in
+replayssm/launch_registry.py (one entry per kernel: name, key fields, default rule, space, drops; a KDA build of
+a GDN kernel is its own kda_ entry, tuned apart, so a GDN entry is never applied to a KDA launch). Triton-only:
+block sizes, warps, stages where a loop can pipeline; a candidate larger than the padded dimension it tiles is
+left out. Less the candidates that spill in the AOT build: the declarations' drops (GDN / Mamba-2 at the checked
+geometries), and every kda_ candidate that spills at Kimi-Linear's geometry for sm_90 or sm_100 in any Triton
+version of the AOT audit record (experiments/tune_audit.json, written by experiments/report/kernels/tune_audit.py;
+tests/report/test_tune_audit.py fails when a candidate of a kda_ space is not in the record or the record no
+longer matches the compiler).
 The tree verifies are tuned at the spec points (replay_spec's third phase, tree_verify): the family's
 tree_verify on the point's ring with a chain tree of spec_T nodes, keyed like the chain verify (the window is N);
 the ancestor mask is a constexpr switch, so tiles and registers depend on N and not on the tree's shape.
@@ -60,7 +39,6 @@ few bytes).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import sys
@@ -69,6 +47,7 @@ import time
 from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -78,48 +57,23 @@ from experiments.harness.methods import REGISTRY
 from experiments.harness.points import Plan, Point, expand
 from experiments.harness.workload import Workload
 from experiments.published import CLAIMS
-from replayssm import launch_table, tuning
-from replayssm.checks import interpreter_active, kernel_arch, next_pow2
+from replayssm import launch_registry, launch_table, tuning
+from replayssm.checks import interpreter_active, kernel_arch
 
 EXPERIMENTS = ("kernel_decode", "kernel_spec")
 MAX_CANDIDATES = 18           # the budget: no kernel's space is larger (each candidate: one do_bench)
 
 
-def _grid(**axes) -> list[dict]:
-    names = list(axes)
-    return [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))]
-
-
-def _fits(values, limit: int) -> list[int]:
-    """The values no larger than `limit` padded to a power of 2 (a taller tile only adds masked rows)."""
-    return [v for v in values if v <= max(1, next_pow2(limit))]
-
-
-# Candidates that spill in the AOT build (scripts/kernels/kernel_report.py --tune-space --target 90
-# --fp32-state-only, Super-120B and Qwen3.5-122B at TP1, triton 3.7.1): left out of the space everywhere, with
-# the reason. (kernel, route or None, fields) -> registers / spill bytes of that build.
-TUNE_DROPPED: dict[tuple, str] = {
-    **{("mamba2_replay_ar", "output_only", (("block_m", m), ("num_warps", w))): f"sm_90 spills {b} B ({r} registers)"
-       for m, w, r, b in ((32, 1, 255, 320), (32, 2, 254, 8), (32, 4, 128, 8), (64, 1, 255, 4188),
-                          (64, 2, 255, 316))},
-    **{("mamba2_replay_ar", "state_and_output", (("block_m", m), ("num_warps", w))):
-       f"sm_90 spills {b} B ({r} registers)" for m, w, r, b in ((32, 1, 255, 316), (64, 1, 255, 4504),
-                                                                (64, 2, 255, 516))},
-    ("mamba2_ssu_spec", None, (("block_m", 32), ("num_warps", 1))): "sm_90 spills 44 B (255 registers)",
-    **{("gdn_replay_ar", None, (("block_v", 64), ("num_warps", 2), ("num_stages", s))): "sm_90 spills 664 B "
-       "(255 registers)" for s in (1, 2)},
-    ("gdn_spec_verify", None, (("BV", 32), ("num_warps", 1))): "sm_90 spills 48 B (255 registers)",
-}
 # The AOT audit record of the tuning spaces: {triton version: {geometry: {kernel: {config label: {"sm_<t>":
 # [registers, spill bytes]}}}}} (experiments/report/kernels/tune_audit.py; the KDA spaces at Kimi-Linear).
 TUNE_AUDIT = Path(__file__).with_name("tune_audit.json")
-AUDITED_FAMILIES = ("kda_",)      # kernels whose drops come from the record rather than the list above
+AUDITED_FAMILIES = ("kda_",)      # kernels whose drops come from the record rather than their declaration
 
 
 def audited_spills(record: dict | None = None) -> dict[tuple, str]:
-    """TUNE_DROPPED entries of every candidate that spills in the audit record (any version, geometry, target),
-    keyed like TUNE_DROPPED, with the reason: a record kernel "name[route]" (a route-keyed kernel, audited per
-    route) drops it at that route, a plain "name" at every route (None)."""
+    """Dropped candidates of every candidate that spills in the audit record (any version, geometry, target),
+    keyed (kernel, route or None, fields), with the reason: a record kernel "name[route]" (a route-keyed kernel,
+    audited per route) drops it at that route, a plain "name" at every route (None)."""
     if record is None:
         record = json.loads(TUNE_AUDIT.read_text()) if TUNE_AUDIT.is_file() else {}
     reasons: dict[tuple, list[str]] = {}
@@ -137,6 +91,9 @@ def audited_spills(record: dict | None = None) -> dict[tuple, str]:
     return {key: "; ".join(why) for key, why in reasons.items()}
 
 
+# Every dropped candidate: the declarations' own (replayssm/launch_registry.py) and the audit record's.
+TUNE_DROPPED: dict[tuple, str] = {(name, route, fields): why for name, k in launch_registry.KERNELS.items()
+                                  for (route, fields), why in k.dropped.items()}
 TUNE_DROPPED.update(audited_spills())
 
 
@@ -149,76 +106,25 @@ def dropped_reason(kernel: str, key: dict, cand) -> str | None:
 
 
 def candidates(kernel: str, key: dict, include_dropped: bool = False) -> list:
-    """The search space of `kernel` at `key` (see the module docstring; less TUNE_DROPPED unless
-    `include_dropped`, which the AOT report builds to keep the reasons true); [] when it has none."""
-    space = _space(kernel, key)
+    """The search space of `kernel` at `key` (its declaration's; less TUNE_DROPPED unless `include_dropped`,
+    which the AOT report builds to keep the reasons true); [] when it has none."""
+    space = launch_registry.spec(kernel).candidates(key)
     return space if include_dropped else [c for c in space if dropped_reason(kernel, key, c) is None]
 
 
-def gdn_twin(kernel: str) -> str:
-    """A kda_ kernel's GDN twin (the same Triton kernel, built with PER_CHANNEL): 'kda_x' -> 'gdn_x'."""
-    return "gdn_" + kernel[len("kda_"):] if kernel.startswith("kda_") else kernel
-
-
-def _space(kernel: str, key: dict) -> list:
-    kernel = gdn_twin(kernel)          # a KDA build searches its GDN twin's space, under its own name
-    if kernel in ("mamba2_ssu_ar", "mamba2_ssu_spec", "mamba2_cr_verify", "mamba2_cr_commit"):
-        return _grid(block_m=_fits((4, 8, 16, 32), key["headdim"]), num_warps=(1, 2, 4, 8))
-    if kernel == "gdn_recurrent":
-        return _grid(block_v=_fits((8, 16, 32), key["V"]), num_warps=(1, 2, 4, 8))
-    if kernel in ("gdn_spec_verify", "gdn_cr_verify", "gdn_cr_commit"):
-        return _grid(BV=_fits((8, 16, 32), key["V"]), num_warps=(1, 2, 4, 8))
-    if kernel == "mamba2_replay_ar":
-        return _grid(block_m=_fits((16, 32, 64), max(16, key["headdim"])), num_warps=(1, 2, 4, 8))
-    if kernel == "gdn_replay_ar":
-        return _grid(block_v=_fits((16, 32, 64), max(16, key["V"])), num_warps=(2, 4, 8), num_stages=(1, 2))
-    if kernel == "mamba2_replay_spec":
-        from replayssm.mamba2.spec_kernels import spec_tile_candidates
-
-        return spec_tile_candidates(key["headdim"], key["window"])
-    if kernel == "mamba2_replay_tree":          # the chain's tiles; the tree launch ignores block_t (no padding)
-        from replayssm.mamba2.spec_kernels import spec_tile_candidates
-
-        return [c for c in spec_tile_candidates(key["headdim"], key["window"]) if c.block_t is None]
-    if kernel in ("gdn_replay_spec", "gdn_replay_tree"):
-        return _grid(BV=_fits((16, 32), max(16, key["V"])), BKT=_fits((16, 32), max(16, key["K"])),
-                     num_warps=(2, 4, 8))
-    return []
-
-
-# The tunable kernels each (method, family) launches per step (what `discover` finds at run time; the budget
-# estimate counts tuning jobs from it without running anything).
-KERNELS_OF = {
-    ("baseline_ar", "mamba2"): ("mamba2_ssu_ar",), ("baseline_ar", "gdn"): ("gdn_recurrent",),
-    ("replay_ar", "mamba2"): ("mamba2_replay_ar",), ("replay_ar", "gdn"): ("gdn_replay_ar",),
-    ("baseline_spec", "mamba2"): ("mamba2_ssu_spec",), ("baseline_spec", "gdn"): ("gdn_spec_verify",),
-    ("commit_replay_spec", "mamba2"): ("mamba2_cr_verify", "mamba2_cr_commit"),
-    ("commit_replay_spec", "gdn"): ("gdn_cr_verify", "gdn_cr_commit"),
-    ("replay_spec", "mamba2"): ("mamba2_replay_spec", "mamba2_replay_tree"),
-    ("replay_spec", "gdn"): ("gdn_replay_spec", "gdn_replay_tree"),      # the tree: a chain tree (see phases)
-}
-# KDA launches GDN's kernels with PER_CHANNEL=True, keyed under kda_ names (launch_table.kda_name).
-KERNELS_OF.update({(method, "kda"): tuple(launch_table.kda_name(k) for k in kernels)
-                   for (method, family), kernels in list(KERNELS_OF.items()) if family == "gdn"})
+def kernels_of(p: Point) -> tuple[str, ...]:
+    """The tunable kernels point `p`'s method launches per step (what `discover` finds at run time; the budget
+    estimate counts tuning jobs from it without running anything)."""
+    return launch_registry.kernels_of(p.method, p.family, p.route)
 
 
 def static_key(kernel: str, p: Point, geometry) -> dict:
-    """The geometry key `kernel`'s launch-config function resolves at point `p` (for counting jobs)."""
-    g = vars(geometry) if hasattr(geometry, "__dict__") else dict(geometry)
-    if kernel.startswith("mamba2_"):
-        key = {"headdim": g["headdim"], "dstate": g["dstate"]}
-        if kernel == "mamba2_replay_ar":
-            key.update(L=p.buffer_len, route=p.route)
-        if kernel in ("mamba2_replay_spec", "mamba2_replay_tree"):
-            key.update(ring_len=p.history_len, window=p.spec_T)
-        return key
-    key = {"K": g["K"], "V": g["V"]}
-    kernel = gdn_twin(kernel)
-    if kernel == "gdn_replay_ar":
-        key.update(L=p.buffer_len, route=p.route)
-    if kernel in ("gdn_replay_spec", "gdn_replay_tree"):
-        key.update(history=p.history_len, window=p.spec_T)
-    return key
+    """The key `kernel`'s launch-config function resolves at point `p`: the declaration's key function, the
+    one the launch function calls."""
+    if not hasattr(geometry, "__dict__"):
+        geometry = SimpleNamespace(**dict(geometry))
+    return launch_registry.key(kernel, geometry, L=p.buffer_len, route=p.route, window=p.spec_T,
+                               history=p.history_len)
 
 
 def jobs(plans: list[tuple[Plan, list[Point]]]) -> dict[tuple, tuple[int, Point]]:
@@ -227,7 +133,7 @@ def jobs(plans: list[tuple[Plan, list[Point]]]) -> dict[tuple, tuple[int, Point]
     for plan, points in plans:
         for p in points:
             geometry = plan.models[p.model_key].geometry
-            for kernel in KERNELS_OF.get((p.method, p.family), ()):
+            for kernel in kernels_of(p):
                 key = static_key(kernel, p, geometry)
                 job = (kernel, launch_table.entry_key(key, p.state_dtype))
                 if job not in out:

@@ -40,6 +40,8 @@ from pathlib import Path
 import torch
 
 from replayssm.checks import aot_capture_active
+from replayssm.launch_registry import KERNELS
+from replayssm.launch_registry import spec as launch_spec
 
 TABLE_ENV = "REPLAYSSM_LAUNCH_TABLES"
 DEFAULT_DIR = Path(__file__).parent / "launch_tables"
@@ -70,15 +72,6 @@ class Launch:
 
 def config_label(config: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in config.items())
-
-
-def kda_name(kernel: str) -> str:
-    """'gdn_x' -> 'kda_x': the table name of a GDN kernel's PER_CHANNEL (KDA) build. The KDA family launches
-    GDN's kernels with PER_CHANNEL=True, which changes their register needs: each build is keyed apart, so a
-    GDN entry is never applied to a KDA launch."""
-    if not kernel.startswith("gdn_"):
-        raise ValueError(f"{kernel!r} is not a GDN kernel name")
-    return "kda_" + kernel[len("gdn_"):]
 
 
 def slug(name: str) -> str:
@@ -195,7 +188,10 @@ def _lookup(kernel: str, key: dict, state_dtype, arch: int) -> tuple[str, str, d
 
 
 def resolve(kernel: str, key: dict, state_dtype, arch: int, default):
-    """The config to launch `kernel` with at this geometry (see the module docstring); records it."""
+    """The config to launch `kernel` with at this geometry (see the module docstring); records it. `kernel` must
+    be declared in replayssm/launch_registry.py, whose key function built `key`."""
+    if kernel not in KERNELS:
+        launch_spec(kernel)                  # raises: the error names the declared kernels
     cfg, source = default, "default"
     forced = active_override(kernel) if _overrides else None
     if forced is not None:

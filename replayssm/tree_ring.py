@@ -32,7 +32,7 @@ import weakref
 
 import torch
 
-from replayssm import launch_table, ring_cursors
+from replayssm import launch_registry, launch_table, ring_cursors
 from replayssm.checks import check_backend, check_same_device, check_slots, kernel_arch, next_pow2, skip_value_checks
 
 MOVE_TILE = 4096  # elements per program of the Triton move kernel (heads split over programs beyond it)
@@ -290,7 +290,8 @@ def _commit_triton(ring, fields, path, num_accepted, slots) -> None:
     if depth > 1:
         # kernel "tree_ring_move" in the launch tables (replayssm/launch_table.py): no tuning space yet (its
         # time is a copy of the accepted path's rows), so the default unless a table names one
-        cfg = launch_table.resolve("tree_ring_move", {"depth": depth}, ring.state.dtype, kernel_arch(path.device),
+        cfg = launch_table.resolve("tree_ring_move", launch_registry.key("tree_ring_move", depth=depth),
+                                   ring.state.dtype, kernel_arch(path.device),
                                    {"move_tile": MOVE_TILE, "num_warps": 4})
         for name in fields:                               # moves first: they read the cursors before the advance
             f = getattr(ring, name)

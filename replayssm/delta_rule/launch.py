@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from replayssm import launch_table
+from replayssm import launch_registry, launch_table
 from replayssm.checks import NULL_SLOT, kernel_arch, next_pow2
 from replayssm.delta_rule.ar_fold import ar_fold_kernel
 from replayssm.delta_rule.ar_prep import ar_prep_kernel
@@ -64,7 +64,7 @@ def default_ar_config(kernel: str, K: int, V: int, arch: int) -> ArLaunchConfig:
 
 def ar_config(kernel: str, K: int, V: int, L: int, state_dtype, arch: int) -> ArLaunchConfig:
     """This device's tuned entry for `kernel` at (K, V, L), else the default rule."""
-    return launch_table.resolve(kernel, {"K": K, "V": V, "L": L}, state_dtype, arch,
+    return launch_table.resolve(kernel, launch_registry.key(kernel, K=K, V=V, L=L), state_dtype, arch,
                                 default_ar_config(kernel, K, V, arch))
 
 

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm import launch_table
+from replayssm import launch_registry, launch_table
 from replayssm.checks import NULL_SLOT, check_route, kernel_arch, next_pow2
 
 MAX_K = 256  # q and k are loaded whole (for the L2 norm and k . q): beyond this they do not fit registers
@@ -64,12 +64,8 @@ def replay_launch_config(K: int, V: int, state_dtype: torch.dtype, arch: int, L:
     per_channel: the KDA build of the same kernel, resolved under its kda_ name (kda_replay_ar,
     kda_replay_materialize): its register needs differ, so a GDN entry is never applied to it."""
     if per_channel:
-        kernel = launch_table.kda_name(kernel)
-    key = {"K": K, "V": V}
-    if L is not None:
-        key["L"] = L
-    if route is not None:
-        key["route"] = route
+        kernel = launch_registry.KDA_BUILD[kernel]       # the KDA build: its own declaration and table entry
+    key = launch_registry.key(kernel, K=K, V=V, L=L, route=route)
     return launch_table.resolve(kernel, key, state_dtype, arch,
                                 default_replay_config(K, V, state_dtype, arch, route or "state_and_output"))
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from replayssm import launch_table
+from replayssm import launch_registry, launch_table
 from replayssm.checks import NULL_SLOT, kernel_arch, next_pow2
 from replayssm.geometry import GDNGeometry
 from replayssm.mamba2.spec_kernels import MAX_NODES, ancestor_bits
@@ -64,7 +64,7 @@ def launch_config(geometry: GDNGeometry, history_len: int, window: int, device, 
     `default_launch_config`. TW and BC follow the window and history: a tuned entry changes only BV, BKT and
     num_warps (the space of experiments/tune.py)."""
     arch = kernel_arch(device)
-    key = {"K": geometry.K, "V": geometry.V, "history": history_len, "window": window}
+    key = launch_registry.key(kernel, geometry, history=history_len, window=window)
     return launch_table.resolve(kernel, key, state_dtype, arch,
                                 default_launch_config(geometry, history_len, window, arch, per_channel,
                                                       tree=kernel.endswith("_replay_tree")))

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replayssm import launch_table
+from replayssm import launch_registry, launch_table
 from replayssm.checks import (
     check_backend,
     check_dtype,
@@ -64,7 +64,7 @@ def launch_config(geometry: Mamba2Geometry, buffer_len: int, route: str, arch: i
                   kernel: str = "mamba2_replay_ar") -> LaunchConfig:
     """The config of `kernel` (mamba2_replay_ar: the step and its flush; mamba2_replay_materialize): this
     device's tuned entry (replayssm/launch_table.py, keyed by headdim, dstate, L and route), else the rule."""
-    key = {"headdim": geometry.headdim, "dstate": geometry.dstate, "L": buffer_len, "route": route}
+    key = launch_registry.key(kernel, geometry, L=buffer_len, route=route)
     return launch_table.resolve(kernel, key, state_dtype, arch, default_launch_config(geometry, buffer_len, route,
                                                                                       arch))
 

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm import launch_table
+from replayssm import launch_registry, launch_table
 from replayssm.checks import kernel_arch, next_pow2
 from replayssm.mamba2.cache import SpecRing
 from replayssm.tree_ring import ancestor_tables
@@ -350,7 +350,7 @@ def launch_config(headdim: int, dstate: int, ring_len: int, arch: int, window: i
                   state_dtype=None, kernel: str = "mamba2_replay_spec") -> SpecLaunchConfig:
     """The launch config of `kernel` (one of KERNELS) for a geometry on an architecture (checks.kernel_arch:
     0 = interpreter): a `launch_table.override`, else this device's tuned entry, else `default_launch_config`."""
-    key = {"headdim": headdim, "dstate": dstate, "ring_len": ring_len, "window": window}
+    key = launch_registry.key(kernel, headdim=headdim, dstate=dstate, ring_len=ring_len, window=window)
     return launch_table.resolve(kernel, key, state_dtype, arch, default_launch_config(headdim, dstate, ring_len, arch))
 
 

@@ -14,7 +14,7 @@ from experiments import tune
 from experiments.harness.entry import load_config
 from experiments.harness.points import expand
 from experiments.kernel.run import DEFAULT_SUFFIX, run_experiment
-from replayssm import launch_table, tuning
+from replayssm import launch_registry, launch_table, tuning
 from replayssm.checks import interpreter_active
 
 pytestmark = pytest.mark.skipif(not interpreter_active(), reason="runs the Triton kernels in the interpreter")
@@ -137,7 +137,7 @@ def test_every_space_fits_the_budget():
     for kernel in ("mamba2_ssu_ar", "mamba2_ssu_spec", "mamba2_cr_verify", "mamba2_cr_commit", "gdn_recurrent",
                    "gdn_spec_verify", "gdn_cr_verify", "gdn_cr_commit", "mamba2_replay_ar", "gdn_replay_ar",
                    "mamba2_replay_spec", "gdn_replay_spec", "mamba2_replay_tree", "gdn_replay_tree",
-                   *(k for kernels in tune.KERNELS_OF.values() for k in kernels if k.startswith("kda_"))):
+                   *(k for k, s in launch_registry.KERNELS.items() if s.family == "kda" and s.space is not None)):
         for g in geos:
             space = tune.candidates(kernel, g)
             assert 1 <= len(space) <= tune.MAX_CANDIDATES, kernel
@@ -160,9 +160,10 @@ KDA = ["sweep=smoke", "sweep.on_cpu.backend=triton", "sweep.on_cpu.batch=[2]", "
 
 
 def test_kda_points_tune_under_kda_names_and_never_read_a_gdn_entry(tables):
-    """KDA launches GDN's kernels with PER_CHANNEL: every KDA launch resolves under a kda_ name (KERNELS_OF's
-    kda rows, the GDN twin's space less the kda_ drops of the AOT audit), and a gdn_ entry at the same key leaves
-    a KDA launch alone."""
+    """KDA launches GDN's kernels with PER_CHANNEL: every KDA launch resolves under its own kda_ declaration
+    (replayssm/launch_registry.py: the GDN build's space less the kda_ drops of the AOT audit), and a gdn_ entry
+    at the same key leaves a KDA launch alone."""
+    gdn_build = {kda: gdn for gdn, kda in launch_registry.KDA_BUILD.items()}
     launches: dict[str, str] = {}
     for experiment in tune.EXPERIMENTS:
         ((plan, points),) = tune.plan_points([experiment], KDA, claims_only=False)
@@ -174,13 +175,13 @@ def test_kda_points_tune_under_kda_names_and_never_read_a_gdn_entry(tables):
                 launches.update((x.kernel, x.key) for x in log)
                 seen |= {x.kernel for x in log}
             assert not any(k.startswith("gdn_") for k in seen), seen
-            assert set(tune.KERNELS_OF[(p.method, "kda")]) <= seen, (p.method, seen)
+            assert set(tune.kernels_of(p)) <= seen, (p.method, seen)
     tunable = {k for k in launches if tune.candidates(k, _parsed(launches[k]))}
     assert {"kda_recurrent", "kda_replay_ar", "kda_spec_verify", "kda_cr_verify", "kda_cr_commit",
             "kda_replay_spec"} <= tunable
     for kernel in tunable:
         # the GDN twin's space, less the kda_ candidates the AOT audit saw spill (tune.audited_spills)
-        twin, key = tune.gdn_twin(kernel), _parsed(launches[kernel])
+        twin, key = gdn_build[kernel], _parsed(launches[kernel])
         assert tune.candidates(kernel, key) == [c for c in tune.candidates(twin, key, include_dropped=True)
                                                 if tune.dropped_reason(kernel, key, c) is None]
         assert all(k[0] != kernel or "triton" in why for k, why in tune.TUNE_DROPPED.items())
@@ -195,7 +196,7 @@ def test_kda_points_tune_under_kda_names_and_never_read_a_gdn_entry(tables):
     assert all(same_bits(t, b) for t, b in zip(ar.touched, before))
 
     # a GDN entry at every key a KDA launch resolves: the KDA launches keep their defaults
-    gdn_entries = {tune.gdn_twin(k): {key: {"config": {"num_warps": 1}}} for k, key in launches.items()}
+    gdn_entries = {gdn_build[k]: {key: {"config": {"num_warps": 1}}} for k, key in launches.items()}
     launch_table.save("interpreter", gdn_entries, {}, tables)
     resolved = []
     for experiment in tune.EXPERIMENTS:

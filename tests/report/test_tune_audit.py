@@ -19,14 +19,15 @@ from pathlib import Path
 import pytest
 
 from experiments import tune
-from replayssm import launch_table
+from replayssm import launch_registry, launch_table
 from replayssm.checks import FAMILY_ROUTES
 from replayssm.geometry import get_geometry
 
 ROOT = Path(__file__).resolve().parents[2]
 GEOMETRY = "kimi_linear_48b_a3b"
 RECORD = json.loads(tune.TUNE_AUDIT.read_text())
-KDA_KERNELS = sorted({k for (method, family), kernels in tune.KERNELS_OF.items() if family == "kda" for k in kernels})
+KDA_KERNELS = sorted(k for k, s in launch_registry.KERNELS.items()          # the tuned kda_ declarations
+                     if s.family == "kda" and s.space is not None and s.launched_by)
 ROUTED = {"kda_replay_ar"}            # launch config keyed by the step's route (tune.static_key): audited per route
 
 

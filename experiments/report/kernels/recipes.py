@@ -358,7 +358,8 @@ def _tile_candidates(recipe: Recipe, geom, spec_tiles: bool) -> list[tuple[str, 
     return out
 
 
-TUNE_SPILL = "SPILL: a tuning candidate (reported, not a failure: drop it from experiments/tune.py's space)"
+TUNE_SPILL = ("SPILL: a tuning candidate (reported, not a failure: drop it in its declaration, "
+              "replayssm/launch_registry.py)")
 
 
 def _tune_candidates(recipe: Recipe, geom, target: int,

@@ -1,0 +1,243 @@
+"""Every Triton kernel with a launch config, declared once.
+
+A declaration (`KernelSpec`) says what a kernel's launch config depends on and how it may be tuned:
+
+    name        the launch table's key (replayssm/launch_table.py) and the tuner's job name; a KDA build of a
+                GDN kernel (PER_CHANNEL=True: other register needs) is its own entry, kda_*, declared here
+    family      the geometry it reads: mamba2 (headdim, dstate), gdn / kda (K, V), or "any"
+    key_fields  the fields of its key, in order: geometry fields and point fields (L, route, ring_len, window,
+                history, depth); `key(geometry, **point)` builds it for the launch function and for the tuner
+    default     where its hand rule lives ("module:function"), the config launched without a table entry
+    launched_by the (method, routes) pairs that launch it on every step (routes None: every route), from which
+                the tuner counts its jobs; () for a kernel outside the timed step (materialize, tree moves)
+    space       its tuning space at a key (a list of candidate configs or field dicts), or None: not tuned
+    dropped     candidates left out of the space, with the reason: {(route or None, fields): reason}; the AOT
+                audit record (experiments/tune_audit.json) adds the spills it finds at tune time
+
+The launch functions (replayssm/*/decode*.py, spec_kernels.py, delta_rule/launch.py, baselines/*), the tuner
+(experiments/tune.py: keys, spaces, drops, jobs), the AOT recipes and the audit record read these entries; a
+launch of an undeclared kernel is refused by launch_table.resolve.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+GEOMETRY_FIELDS = {"mamba2": ("headdim", "dstate"), "gdn": ("K", "V"), "kda": ("K", "V"), "any": ()}
+POINT_FIELDS = ("L", "route", "ring_len", "window", "history", "depth")
+# Key fields a point does not name but implies: a Mamba-2 spec ring holds B + T entries padded to a power of
+# two (replayssm/mamba2/cache.py SpecRing), so ring_len follows from the history B and the window T.
+DERIVED = {"ring_len": (("history", "window"), lambda history, window: next_pow2(history + window))}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    family: str
+    key_fields: tuple[str, ...]
+    default: str
+    launched_by: tuple[tuple[str, tuple[str, ...] | None], ...] = ()
+    space: Callable[[dict], list] | None = None
+    dropped: Mapping[tuple, str] = field(default_factory=dict)
+
+    def key(self, geometry=None, **point) -> dict:
+        """The key of a launch: each key field from `point` when given there, else from `geometry`'s attribute."""
+        out = {}
+        for f in self.key_fields:
+            if f in point:
+                out[f] = point[f]
+            elif geometry is not None and hasattr(geometry, f):
+                out[f] = getattr(geometry, f)
+            elif f in DERIVED and all(point.get(n) is not None for n in DERIVED[f][0]):
+                out[f] = DERIVED[f][1](*(point[n] for n in DERIVED[f][0]))
+            else:
+                raise ValueError(f"launch key of {self.name}: no value for {f!r} (fields {self.key_fields})")
+        return out
+
+    def launched(self, method: str, route: str | None) -> bool:
+        """Whether `method` at `route` launches this kernel on every step."""
+        return any(m == method and (routes is None or route in routes) for m, routes in self.launched_by)
+
+    def candidates(self, key: dict) -> list:
+        return [] if self.space is None else self.space(key)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def grid(**axes) -> list[dict]:
+    """Every combination of the axes, as field dicts in the axes' order."""
+    names = list(axes)
+    return [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))]
+
+
+def fits(values, limit: int) -> list[int]:
+    """The values no larger than `limit` padded to a power of 2 (a taller tile only adds masked rows)."""
+    return [v for v in values if v <= max(1, next_pow2(limit))]
+
+
+# ----------------------------------------------------------------------------------------------- spaces
+
+def _ssu_space(key: dict) -> list:
+    return grid(block_m=fits((4, 8, 16, 32), key["headdim"]), num_warps=(1, 2, 4, 8))
+
+
+def _mamba2_replay_ar_space(key: dict) -> list:
+    return grid(block_m=fits((16, 32, 64), max(16, key["headdim"])), num_warps=(1, 2, 4, 8))
+
+
+def _mamba2_spec_space(key: dict) -> list:
+    from replayssm.mamba2.spec_kernels import spec_tile_candidates  # deferred: the kernel module imports this one
+
+    return spec_tile_candidates(key["headdim"], key["window"])
+
+
+def _mamba2_tree_space(key: dict) -> list:
+    # the chain's tiles; the tree launch ignores block_t (no padding)
+    return [c for c in _mamba2_spec_space(key) if c.block_t is None]
+
+
+def _recurrent_space(key: dict) -> list:
+    return grid(block_v=fits((8, 16, 32), key["V"]), num_warps=(1, 2, 4, 8))
+
+
+def _serial_spec_space(key: dict) -> list:
+    return grid(BV=fits((8, 16, 32), key["V"]), num_warps=(1, 2, 4, 8))
+
+
+def _delta_replay_ar_space(key: dict) -> list:
+    return grid(block_v=fits((16, 32, 64), max(16, key["V"])), num_warps=(2, 4, 8), num_stages=(1, 2))
+
+
+def _delta_ring_space(key: dict) -> list:
+    return grid(BV=fits((16, 32), max(16, key["V"])), BKT=fits((16, 32), max(16, key["K"])), num_warps=(2, 4, 8))
+
+
+def _fold_route_step_space(key: dict) -> list:
+    return grid(block_v=fits((16, 32, 64), max(16, key["V"])), block_k=(32,), num_warps=(2, 4), num_stages=(1,))
+
+
+def _fold_route_fold_space(key: dict) -> list:
+    return grid(block_v=fits((16, 32), max(16, key["V"])), block_k=(32,), num_warps=(2, 4), num_stages=(1, 2))
+
+
+# ------------------------------------------------------------------------------------- dropped candidates
+# Candidates that spill in the AOT build (scripts/kernels/kernel_report.py --tune-space --target 90
+# --fp32-state-only, Super-120B and Qwen3.5-122B at TP1, triton 3.7.1): left out of the space everywhere.
+# (route or None, fields) -> registers / spill bytes of that build.
+def _spills(route, rows, **fixed) -> dict:
+    return {(route, tuple({**dict(zip(fixed["names"], vals))}.items())): f"sm_90 spills {b} B ({r} registers)"
+            for *vals, r, b in rows}
+
+
+_MAMBA2_REPLAY_AR_DROPPED = {
+    **_spills("output_only", ((32, 1, 255, 320), (32, 2, 254, 8), (32, 4, 128, 8), (64, 1, 255, 4188),
+                              (64, 2, 255, 316)), names=("block_m", "num_warps")),
+    **_spills("state_and_output", ((32, 1, 255, 316), (64, 1, 255, 4504), (64, 2, 255, 516)),
+              names=("block_m", "num_warps")),
+}
+_SSU_SPEC_DROPPED = _spills(None, ((32, 1, 255, 44),), names=("block_m", "num_warps"))
+_GDN_REPLAY_AR_DROPPED = _spills(None, ((64, 2, 1, 255, 664), (64, 2, 2, 255, 664)),
+                                 names=("block_v", "num_warps", "num_stages"))
+_GDN_SPEC_VERIFY_DROPPED = _spills(None, ((32, 1, 255, 48),), names=("BV", "num_warps"))
+
+
+# ------------------------------------------------------------------------------------------ declarations
+
+def _declare(*specs: KernelSpec) -> dict[str, KernelSpec]:
+    out: dict[str, KernelSpec] = {}
+    for s in specs:
+        if s.name in out:
+            raise ValueError(f"kernel {s.name} declared twice")
+        unknown = set(s.key_fields) - set(GEOMETRY_FIELDS[s.family]) - set(POINT_FIELDS)
+        if unknown:
+            raise ValueError(f"kernel {s.name}: unknown key fields {sorted(unknown)}")
+        out[s.name] = s
+    return out
+
+
+def _delta_rule(family: str, dropped_replay_ar=None, dropped_spec_verify=None) -> list[KernelSpec]:
+    """The kernels GDN and KDA share (KDA: the same Triton kernels with PER_CHANNEL=True), one entry each per
+    family: a GDN table entry never reaches a KDA launch."""
+    f = family
+    ring = ("K", "V", "history", "window")
+    return [
+        KernelSpec(f"{f}_replay_ar", f, ("K", "V", "L", "route"), "replayssm.gdn.decode_kernels:default_replay_config",
+                   (("replay_ar", ("output_only", "state_and_output")),), _delta_replay_ar_space,
+                   dropped_replay_ar or {}),
+        KernelSpec(f"{f}_replay_materialize", f, ("K", "V", "L"), "replayssm.gdn.decode_kernels:default_replay_config"),
+        KernelSpec(f"{f}_replay_spec", f, ring, "replayssm.gdn.spec_kernels:default_launch_config",
+                   (("replay_spec", None),), _delta_ring_space),
+        KernelSpec(f"{f}_replay_tree", f, ring, "replayssm.gdn.spec_kernels:default_launch_config",
+                   (("replay_spec", None),), _delta_ring_space),
+        KernelSpec(f"{f}_spec_materialize", f, ring, "replayssm.gdn.spec_kernels:default_launch_config"),
+        KernelSpec(f"{f}_recurrent", f, ("K", "V"), "baselines.gdn_recurrent:default_recurrent_config",
+                   (("baseline_ar", None),), _recurrent_space),
+        KernelSpec(f"{f}_spec_verify", f, ("K", "V"), "baselines.gdn_recurrent_spec:default_serial_config",
+                   (("baseline_spec", None),), _serial_spec_space, dropped_spec_verify or {}),
+        KernelSpec(f"{f}_cr_verify", f, ("K", "V"), "baselines.gdn_recurrent_spec:default_serial_config",
+                   (("commit_replay_spec", None),), _serial_spec_space),
+        KernelSpec(f"{f}_cr_commit", f, ("K", "V"), "baselines.gdn_recurrent_spec:default_serial_config",
+                   (("commit_replay_spec", None),), _serial_spec_space),
+    ]
+
+
+_SSU = "baselines.mamba2_ssu_kernels:default_launch_config"
+_M2_AR = "replayssm.mamba2.decode:default_launch_config"
+_M2_SPEC = "replayssm.mamba2.spec_kernels:default_launch_config"
+_FOLD = "replayssm.delta_rule.launch:default_ar_config"
+_FOLD_ROUTE = (("replay_ar", ("output_only_fold",)),)
+
+KERNELS: dict[str, KernelSpec] = _declare(
+    KernelSpec("mamba2_replay_ar", "mamba2", ("headdim", "dstate", "L", "route"), _M2_AR,
+               (("replay_ar", None),), _mamba2_replay_ar_space, _MAMBA2_REPLAY_AR_DROPPED),
+    KernelSpec("mamba2_replay_materialize", "mamba2", ("headdim", "dstate", "L", "route"), _M2_AR),
+    KernelSpec("mamba2_replay_spec", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_SPEC,
+               (("replay_spec", None),), _mamba2_spec_space),
+    KernelSpec("mamba2_replay_tree", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_SPEC,
+               (("replay_spec", None),), _mamba2_tree_space),
+    KernelSpec("mamba2_spec_materialize", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_SPEC),
+    KernelSpec("mamba2_ssu_ar", "mamba2", ("headdim", "dstate"), _SSU, (("baseline_ar", None),), _ssu_space),
+    KernelSpec("mamba2_ssu_spec", "mamba2", ("headdim", "dstate"), _SSU, (("baseline_spec", None),), _ssu_space,
+               _SSU_SPEC_DROPPED),
+    KernelSpec("mamba2_cr_verify", "mamba2", ("headdim", "dstate"), _SSU, (("commit_replay_spec", None),),
+               _ssu_space),
+    KernelSpec("mamba2_cr_commit", "mamba2", ("headdim", "dstate"), _SSU, (("commit_replay_spec", None),),
+               _ssu_space),
+    *_delta_rule("gdn", _GDN_REPLAY_AR_DROPPED, _GDN_SPEC_VERIFY_DROPPED),
+    *_delta_rule("kda"),          # KDA's spilling candidates come from the AOT audit record (experiments/tune.py)
+    # GDN's output_only_fold route (replayssm/delta_rule/): three launches per step, keyed by K, V, L
+    KernelSpec("gdn_replay_ar_prep", "gdn", ("K", "V", "L"), _FOLD, _FOLD_ROUTE),
+    KernelSpec("gdn_replay_ar_step", "gdn", ("K", "V", "L"), _FOLD, _FOLD_ROUTE, _fold_route_step_space),
+    KernelSpec("gdn_replay_ar_fold", "gdn", ("K", "V", "L"), _FOLD, _FOLD_ROUTE, _fold_route_fold_space),
+    KernelSpec("tree_ring_move", "any", ("depth",), "replayssm.tree_ring:_commit_triton (inline rule)"),
+)
+
+
+# The KDA build of each kernel GDN and KDA share (the same Triton kernel launched with PER_CHANNEL=True), as
+# declared by _delta_rule: a launch function with a per_channel flag looks its kernel up here.
+KDA_BUILD: dict[str, str] = {g.name: k.name for g, k in zip(_delta_rule("gdn"), _delta_rule("kda"))}
+
+
+def spec(name: str) -> KernelSpec:
+    """The declaration of kernel `name`; a clear error for a kernel nobody declared."""
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise KeyError(f"kernel {name!r} has no declaration in replayssm/launch_registry.py (declared: "
+                       f"{', '.join(sorted(KERNELS))})") from None
+
+
+def key(name: str, geometry=None, **point) -> dict:
+    """Kernel `name`'s launch key at this geometry and point (see KernelSpec.key)."""
+    return spec(name).key(geometry, **point)
+
+
+def kernels_of(method: str, family: str, route: str | None = None) -> tuple[str, ...]:
+    """The tunable kernels `method` launches per step for `family` (at `route`; None: any route)."""
+    return tuple(s.name for s in KERNELS.values() if s.family == family and s.space is not None
+                 and (s.launched(method, route) if route is not None
+                      else any(m == method for m, _ in s.launched_by)))
