@@ -53,6 +53,7 @@ import torch
 
 from experiments.harness.budget import claim_rank
 from experiments.harness.entry import load_config
+from experiments.harness.fixture import PointFixture
 from experiments.harness.methods import REGISTRY
 from experiments.harness.points import Plan, Point, expand
 from experiments.harness.workload import Workload
@@ -171,22 +172,19 @@ class Phase:
 
 
 def phases(p: Point, plan: Plan, device: str, seed: int = 0) -> list[Phase]:
-    """The calls of one point's step, on a freshly built cache (as experiments/kernel/run.py builds it)."""
+    """The calls of one point's step, on a freshly built cache (the point fixture, experiments/harness/fixture.py,
+    as the gate and the timed stack build it: the point's pool and cursor layout)."""
     method = REGISTRY[p.method]
     gen = torch.Generator().manual_seed(seed)
     wl = Workload(plan.models[p.model_key], p, device, gen)
-    fns = method.api(p.family)
-    cache = method.allocate(p, wl, p.batch, device)
-    method.set_state(cache, wl.random_state(p.batch))
-    slots = wl.slots(p.batch, p.batch, p.slot_layout)
+    fx = PointFixture.build(method, method.api(p.family), wl, p)
+    fns, cache, slots, kw, out = fx.fns, fx.caches[0], fx.slots, fx.kw, fx.out
     if method.kind == "ar":
-        kw, out = wl.call_kwargs(wl.inputs(p.batch)), wl.out(p.batch)
 
         def step():
             method.step(fns, cache, p, kw, slots, out)
             return out
         return [Phase("step", step, touched_tensors(cache, out))]
-    kw, out = wl.call_kwargs(wl.inputs(p.batch, window=p.spec_T)), wl.out(p.batch, window=p.spec_T)
     counts = torch.randint(1, p.spec_T + 1, (p.batch,), generator=gen, dtype=torch.int32).to(device)
     A = wl.params.get("A")
 
