@@ -139,6 +139,23 @@ if [[ "$GPU" != "True" && -z "$RUN_DIR" ]]; then
     CPU_DECODE_ARGS+=("timing.cpu_cold_probe=fresh")
 fi
 
+# One kernel sweep into the run: the experiment's CPU timing arguments, then shards, budget and extra arguments.
+# Usage: kernel_sweep EXPERIMENT SWEEP HYDRA_DIR_NAME [override ...]
+kernel_sweep() {
+    local experiment="$1" sweep="$2" hydra_name="$3"
+    shift 3
+    local -a cpu_args=()
+    # ${a[@]+"${a[@]}"}: an empty array expands to nothing under set -u on every bash
+    if [[ "$experiment" == kernel_spec ]]; then
+        cpu_args=(${CPU_SPEC_ARGS[@]+"${CPU_SPEC_ARGS[@]}"})
+    else
+        cpu_args=(${CPU_DECODE_ARGS[@]+"${CPU_DECODE_ARGS[@]}"})
+    fi
+    "$PY" -m "experiments.${experiment}" ${SHARD_ARGS[@]+"${SHARD_ARGS[@]}"} "sweep=${sweep}" "$@" progress=false \
+        "$(hydra_dir "$hydra_name")" ${cpu_args[@]+"${cpu_args[@]}"} ${BUDGET_ARGS[@]+"${BUDGET_ARGS[@]}"} \
+        ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+}
+
 for experiment in kernel_decode kernel_spec; do
     if ! have_module "experiments.${experiment}"; then
         skip_missing "sweep ${experiment}" "module experiments.${experiment}"
@@ -150,15 +167,7 @@ for experiment in kernel_decode kernel_spec; do
         where=("resume=${RUN_DIR}")                # the second experiment joins the same run
     fi
     stage "sweep: python -m experiments.${experiment} sweep=${SWEEP} ${where[*]}"
-    # ${a[@]+"${a[@]}"}: an empty array expands to nothing under set -u on every bash
-    if [[ "$experiment" == kernel_spec ]]; then
-        cpu_args=(${CPU_SPEC_ARGS[@]+"${CPU_SPEC_ARGS[@]}"})
-    else
-        cpu_args=(${CPU_DECODE_ARGS[@]+"${CPU_DECODE_ARGS[@]}"})
-    fi
-    "$PY" -m "experiments.${experiment}" ${SHARD_ARGS[@]+"${SHARD_ARGS[@]}"} "sweep=${SWEEP}" \
-        ${MODEL_ARGS[@]+"${MODEL_ARGS[@]}"} "${where[@]}" progress=false "$(hydra_dir "$experiment")" \
-        ${cpu_args[@]+"${cpu_args[@]}"} ${BUDGET_ARGS[@]+"${BUDGET_ARGS[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+    kernel_sweep "$experiment" "$SWEEP" "$experiment" ${MODEL_ARGS[@]+"${MODEL_ARGS[@]}"} "${where[@]}"
     find_run_dir
 done
 
@@ -171,14 +180,7 @@ if [[ "${PRODUCTION:-1}" == 1 && -n "$RUN_DIR" && ( "$SWEEP" == paper || "$SWEEP
     for experiment in kernel_decode kernel_spec; do
         have_module "experiments.${experiment}" || continue
         stage "production shape: python -m experiments.${experiment} sweep=${PROD_SWEEP} resume=${RUN_DIR}"
-        if [[ "$experiment" == kernel_spec ]]; then
-            cpu_args=(${CPU_SPEC_ARGS[@]+"${CPU_SPEC_ARGS[@]}"})
-        else
-            cpu_args=(${CPU_DECODE_ARGS[@]+"${CPU_DECODE_ARGS[@]}"})
-        fi
-        "$PY" -m "experiments.${experiment}" ${SHARD_ARGS[@]+"${SHARD_ARGS[@]}"} "sweep=${PROD_SWEEP}" \
-            "resume=${RUN_DIR}" progress=false "$(hydra_dir "${experiment}-production")" ${cpu_args[@]+"${cpu_args[@]}"} \
-            ${BUDGET_ARGS[@]+"${BUDGET_ARGS[@]}"} ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
+        kernel_sweep "$experiment" "$PROD_SWEEP" "${experiment}-production" "resume=${RUN_DIR}"
     done
 fi
 
