@@ -90,7 +90,8 @@ def _mamba2_replay_ar_space(key: dict) -> list:
 
 
 def _mamba2_spec_space(key: dict) -> list:
-    from replayssm.mamba2.spec_kernels import spec_tile_candidates  # deferred: the kernel module imports this one
+    # deferred: importing replayssm.mamba2 runs its package __init__, whose kernel modules import this registry
+    from replayssm.mamba2.spec_tiles import spec_tile_candidates
 
     return spec_tile_candidates(key["headdim"], key["window"])
 

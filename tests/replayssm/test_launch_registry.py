@@ -66,3 +66,16 @@ def test_declarations_are_consistent():
     assert launch_registry.kernels_of("replay_ar", "gdn", "output_only_fold") == ("gdn_replay_ar_step",
                                                                                    "gdn_replay_ar_fold")
     assert launch_registry.kernels_of("replay_ar", "kda", "output_only") == ("kda_replay_ar",)
+
+
+@pytest.mark.parametrize("module", ["replayssm.launch_registry", "replayssm.launch_table",
+                                    "replayssm.mamba2.spec_tiles"])
+def test_the_registry_imports_first_in_a_fresh_process(module):
+    """Every launch function imports the registry, so it must import no kernel module at load time (a family
+    package's __init__ imports its kernels): importing it first, alone, works."""
+    import subprocess
+    import sys
+
+    code = f"import {module}; import replayssm.launch_registry as r; assert r.KERNELS"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
