@@ -46,12 +46,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from experiments import accuracy as acc
 from experiments.harness.check import gate
-from experiments.harness.cursors import cursor_period
 from experiments.harness.entry import config_dict, load_config
 from experiments.harness.env import short_sha
 from experiments.harness.memory import stack_layers
 from experiments.harness.methods import REGISTRY
 from experiments.harness.points import DTYPES, expand
+from experiments.harness.serving_shape import cursor_period
 from experiments.harness.workload import Workload
 from experiments.hybrid import run as hybrid_run
 from experiments.hybrid.footprint import footprint

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from experiments.harness.cursors import cursor_period, cursor_targets, parse_cursors
 from experiments.harness.methods import Method
+from experiments.harness.serving_shape import cursor_period, cursor_targets, parse_cursors, pool_factor
 from experiments.harness.workload import Workload
 
 
@@ -122,13 +122,3 @@ class PointFixture:
             if track:
                 states, _ = wl.oracle_window(self.ref_state[active], win)
                 self.ref_state[active] = states[:, 0]                  # one accepted token
-
-
-def pool_factor(p) -> int:
-    """Slots in the pool per decoded row (1: the pool is exactly the batch)."""
-    num_slots = getattr(p, "num_slots", None)
-    if not num_slots:
-        return 1
-    if num_slots % p.batch:
-        raise ValueError(f"num_slots={num_slots} is not a multiple of batch={p.batch}")
-    return num_slots // p.batch

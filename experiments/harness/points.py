@@ -23,8 +23,8 @@ from omegaconf import OmegaConf
 
 from experiments.harness.acceptance import Acceptance, parse_acceptance
 from experiments.harness.bandwidth import MODES as COLD_PROBE_MODES
-from experiments.harness.cursors import cursor_period, parse_cursors
 from experiments.harness.methods import REGISTRY, Method
+from experiments.harness.serving_shape import cursor_period, parse_cursors
 from replayssm.checks import ROUTES, interpreter_active
 from replayssm.geometry import GDN_MODELS, KDA_MODELS, MAMBA2_MODELS, GDNGeometry, KDAGeometry, Mamba2Geometry
 

@@ -39,12 +39,12 @@ from experiments.harness import memory, timing
 from experiments.harness.bandwidth import cold_point
 from experiments.harness.budget import Budget
 from experiments.harness.check import gate
-from experiments.harness.cursors import cursor_period
 from experiments.harness.entry import config_dict
 from experiments.harness.env import collect_env, resolve_hardware
 from experiments.harness.fixture import PointFixture
 from experiments.harness.methods import REGISTRY, Method, MethodUnavailable
 from experiments.harness.points import CONF_DIR, Plan, Point, device_sweep, expand
+from experiments.harness.serving_shape import cursor_period
 from experiments.harness.store import COLUMNS, RunStore, RunTable, failure, parse_shard, run_pending, shard_of
 from experiments.harness.workload import Workload
 from experiments.published import CLAIMS

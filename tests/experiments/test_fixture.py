@@ -11,10 +11,10 @@ import torch
 from harness_doubles import compose
 
 from experiments.harness.check import gate
-from experiments.harness.cursors import cursor_period
 from experiments.harness.fixture import PointFixture, cursor_targets, parse_cursors
 from experiments.harness.methods import REGISTRY
 from experiments.harness.points import expand
+from experiments.harness.serving_shape import cursor_period
 from experiments.harness.workload import Workload
 from experiments.kernel.run import run_experiment, summarize
 

@@ -1,6 +1,8 @@
-"""Cursor layouts of a point's rows (the rules; experiments/harness/fixture.py reaches them): which layouts a
-sweep may ask for, how many single-token steps make one cycle of a method's cursor, and where each row
-starts. It needs only the method table, so the sweep's validation (points.py) and the fixture share it.
+"""The serving shape of a point, as rules (experiments/harness/fixture.py builds it): which cursor layouts a
+sweep may ask for, how many single-token steps make one cycle of a method's cursor, where each row starts,
+and how large the pool is beside the batch. It needs only the method table, so the sweep's validation
+(points.py) and the fixture share it without an import circle (the fixture needs the workload, which needs
+points.py).
 """
 
 from __future__ import annotations
@@ -44,3 +46,13 @@ def cursor_targets(layout: str | None, rows: int, period: int | None) -> list[in
     if h >= period:
         raise ValueError(f"cursors={layout}: a write position must be below the cursor's period {period}")
     return [h] * rows
+
+
+def pool_factor(p) -> int:
+    """Slots in the pool per decoded row (1: the pool is exactly the batch)."""
+    num_slots = getattr(p, "num_slots", None)
+    if not num_slots:
+        return 1
+    if num_slots % p.batch:
+        raise ValueError(f"num_slots={num_slots} is not a multiple of batch={p.batch}")
+    return num_slots // p.batch
