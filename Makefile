@@ -46,7 +46,7 @@ bench-cpu: $(STAMP)
 
 # Ahead-of-time build of every Triton kernel for sm_90 and sm_100: registers, spills, load widths.
 kernel-report: $(STAMP)
-	$(VENV)/bin/python scripts/kernels/kernel_report.py
+	env -u TRITON_INTERPRET $(VENV)/bin/python scripts/kernels/kernel_report.py
 
 kernel-traffic: $(STAMP)
 	TRITON_INTERPRET=1 $(VENV)/bin/python scripts/kernels/kernel_traffic.py
