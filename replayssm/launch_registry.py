@@ -25,6 +25,8 @@ import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from replayssm.checks import next_pow2
+
 GEOMETRY_FIELDS = {"mamba2": ("headdim", "dstate"), "gdn": ("K", "V"), "kda": ("K", "V"), "any": ()}
 POINT_FIELDS = ("L", "route", "ring_len", "window", "history", "depth")
 # Key fields a point does not name but implies: a Mamba-2 spec ring holds B + T entries padded to a power of
@@ -62,10 +64,6 @@ class KernelSpec:
 
     def candidates(self, key: dict) -> list:
         return [] if self.space is None else self.space(key)
-
-
-def next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def grid(**axes) -> list[dict]:
@@ -129,9 +127,9 @@ def _fold_route_fold_space(key: dict) -> list:
 # Candidates that spill in the AOT build (scripts/kernels/kernel_report.py --tune-space --target 90
 # --fp32-state-only, Super-120B and Qwen3.5-122B at TP1, triton 3.7.1): left out of the space everywhere.
 # (route or None, fields) -> registers / spill bytes of that build.
-def _spills(route, rows, **fixed) -> dict:
-    return {(route, tuple({**dict(zip(fixed["names"], vals))}.items())): f"sm_90 spills {b} B ({r} registers)"
-            for *vals, r, b in rows}
+def _spills(route, rows, names) -> dict:
+    """{(route, ((name, value), ...)): reason} from rows of (*values, registers, spill bytes)."""
+    return {(route, tuple(zip(names, vals))): f"sm_90 spills {b} B ({r} registers)" for *vals, r, b in rows}
 
 
 _MAMBA2_REPLAY_AR_DROPPED = {
@@ -186,6 +184,8 @@ def _delta_rule(family: str, dropped_replay_ar=None, dropped_spec_verify=None) -
     ]
 
 
+_GDN_SHARED = _delta_rule("gdn", _GDN_REPLAY_AR_DROPPED, _GDN_SPEC_VERIFY_DROPPED)
+_KDA_SHARED = _delta_rule("kda")     # KDA's spilling candidates come from the AOT audit record (experiments/tune.py)
 _SSU = "baselines.mamba2_ssu_kernels:default_launch_config"
 _M2_AR = "replayssm.mamba2.decode:default_launch_config"
 _M2_SPEC = "replayssm.mamba2.spec_kernels:default_launch_config"
@@ -208,8 +208,8 @@ KERNELS: dict[str, KernelSpec] = _declare(
                _ssu_space),
     KernelSpec("mamba2_cr_commit", "mamba2", ("headdim", "dstate"), _SSU, (("commit_replay_spec", None),),
                _ssu_space),
-    *_delta_rule("gdn", _GDN_REPLAY_AR_DROPPED, _GDN_SPEC_VERIFY_DROPPED),
-    *_delta_rule("kda"),          # KDA's spilling candidates come from the AOT audit record (experiments/tune.py)
+    *_GDN_SHARED,
+    *_KDA_SHARED,
     # GDN's output_only_fold route (replayssm/delta_rule/): three launches per step, keyed by K, V, L
     KernelSpec("gdn_replay_ar_prep", "gdn", ("K", "V", "L"), _FOLD, _FOLD_ROUTE),
     KernelSpec("gdn_replay_ar_step", "gdn", ("K", "V", "L"), _FOLD, _FOLD_ROUTE, _fold_route_step_space),
@@ -220,7 +220,7 @@ KERNELS: dict[str, KernelSpec] = _declare(
 
 # The KDA build of each kernel GDN and KDA share (the same Triton kernel launched with PER_CHANNEL=True), as
 # declared by _delta_rule: a launch function with a per_channel flag looks its kernel up here.
-KDA_BUILD: dict[str, str] = {g.name: k.name for g, k in zip(_delta_rule("gdn"), _delta_rule("kda"))}
+KDA_BUILD: dict[str, str] = {g.name: k.name for g, k in zip(_GDN_SHARED, _KDA_SHARED)}
 
 
 def spec(name: str) -> KernelSpec:

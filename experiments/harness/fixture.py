@@ -94,12 +94,9 @@ class PointFixture:
         m.set_state(cache, state)
         if self.oracle and not self.caches:
             self.ref_state = state.double()[self.order]          # row r starts from slot order[r]
-        self._prime(cache, track=self.oracle and not self.caches)
+        self.prime(cache, self.targets, track=self.oracle and not self.caches)
         self.caches.append(cache)
         return cache
-
-    def _prime(self, cache, track: bool) -> None:
-        self.prime(cache, self.targets, track)
 
     def prime(self, cache, targets: list[int], track: bool = False) -> None:
         """Take each row targets[r] single-token steps through the method's own API (slot subsets); `track`

@@ -346,11 +346,10 @@ class Stack:
     """`layers` caches (each its own pool of the point's `num_slots` slots, primed to the point's cursor layout
     by experiments/harness/fixture.py) with shared inputs; the cycle to time."""
 
-    def __init__(self, method: Method, wl: Workload, p: Point, acc, settings: dict, hardware: dict,
-                 fns: dict | None = None):
+    def __init__(self, method: Method, wl: Workload, p: Point, acc, settings: dict, hardware: dict):
         self.method, self.wl, self.p = method, wl, p
         # the states are drawn on the device: a stack sized past the LLC / L2 holds gigabytes
-        self.fx = PointFixture.build(method, method.api(p.family) if fns is None else fns, wl, p, fast_state=True)
+        self.fx = PointFixture.build(method, method.api(p.family), wl, p, fast_state=True)
         self.num_slots = self.fx.num_slots
         first = self.fx.caches[0]
         budget = memory.free_bytes(p.device)

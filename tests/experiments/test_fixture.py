@@ -77,16 +77,14 @@ def test_gate_sees_each_rows_cursor(tmp_path, gen, monkeypatch, method, mutant):
     oracle, or primes the cache without telling the oracle at all, fails the gate."""
     plan, p = _point(tmp_path, method, "tiny_gdn", ["sweep.cursors=[staggered]"])
     m = REGISTRY[p.method]
-    real = PointFixture._prime
+    real = PointFixture.prime
 
-    def primed_wrong(self, cache, track):
-        real(self, cache, track and mutant != "oracle_not_told")
+    def primed_wrong(self, cache, targets, track=False):
+        real(self, cache, targets, track and mutant != "oracle_not_told")
         if mutant == "one_row_ahead":                    # row 3 takes one more step, untracked
-            targets, self.targets = self.targets, [int(r == 3) for r in range(self.rows)]
-            real(self, cache, False)
-            self.targets = targets
+            real(self, cache, [int(r == 3) for r in range(self.rows)], False)
 
-    monkeypatch.setattr(PointFixture, "_prime", primed_wrong)
+    monkeypatch.setattr(PointFixture, "prime", primed_wrong)
     acc = plan.acceptances.get(p.acceptance) if p.acceptance else None
     result = gate(m, m.api(p.family), Workload(plan.models[p.model_key], p, "cpu", gen), p, acceptance=acc, **GATE)
     assert not result.ok, result.message()
