@@ -43,6 +43,19 @@ def check_route(route, family: str | None = None) -> None:
                          f"expected one of {allowed}")
 
 
+# The Triton forms of a ReplaySSM ring verify (spec_verify's `route`). "fused": the shipped kernel, one launch per
+# window whose programs also fold the history into the checkpoint on a flush row. "verify_fold" (issue 35): the
+# verify and the fold as separate specializations (a row of the other phase exits at once) with the window's
+# per-(row, head) work in a precompute; the float64, torch and C backends accept both names and compute the same
+# function.
+SPEC_ROUTES = ("fused", "verify_fold")
+
+
+def check_spec_route(route) -> None:
+    if route not in SPEC_ROUTES:
+        raise ValueError(f"unknown spec route {route!r}; expected one of {SPEC_ROUTES}")
+
+
 def interpreter_active() -> bool:
     """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1 before import)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
