@@ -122,8 +122,9 @@ LAUNCH_FLOOR_SOURCE = ("CUDA.jl docs, cuda.juliagpu.org/dev/usage/graphs/ (8 sma
                        "2 us per launch); pytorch/pytorch#161104 (1.1-1.3 us for a tiny add) as a cross-check")
 
 # Kernel launches per layer per step, counted from this repo's launchers (the kernel-level rows time these):
-#   mamba2  baseline_ar 1 (baselines/mamba2_ssu.py ssu_ar_kernel); replay_ar output_only 2 (replayssm/mamba2/
-#           decode.py _launch_step: _bc_precompute_kernel + _replay_step_kernel), state_and_output 1;
+#   mamba2  baseline_ar 1 (baselines/mamba2_ssu.py ssu_ar_kernel); replay_ar output_only 3 (replayssm/mamba2/
+#           decode.py _launch_step: _bc_precompute_kernel + mamba2_ar_step_kernel + mamba2_ar_fold_kernel, whose
+#           programs exit at once on the rows that do not flush), state_and_output 1;
 #           baseline_spec 1 (ssu_spec_kernel); commit_replay_spec 2 (verify + commit); replay_spec 2
 #           (replayssm/mamba2/spec_kernels.py _scatter_bc_kernel + _verify_kernel)
 #   gdn     baseline_ar 1 (baselines/gdn_recurrent.py); replay_ar 1 (replayssm/gdn/decode_kernels.py
@@ -132,7 +133,7 @@ LAUNCH_FLOOR_SOURCE = ("CUDA.jl docs, cuda.juliagpu.org/dev/usage/graphs/ (8 sma
 # plus CURSOR_LAUNCHES for the ReplaySSM methods: the cursor advance / commit kernel, one per layer when each
 # layer owns its cursor (the kernel rows), one per model step when the layers share it (vLLM, whole-model rows).
 LAUNCHES: dict[tuple[str, str, str], int] = {
-    ("mamba2", "baseline_ar", ""): 1, ("mamba2", "replay_ar", "output_only"): 2,
+    ("mamba2", "baseline_ar", ""): 1, ("mamba2", "replay_ar", "output_only"): 3,
     ("mamba2", "replay_ar", "state_and_output"): 1, ("mamba2", "baseline_spec", ""): 1,
     ("mamba2", "commit_replay_spec", ""): 2, ("mamba2", "replay_spec", ""): 2,
     ("gdn", "baseline_ar", ""): 1, ("gdn", "replay_ar", ""): 1, ("gdn", "baseline_spec", ""): 1,

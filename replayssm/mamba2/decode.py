@@ -58,6 +58,7 @@ class LaunchConfig:
     num_warps: int
     precompute_warps: int
     dot_precision: str  # fp32 parity for the reconstruction dot: plain tf32 drifts ~1e-3
+    block_k: int = 32   # output-only step: the dstate chunk accumulated elementwise; fold: the chunk per iteration
 
 
 def launch_config(geometry: Mamba2Geometry, buffer_len: int, route: str, arch: int, state_dtype=None,
@@ -65,30 +66,46 @@ def launch_config(geometry: Mamba2Geometry, buffer_len: int, route: str, arch: i
     """The config of `kernel` (mamba2_replay_ar: the step and its flush; mamba2_replay_materialize): this
     device's tuned entry (replayssm/launch_table.py, keyed by headdim, dstate, L and route), else the rule."""
     key = launch_registry.key(kernel, geometry, L=buffer_len, route=route)
-    return launch_table.resolve(kernel, key, state_dtype, arch, default_launch_config(geometry, buffer_len, route,
-                                                                                      arch))
+    rule = default_fold_config if kernel == "mamba2_replay_ar_fold" else default_launch_config
+    return launch_table.resolve(kernel, key, state_dtype, arch, rule(geometry, buffer_len, route, arch))
 
 
 @functools.lru_cache(maxsize=256)
 def default_launch_config(geometry: Mamba2Geometry, buffer_len: int, route: str, arch: int) -> LaunchConfig:
     """The default rule. arch 0 = Triton interpreter: biggest legal blocks, so the grid is tiny (it costs
-    per program). GPU (sm_90 / sm_100 alike): the official fork's BLOCK_M for fp32 state, output_only 16
-    and state_and_output 32 (BLOCK_M 64 spills at fp32 with dstate 128). Warps from the AOT kernel report
-    (scripts/kernels/kernel_report.py, dstate 128, bf16 activations, triton 3.6 / 3.7 / 3.9): 4 warps everywhere.
-    output_only at 4 warps: 64-80 registers, no spill. Fewer warps sit at the edge, because the flush branch's
-    tf32x3 dot sets the count: 1 warp uses 247-255 registers and spills 8 B (fp32 state, sm_90, triton 3.6);
-    2 warps spill 16 B (fp32 state, sm_90, triton 3.9). state_and_output and materialize: 1 warp spills 300+
-    bytes, 4 warps use 117-161 registers."""
+    per program). GPU (sm_90 / sm_100 alike):
+    output_only (ar_kernels.py's readout; no flush code): BLOCK_M 32 (16 where 32 does not divide headdim, e.g.
+    Nano's 80) on 2 warps, dstate in K chunks of 16 accumulated elementwise. AOT (scripts/kernels/kernel_report.py,
+    sm_90, bf16 activations, b256 L16, triton 3.7.1 / 3.6.0), Super-120B fp32 state: 40 / 44 registers, 48 / 40 warps
+    per SM, issue floor 131 / 130 us, against 72 / 72 registers, 28 warps and 372 / 432 us of the shipped BLOCK_M
+    16 x 4 warps step with its flush branch: fewer registers and a lower floor under both, so it ships without a
+    GPU. Lower floors cost registers and are the GPU's to decide (launch table, mamba2_replay_ar): BLOCK_M 64 x 2
+    warps 72 registers, 28 warps, 65 us; BLOCK_M 32 x 1 warp 80 registers, 24 warps, 60 us. BLOCK_M 64 x 4 warps
+    spills 4 B at fp16 state (dropped from the space, replayssm/launch_registry.py).
+    state_and_output: the official fork's BLOCK_M 32 at 4 warps (BLOCK_M 64 spills at fp32 with dstate 128; 1 warp
+    spills 300+ bytes, 4 warps use 117-161 registers; materialize likewise)."""
     if geometry.dstate > MAX_DSTATE:
         raise ValueError(f"cannot tile dstate={geometry.dstate}: the kernel holds dstate whole in one tile "
                          f"(at most {MAX_DSTATE})")
     block_n = max(16, next_pow2(geometry.dstate))
     block_l = max(16, next_pow2(buffer_len))
     if arch == 0:
-        return LaunchConfig(max(16, next_pow2(geometry.headdim)), block_n, block_l, 1, 1, "ieee")
+        return LaunchConfig(max(16, next_pow2(geometry.headdim)), block_n, block_l, 1, 1, "ieee", block_n)
     if route == "output_only":
-        return LaunchConfig(16, block_n, block_l, 4, 2, "tf32x3")
+        return LaunchConfig(32 if geometry.headdim % 32 == 0 else 16, block_n, block_l, 2, 2, "tf32x3", 16)
     return LaunchConfig(32, block_n, block_l, 4, 2, "tf32x3")
+
+
+@functools.lru_cache(maxsize=256)
+def default_fold_config(geometry: Mamba2Geometry, buffer_len: int, route: str, arch: int) -> LaunchConfig:
+    """The output-only route's fold (ar_kernels.py; flush rows only): BLOCK_M headdim rows per program, dstate
+    walked in block_k chunks (one live at a time), the split dot of the activation dtype (FP32 side: tf32x3 on
+    the GPU, ieee in the interpreter). Interpreter: whole tiles."""
+    block_n = max(16, next_pow2(geometry.dstate))
+    block_l = max(16, next_pow2(buffer_len))
+    if arch == 0:
+        return LaunchConfig(max(16, next_pow2(geometry.headdim)), block_n, block_l, 1, 1, "ieee", block_n)
+    return LaunchConfig(32, block_n, block_l, 2, 1, "tf32x3", min(32, block_n))
 
 
 def _validate_common(cache: ReplayCache, backend: str) -> None:
@@ -269,22 +286,66 @@ def _launch_step(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, route
         )
     # Absent optional tensors: any valid pointer; the constexpr flags keep the kernel from reading it.
     z_arg = z if z is not None else x
+    if output_only:
+        _launch_readout_and_fold(cache, x, dt, A, B, C, D, z_arg, dt_bias, dt_softplus, slots, out, cfg, z is not None)
+    else:
+        _launch_rebuild(cache, x, dt, A, B, C, D, z_arg, dt_bias, dt_softplus, slots, out, cfg, z is not None)
+    if not cache.shared_cursor:       # a DecodeCursor shared by every layer advances once per step
+        _launch_advance_cursor(cache, slots, batch)
+
+
+def _launch_readout_and_fold(cache, x, dt, A, B, C, D, z_arg, dt_bias, dt_softplus, slots, out, cfg, has_z) -> None:
+    """The output-only route after its precompute: the readout of every row, then the fold of the flush rows."""
+    from replayssm.mamba2 import ar_kernels as k
+
+    g, L, batch = cache.geometry, cache.buffer_len, x.shape[0]
+    k.mamba2_ar_step_kernel[(_cdiv(g.headdim, cfg.block_m), batch, g.nheads)](
+        x, dt, A, C, D if D is not None else A, z_arg, dt_bias if dt_bias is not None else A, out, slots,
+        cache.state, cache.x, cache.dt, cache.bc, cache.write_pos,
+        x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), C.stride(0), C.stride(1),
+        z_arg.stride(0), z_arg.stride(1), out.stride(0), out.stride(1),
+        cache.state.stride(0), cache.state.stride(1), cache.state.stride(2),
+        cache.x.stride(0), cache.x.stride(1), cache.x.stride(2),
+        cache.dt.stride(0), cache.dt.stride(1), cache.bc.stride(0), cache.bc.stride(1),
+        headdim=g.headdim, dstate=g.dstate, L=L, HEADS_PER_GROUP=g.heads_per_group,
+        HAS_D=D is not None, HAS_Z=has_z, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=min(cfg.block_k, cfg.block_n), BLOCK_L=cfg.block_l,
+        num_warps=cfg.num_warps,
+    )
+    fcfg = launch_config(g, L, "output_only", kernel_arch(x.device), cache.state.dtype, "mamba2_replay_ar_fold")
+    k.mamba2_ar_fold_kernel[(_cdiv(g.headdim, fcfg.block_m), batch, g.nheads)](
+        x, dt, A, B, dt_bias if dt_bias is not None else A, slots, cache.state, cache.x, cache.B, cache.dt,
+        cache.write_pos,
+        x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), B.stride(0), B.stride(1),
+        cache.state.stride(0), cache.state.stride(1), cache.state.stride(2),
+        cache.x.stride(0), cache.x.stride(1), cache.x.stride(2),
+        cache.B.stride(0), cache.B.stride(1), cache.B.stride(2), cache.dt.stride(0), cache.dt.stride(1),
+        headdim=g.headdim, dstate=g.dstate, L=L, HEADS_PER_GROUP=g.heads_per_group,
+        HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus),
+        BLOCK_M=fcfg.block_m, BLOCK_K=min(fcfg.block_k, fcfg.block_n), BLOCK_L=fcfg.block_l,
+        FP32_DOT=fcfg.dot_precision, num_warps=fcfg.num_warps,
+    )
+
+
+def _launch_rebuild(cache, x, dt, A, B, C, D, z_arg, dt_bias, dt_softplus, slots, out, cfg, has_z) -> None:
+    """The state-and-output route: one kernel rebuilds the state tile on every step (and stores it on a flush)."""
+    from replayssm.mamba2 import decode_kernels as k
+
+    g, L, batch = cache.geometry, cache.buffer_len, x.shape[0]
     k._replay_step_kernel[(_cdiv(g.headdim, cfg.block_m), batch, g.nheads)](
         x, dt, A, B, C, D if D is not None else A, z_arg, dt_bias if dt_bias is not None else A, out, slots,
-        cache.state, cache.x, cache.B, cache.dt, cache.bc, cache.write_pos,
+        cache.state, cache.x, cache.B, cache.dt, cache.write_pos,
         g.headdim, g.dstate, L, g.heads_per_group,
         x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
         z_arg.stride(0), z_arg.stride(1), out.stride(0), out.stride(1),
         cache.state.stride(0), cache.state.stride(1), cache.state.stride(2),
         cache.x.stride(0), cache.x.stride(1), cache.x.stride(2),
         cache.B.stride(0), cache.B.stride(1), cache.B.stride(2),
-        cache.dt.stride(0), cache.dt.stride(1), cache.bc.stride(0), cache.bc.stride(1),
-        OUTPUT_ONLY=output_only, HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
+        cache.dt.stride(0), cache.dt.stride(1),
+        HAS_D=D is not None, HAS_Z=has_z, HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=bool(dt_softplus), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_L=cfg.block_l,
         DOT_PRECISION=cfg.dot_precision, num_warps=cfg.num_warps,
     )
-    if not cache.shared_cursor:       # a DecodeCursor shared by every layer advances once per step
-        _launch_advance_cursor(cache, slots, batch)
 
 
 def _launch_advance_cursor(cache: ReplayCache, slots: torch.Tensor, batch: int) -> None:

@@ -1,12 +1,11 @@
 """Triton kernels of the Mamba-2 ReplaySSM AR decode step (launched from replayssm/mamba2/decode.py).
 
-One decode step is three launches, in this order on one stream:
-    _bc_precompute_kernel  grid (batch, ngroups)                 output_only route only: bc[j] = B_j . C and
-                                                                 the append of the current B (one program per
-                                                                 (row, group) owns that B row)
-    _replay_step_kernel    grid (cdiv(headdim, BLOCK_M), batch, nheads)   y, the x / dt appends, the flush
-                           (state_and_output route: the first tile of a group's first head appends B)
+The state-and-output route's step is two launches, in this order on one stream:
+    _replay_step_kernel    grid (cdiv(headdim, BLOCK_M), batch, nheads)   the state tile rebuilt, y, the x / dt / B
+                           appends (the first tile of a group's first head appends B), the checkpoint on a flush
     _advance_cursor_kernel grid (cdiv(batch, BLOCK_B),)          write_pos <- h + 1, or 0 after a flush
+The output-only route's is four: _bc_precompute_kernel (below; bc[j] = B_j . C, the B append), the readout and the
+fold of replayssm/mamba2/ar_kernels.py, then the same cursor advance.
 The cursor moves in its own launch because every program of a row reads write_pos: advancing it inside
 the multi-program main kernel would race. Appends go to buffer row h, which no program of the step reads
 (they read rows j < h and take entry h from the inputs). _materialize_kernel rebuilds the state without
@@ -14,7 +13,7 @@ a current token and writes only its output.
 
 Per (row, head) with slot s, h = write_pos[s], entries j = 0..h (entry h = the current token):
     c_j = sum_{i<=j} dt_i,  abar = exp(A c_h),  s_j = dt_j exp(A (c_h - c_j))
-    output_only (h < L-1): y = abar (S0 C) + sum_j s_j (B_j . C) x_j
+    output_only (any h):   y = abar (S0 C) + sum_j s_j (B_j . C) x_j                          (ar_kernels.py)
     reconstruct:           S = abar S0 + X^T (s * B)  (one tl.dot over the buffer axis), y = S C
 All arithmetic is fp32; stores round to the destination dtype. The programs of a null row (slot < 0, i.e.
 NULL_SLOT; the validation rejects every other negative slot) return before any load or store, so its
@@ -92,7 +91,8 @@ def _bc_precompute_kernel(
     stride_Bbuf_s, stride_Bbuf_g, stride_Bbuf_l, stride_bc_s, stride_bc_g,
     BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
-    """Output-only route, normal steps: bc[slot, g, j] = B_j . C for j <= h, and B appended at row h."""
+    """Output-only route: bc[slot, g, j] = B_j . C for j <= h (the flush step's readout needs them too), and B
+    appended at row h on a normal step."""
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1).to(tl.int64)
     slot = tl.load(slots_ptr + row)
@@ -100,8 +100,6 @@ def _bc_precompute_kernel(
         return
     slot64 = slot.to(tl.int64)
     h = tl.minimum(tl.load(write_pos_ptr + slot64), buffer_len - 1)
-    if h >= buffer_len - 1:
-        return  # flush step: the main kernel rebuilds the state itself and appends nothing
 
     offs_n = tl.arange(0, BLOCK_N)
     offs_l = tl.arange(0, BLOCK_L)
@@ -114,25 +112,27 @@ def _bc_precompute_kernel(
     bt = tl.where(offs_l[:, None] == h, b_raw.to(tl.float32)[None, :], bt)
     bc = tl.sum(bt * C[None, :], axis=1)
     tl.store(bc_ptr + slot64 * stride_bc_s + group * stride_bc_g + offs_l, bc, mask=offs_l <= h)
-    tl.store(bbuf + h * stride_Bbuf_l + offs_n, b_raw, mask=mask_n)
+    if h < buffer_len - 1:
+        tl.store(bbuf + h * stride_Bbuf_l + offs_n, b_raw, mask=mask_n)   # a flush appends nothing
 
 
 @triton.jit
 def _replay_step_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dt_bias_ptr, out_ptr, slots_ptr,
-    state_ptr, xbuf_ptr, Bbuf_ptr, dtbuf_ptr, bc_ptr, write_pos_ptr,
+    state_ptr, xbuf_ptr, Bbuf_ptr, dtbuf_ptr, write_pos_ptr,
     headdim, dstate, buffer_len, heads_per_group,
     stride_x_b, stride_x_h, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g,
     stride_z_b, stride_z_h, stride_out_b, stride_out_h,
     stride_state_s, stride_state_h, stride_state_p,
     stride_xbuf_s, stride_xbuf_h, stride_xbuf_l,
     stride_Bbuf_s, stride_Bbuf_g, stride_Bbuf_l,
-    stride_dtbuf_s, stride_dtbuf_h, stride_bc_s, stride_bc_g,
-    OUTPUT_ONLY: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    stride_dtbuf_s, stride_dtbuf_h,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """One [BLOCK_M, dstate] tile of one (row, head): output, appends, and the checkpoint on a flush."""
+    """State-and-output route: one [BLOCK_M, dstate] tile of one (row, head) rebuilt every step; output, appends,
+    and the checkpoint on a flush."""
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     head = tl.program_id(2).to(tl.int64)
@@ -170,28 +170,17 @@ def _replay_step_kernel(
     mask_mn = mask_m[:, None] & mask_n[None, :]
     bbuf = Bbuf_ptr + slot64 * stride_Bbuf_s + group * stride_Bbuf_g
     b_cur = tl.load(B_ptr + row * stride_B_b + group * stride_B_g + offs_n, mask=mask_n, other=0.0)
-    if OUTPUT_ONLY:
-        if is_flush:
-            y = _fold_and_read(state_tile_ptr, mask_mn, bbuf, stride_Bbuf_l, offs_l, offs_n, mask_n, h, b_cur, xt,
-                               s, abar, C, is_flush, DOT_PRECISION)
-        else:
-            # Normal step, output-only route: the state tile is read once (S0 C); bc comes from the precompute.
-            s0c = tl.sum(tl.load(state_tile_ptr, mask=mask_mn, other=0.0).to(tl.float32) * C[None, :], axis=1)
-            bc = tl.load(bc_ptr + slot64 * stride_bc_s + group * stride_bc_g + offs_l, mask=offs_l <= h, other=0.0)
-            y = abar * s0c + tl.sum(xt * (s * bc)[None, :], axis=1)
-    else:
-        y = _fold_and_read(state_tile_ptr, mask_mn, bbuf, stride_Bbuf_l, offs_l, offs_n, mask_n, h, b_cur, xt,
-                           s, abar, C, is_flush, DOT_PRECISION)
+    y = _fold_and_read(state_tile_ptr, mask_mn, bbuf, stride_Bbuf_l, offs_l, offs_n, mask_n, h, b_cur, xt,
+                       s, abar, C, is_flush, DOT_PRECISION)
 
-    # Appends (normal steps): this program's x slice; dt by the first tile of the head; on the
-    # state-and-output route the first tile of the group's first head owns the B row (no precompute there).
+    # Appends (normal steps): this program's x slice; dt by the first tile of the head; the first tile of the
+    # group's first head owns the B row (this route has no precompute).
     if h < buffer_len - 1:
         tl.store(xbuf + h * stride_xbuf_l + offs_m, x_raw, mask=mask_m)
         if pid_m == 0:
             tl.store(dtbuf + h, dt)
-            if not OUTPUT_ONLY:
-                if head % heads_per_group == 0:
-                    tl.store(bbuf + h * stride_Bbuf_l + offs_n, b_cur, mask=mask_n)
+            if head % heads_per_group == 0:
+                tl.store(bbuf + h * stride_Bbuf_l + offs_n, b_cur, mask=mask_n)
 
     if HAS_D:
         y += tl.load(D_ptr + head).to(tl.float32) * x

@@ -40,9 +40,9 @@ def test_replay_terms_are_the_cycle_mean_and_its_launches():
     cyc = traffic.mamba2_replay_ar_cycle(SMALL, L, "output_only")
     t = st.step_time(SMALL, "replay_ar", "b300", 5, L=L, route="output_only")
     assert t.bytes == pytest.approx(5 * cyc.total) and t.flops == pytest.approx(5 * cyc.flops)
-    assert t.launches == 3                                   # B.C precompute + step + cursor advance
+    assert t.launches == 4                                   # B.C precompute + readout + fold + cursor advance
     assert st.step_time(SMALL, "replay_ar", "b300", 5, L=L, route="state_and_output").launches == 2
-    assert st.step_time(SMALL, "replay_ar", "b300", 5, L=L, shared_cursor=True).launches == 2
+    assert st.step_time(SMALL, "replay_ar", "b300", 5, L=L, shared_cursor=True).launches == 3
     assert st.launches("gdn", "replay_ar") == 2 and st.launches("gdn", "replay_ar", shared_cursor=True) == 1
     assert st.launches("gdn", "baseline_ar") == 1
     assert st.step_time(SMALL, "replay_ar", "b300", 5, L=L, n_launches=7).launch_s == pytest.approx(7 * 2e-6)

@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from replayssm.checks import NULL_SLOT, interpreter_active
+from replayssm.delta_rule._tl import split_bf16
 from replayssm.geometry import Mamba2Geometry, get_geometry
 from replayssm.mamba2.cache import ReplayCache
 from replayssm.mamba2.decode import launch_config, materialize, replay_step
@@ -319,14 +322,112 @@ def test_triton_headdim80_tiles(gen, device, route, arch, monkeypatch):
 
 def test_launch_config_table():
     g = get_geometry("nemotron3_nano_4b", 4)
-    assert launch_config(g, 16, "output_only", 90).block_m == 16
-    assert launch_config(g, 16, "output_only", 90).num_warps == 4
+    # output-only readout (ar_kernels.py): BLOCK_M 32 on 2 warps, 16 where 32 does not divide headdim (80)
+    oo = launch_config(g, 16, "output_only", 90)
+    assert (oo.block_m, oo.num_warps, oo.block_k) == (16, 2, 16)
+    sup = launch_config(get_geometry("nemotron3_super_120b", 1), 16, "output_only", 90)
+    assert (sup.block_m, sup.num_warps, sup.block_k) == (32, 2, 16)
+    fold = launch_config(g, 16, "output_only", 90, kernel="mamba2_replay_ar_fold")
+    assert (fold.block_m, fold.num_warps, fold.block_k, fold.dot_precision) == (32, 2, 32, "tf32x3")
     assert launch_config(g, 16, "state_and_output", 100).block_m == 32
     assert launch_config(g, 16, "state_and_output", 90).dot_precision == "tf32x3"
     interp = launch_config(g, 4, "output_only", 0)
     assert (interp.block_m, interp.block_n, interp.block_l) == (128, 128, 16)
     with pytest.raises(ValueError, match="cannot tile"):
         launch_config(Mamba2Geometry(2, 16, 512, 1), 4, "output_only", 90)
+
+
+@pytest.mark.parametrize("arch", [None, "90"])
+def test_triton_output_only_ragged_tiles(gen, device, arch, monkeypatch):
+    """headdim 24 and dstate 24 divide no tile (EVEN_M = EVEN_N = False): the readout's masked loads, in the
+    interpreter's whole tiles (one [32, 32] chunk) and under the GPU rule (BLOCK_M 16: two programs, the second
+    half masked; two K chunks of 16, the second half masked), the fold's masked chunk; flushes crossed."""
+    if arch is not None:
+        if not interpreter_active():
+            pytest.skip("the forced launch table is an interpreter-only check")
+        monkeypatch.setenv("REPLAYSSM_TARGET_ARCH", arch)
+    run = start(gen, Mamba2Geometry(nheads=2, headdim=24, dstate=24, ngroups=1), 2, 3, "triton", "output_only",
+                device=device)
+    run_schedule(run, gen, steps=5, batch=2)
+    assert run.flushes >= 2
+
+
+@pytest.mark.parametrize("act", [F32, F16])
+def test_triton_output_only_even_gpu_tiles(gen, device, act, monkeypatch):
+    """The GPU rule's output-only tiles where they divide the geometry (EVEN_M / EVEN_N: no masks): headdim 64 is two
+    BLOCK_M 32 programs per head (only the first appends dt), dstate 32 two K chunks of 16; the fold walks it in one
+    chunk of 32. Flushes crossed with desynchronised cursors; fp16 activations take the fold's tf32x2 split."""
+    if not interpreter_active():
+        pytest.skip("the forced launch table is an interpreter-only check")
+    monkeypatch.setenv("REPLAYSSM_TARGET_ARCH", "90")
+    g = Mamba2Geometry(nheads=2, headdim=64, dstate=32, ngroups=1)
+    assert launch_config(g, 4, "output_only", 90).block_m == 32
+    run = start(gen, g, 3, 4, "triton", "output_only", F32, act, device)
+    run_schedule(run, gen, steps=6, batch=2)
+    assert run.flushes >= 2
+
+
+def test_triton_output_only_ignores_stale_buffer_rows(gen, device):
+    """The readout loads every buffer row (and dt, bc) unmasked and selects rows j < h afterwards: rows at and
+    past each slot's cursor hold NaN / inf here and must reach neither y nor the checkpoint (a zero weight would
+    not do: 0 * inf is NaN). Cursors 0, 2 and L-1 (a flush) in one step."""
+    L = 4
+    cache = ReplayCache.allocate(TINY, 3, L, device=device)
+    cache.state.copy_(random_state(TINY, 3, device=device, generator=gen))
+    for slot, h in enumerate((0, 2, L - 1)):
+        cache.x[slot, :, :h] = torch.randn(TINY.nheads, h, TINY.headdim, generator=gen).to(device)
+        cache.B[slot, :, :h] = torch.randn(TINY.ngroups, h, TINY.dstate, generator=gen).to(device)
+        cache.dt[slot, :, :h] = 0.01 + 0.05 * torch.rand(TINY.nheads, h, generator=gen).to(device)
+        cache.x[slot, :, h:], cache.B[slot, :, h:] = float("nan"), float("inf")
+        cache.dt[slot, :, h:], cache.bc[slot, :, h:] = float("nan"), float("inf")
+        cache.write_pos[slot] = h
+    ref = cache.clone()
+    p, inp = random_params(TINY, device, gen), random_step(TINY, 3, device=device, generator=gen)
+    args = (inp["x"], inp["dt"], p.A, inp["B"], inp["C"], p.D, inp["z"], p.dt_bias)
+    y = replay_step(cache, *args, route="output_only", backend="triton")
+    y_ref = replay_step(ref, *args, backend="ref")
+    assert torch.isfinite(y).all() and torch.isfinite(cache.state).all()
+    assert_rel_close("y", y, y_ref, tolerance(F32))
+    assert_rel_close("checkpoint", cache.state, ref.state, tolerance(F32))
+    for f in ("x", "B", "dt"):
+        torch.testing.assert_close(getattr(cache, f), getattr(ref, f), rtol=1e-6, atol=0.0, equal_nan=True)
+
+
+@triton.jit
+def _split(a_ptr, hi_ptr, lo_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    hi, lo = split_bf16(tl.load(a_ptr + offs))
+    tl.store(hi_ptr + offs, hi.to(tl.float32))
+    tl.store(lo_ptr + offs, lo.to(tl.float32))
+
+
+def test_fold_bf16x2_bound_at_mamba2_operands(gen, device):
+    """The output-only fold's bf16x2 dot (bf16 activations): S = abar S0 + (X * s) @ B with X, B bf16-exact and the
+    fp32 side X * s split into bf16 hi + lo (replayssm/delta_rule/_tl.py, split in Triton: the interpreter
+    truncates where the GPU rounds to nearest, the bound covers both). At the fold's shapes (BLOCK_M 32, BLOCK_L 16,
+    a K chunk of 32) and the replay weights of random_params' A / dt ranges, every element of the rebuilt state is
+    within (2^-14 + BLOCK_L 2^-24) (|X s| @ |B|) of the float64 rebuild (the two products are exact in fp32, so they
+    are formed in float64; the interpreter does not emulate a bf16 tl.dot), and the state's relative error sits far
+    below the bf16 activations' own tolerance."""
+    if device != "cpu":
+        pytest.skip("interpreter check")
+    M, C, N = 32, 16, 32
+    A = -torch.exp(torch.empty(()).uniform_(0.0, 2.77, generator=gen)).double()
+    dt = torch.exp(torch.empty(C).uniform_(-6.9, -2.3, generator=gen)).double()
+    c = torch.cumsum(dt, 0)
+    s = dt * torch.exp(A * (c[-1] - c))                                    # the fold's replay weights
+    X = torch.randn(M, C, generator=gen).bfloat16().double()
+    B = torch.randn(C, N, generator=gen).bfloat16().double()
+    S0 = torch.randn(M, N, generator=gen, dtype=torch.float64)
+    xs = (X * s).float()                                                   # fp32, as the kernel forms it
+    hi, lo = torch.empty_like(xs), torch.empty_like(xs)
+    _split[(1,)](xs.view(-1), hi.view(-1), lo.view(-1), N=M * C)
+    assert torch.equal(hi.bfloat16().float(), hi) and torch.equal(lo.bfloat16().float(), lo)
+    exact = xs.double() @ B
+    split = (hi.double() @ B).float().double() + (lo.double() @ B).float().double()
+    assert ((split - exact).abs() <= (2.0 ** -14 + C * 2.0 ** -24) * (xs.double().abs() @ B.abs())).all()
+    abar = torch.exp(A * c[-1])
+    assert rel_err(abar * S0 + split, abar * S0 + X * s @ B) < 1e-2 * tolerance(torch.bfloat16)
 
 
 # -------------------------------------------------------------------------------------------- bad input
@@ -420,7 +521,7 @@ def test_cuda_bf16_and_fp32_parity(gen, route):
 @cuda_only
 @pytest.mark.parametrize("route", ["output_only", "state_and_output"])
 def test_cuda_graph_capture(gen, route):
-    """The whole step (3 launches, device cursors) replays from a CUDA graph like the eager calls."""
+    """The whole step (3-4 launches, device cursors) replays from a CUDA graph like the eager calls."""
     g, L = get_geometry("nemotron3_super_120b", 8), 4
     run = start(gen, g, 4, L, "triton", route, device="cuda")
     eager = run.caches["ref"]  # a clone of the starting cache, stepped eagerly with the same kernels
