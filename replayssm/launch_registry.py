@@ -193,6 +193,8 @@ _M2_AR_FOLD = "replayssm.mamba2.decode:default_fold_config"
 _M2_SPEC = "replayssm.mamba2.spec_kernels:default_launch_config"
 _FOLD = "replayssm.delta_rule.launch:default_ar_config"
 _FOLD_ROUTE = (("replay_ar", ("output_only_fold",)),)
+_M2_VF = "replayssm.mamba2.spec_verify_fold:default_vf_config"
+_M2_VF_ROUTE = (("replay_spec", ("verify_fold",)),)
 
 KERNELS: dict[str, KernelSpec] = _declare(
     KernelSpec("mamba2_replay_ar", "mamba2", ("headdim", "dstate", "L", "route"), _M2_AR,
@@ -205,6 +207,13 @@ KERNELS: dict[str, KernelSpec] = _declare(
     KernelSpec("mamba2_replay_tree", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_SPEC,
                (("replay_spec", None),), _mamba2_tree_space),
     KernelSpec("mamba2_spec_materialize", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_SPEC),
+    # the spec verify's "verify_fold" route (replayssm/mamba2/spec_verify_fold.py): issue 35 item 1
+    KernelSpec("mamba2_spec_prep", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_VF, _M2_VF_ROUTE),
+    # no tuning space yet: the spec harness's points carry no route (route None counts every route's kernels),
+    # so a space would have the tuner time kernels the fused route never launches; the candidates are ready in
+    # spec_tiles.verify_fold_candidates for when the harness names the route
+    KernelSpec("mamba2_spec_verify", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_VF, _M2_VF_ROUTE),
+    KernelSpec("mamba2_spec_fold", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_VF, _M2_VF_ROUTE),
     KernelSpec("mamba2_ssu_ar", "mamba2", ("headdim", "dstate"), _SSU, (("baseline_ar", None),), _ssu_space),
     KernelSpec("mamba2_ssu_spec", "mamba2", ("headdim", "dstate"), _SSU, (("baseline_spec", None),), _ssu_space,
                _SSU_SPEC_DROPPED),

@@ -126,7 +126,8 @@ LAUNCH_FLOOR_SOURCE = ("CUDA.jl docs, cuda.juliagpu.org/dev/usage/graphs/ (8 sma
 #           decode.py _launch_step: _bc_precompute_kernel + mamba2_ar_step_kernel + mamba2_ar_fold_kernel, whose
 #           programs exit at once on the rows that do not flush), state_and_output 1;
 #           baseline_spec 1 (ssu_spec_kernel); commit_replay_spec 2 (verify + commit); replay_spec 2
-#           (replayssm/mamba2/spec_kernels.py _scatter_bc_kernel + _verify_kernel)
+#           (replayssm/mamba2/spec_kernels.py _scatter_bc_kernel + _verify_kernel), its verify_fold form 3
+#           (replayssm/mamba2/spec_verify_fold.py: prep + verify + fold)
 #   gdn     baseline_ar 1 (baselines/gdn_recurrent.py); replay_ar 1 (replayssm/gdn/decode_kernels.py
 #           _gdn_replay_step_kernel); baseline_spec 1; commit_replay_spec 2 (baselines/gdn_commit_replay.py);
 #           replay_spec 1 (replayssm/gdn/spec_kernels.py _spec_verify_kernel)
@@ -136,6 +137,7 @@ LAUNCHES: dict[tuple[str, str, str], int] = {
     ("mamba2", "baseline_ar", ""): 1, ("mamba2", "replay_ar", "output_only"): 3,
     ("mamba2", "replay_ar", "state_and_output"): 1, ("mamba2", "baseline_spec", ""): 1,
     ("mamba2", "commit_replay_spec", ""): 2, ("mamba2", "replay_spec", ""): 2,
+    ("mamba2", "replay_spec", "verify_fold"): 3,
     ("gdn", "baseline_ar", ""): 1, ("gdn", "replay_ar", ""): 1, ("gdn", "baseline_spec", ""): 1,
     ("gdn", "commit_replay_spec", ""): 2, ("gdn", "replay_spec", ""): 1,
 }
@@ -200,6 +202,8 @@ def launches(family: str, method: str, route: str = "output_only", shared_cursor
     """Launches per layer step (LAUNCHES), with the cursor kernel unless the layers share one cursor."""
     family = "gdn" if family == "kda" else family          # KDA runs GDN's kernels (PER_CHANNEL)
     key = (family, method, route if (family, method) == ("mamba2", "replay_ar") else "")
+    if (family, method, route) in LAUNCHES:                 # a route with its own launch count
+        key = (family, method, route)
     if key not in LAUNCHES:
         raise ValueError(f"no launch count for {key}; known: {sorted(LAUNCHES)}")
     return LAUNCHES[key] + (0 if shared_cursor else CURSOR_LAUNCHES.get(method, 0))

@@ -25,6 +25,7 @@ from replayssm.checks import (
     check_same_device,
     check_shape,
     check_slots,
+    check_spec_route,
 )
 from replayssm.mamba2 import spec_ref, spec_torch
 from replayssm.mamba2.cache import SpecRing
@@ -53,7 +54,7 @@ def _check_kernel_geometry(ring: SpecRing, backend: str) -> None:
 def spec_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                 C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                 dt_bias: torch.Tensor | None = None, dt_softplus: bool = True, slots: torch.Tensor | None = None,
-                out: torch.Tensor | None = None, backend: str = "triton") -> torch.Tensor:
+                out: torch.Tensor | None = None, backend: str = "triton", route: str = "fused") -> torch.Tensor:
     """Outputs of all T window tokens of every row, all from the slot's checkpoint; the window goes into the ring.
 
     The window's inputs are scattered after the committed history and the T outputs computed with a causal
@@ -74,6 +75,10 @@ def spec_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
             as they are and no cache entry is touched.
         out: optional [batch, T, nheads, headdim] output in ring.act_dtype.
         backend: "triton" (default), "torch", "cpu" or "ref".
+        route: the Triton kernels (replayssm.checks.SPEC_ROUTES): "fused" (default; spec_kernels.py: scatter + bc,
+            one verify kernel for every row with the flush fold inside) or "verify_fold" (spec_verify_fold.py:
+            prep, a verify kernel for the rows that do not flush, a fold kernel for those that do). The torch,
+            cpu and ref backends accept both and compute the same function.
 
     Returns:
         y [batch, T, nheads, headdim] in ring.act_dtype (`out` when given; without it, NULL_SLOT rows hold
@@ -96,6 +101,7 @@ def spec_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
         (2, 4, 4, 16)
     """
     ring = _check_ring(ring)
+    check_spec_route(route)
     check_backend(backend, x, dt, A, B, C, D, z, dt_bias, out, ring.state)
     _check_kernel_geometry(ring, backend)
     geo, T = ring.geometry, ring.window
@@ -139,6 +145,10 @@ def spec_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
         # slots=None lets the torch backend read rows 0..batch-1 as views instead of gathering them
         torch_slots = None if slots_in is None else slots
         return spec_torch.verify_torch(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, torch_slots, out)
+    if route == "verify_fold":
+        from replayssm.mamba2.spec_verify_fold import launch_verify_fold
+
+        return launch_verify_fold(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out)
     from replayssm.mamba2.spec_kernels import launch_verify
 
     return launch_verify(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out)

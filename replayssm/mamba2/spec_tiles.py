@@ -70,3 +70,33 @@ def spec_tile_candidates(headdim: int, window: int, include_dropped: bool = Fals
                 if include_dropped or dropped_reason(cfg) is None:
                     out.append(cfg)
     return out
+
+
+# ------------------------------------------------------------------- the "verify_fold" route (spec_verify_fold.py)
+
+@dataclass(frozen=True)
+class VerifyFoldConfig:
+    """Tiles and warps of one kernel of the "verify_fold" route. block_m: headdim tile (verify and fold; the prep
+    takes its group's whole window); block_n: dstate chunk (verify: unrolled, fold: a pipelined runtime loop;
+    the prep: all of dstate); num_stages: the fold loop's pipelining depth (1 elsewhere)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    @property
+    def label(self) -> str:
+        return f"m{self.block_m}-n{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+
+
+def verify_fold_candidates(kernel: str, headdim: int, dstate: int) -> list[VerifyFoldConfig]:
+    """The tile space a GPU tuning run searches for a row kernel of the route (mamba2_spec_verify or
+    mamba2_spec_fold): headdim tile 32 / 64 (16 at headdim <= 16), dstate chunk 32 / 64, 2 / 4 warps."""
+    bn_max = max(16, next_pow2(dstate))
+    out = []
+    for block_m in ((16,) if headdim <= 16 else (32, 64)):
+        for block_n in sorted({min(32, bn_max), min(64, bn_max)}):
+            for warps in (2, 4):
+                out.append(VerifyFoldConfig(block_m, block_n, warps, 2 if kernel == "mamba2_spec_fold" else 1))
+    return out

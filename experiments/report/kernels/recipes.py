@@ -198,7 +198,7 @@ def _first_module_with(modules: tuple[str, ...], name: str) -> str:
     raise MissingModule(f"none of {', '.join(modules)} has {name}")
 
 
-def spec_recipe(family: str, modules: str | tuple[str, ...], cache_class: str) -> Callable:
+def spec_recipe(family: str, modules: str | tuple[str, ...], cache_class: str, route: str | None = None) -> Callable:
     """allocate -> spec_reset -> spec_verify of a T-token window -> spec_commit -> spec_materialize (the
     functions a method lacks are skipped). A ring gets one plain row and one flush row. The cache class
     lives in the first of `modules` that has it, the functions in the first that has spec_verify."""
@@ -217,7 +217,7 @@ def spec_recipe(family: str, modules: str | tuple[str, ...], cache_class: str) -
             cache.is_flush[:] = _rows([0, 1])
         inputs = _inputs(family, geom, device, window=POINT.window)
         with aot.phase("step"):
-            _step(family, verify, cache, inputs)
+            _step(family, verify, cache, inputs, **({} if route is None else {"route": route}))
             call(commit, cache, _accepted(device), A=inputs.get("A"), slots=inputs["slots"], backend="triton")
         if hasattr(mod, "spec_materialize"):
             call(mod.spec_materialize, cache, backend="triton", A=inputs.get("A"))
@@ -239,6 +239,10 @@ RECIPES = [
            replay_ar_recipe("mamba2", "replayssm.mamba2.cache", "state_and_output"), ar=True),
     Recipe("mamba2.replay_spec", "mamba2",
            spec_recipe("mamba2", ("replayssm.mamba2.spec", "replayssm.mamba2.cache"), "SpecRing"), ar=False),
+    # the prep / verify / fold spec route (replayssm/mamba2/spec_verify_fold.py): issue 35 item 1
+    Recipe("mamba2.replay_spec[verify_fold]", "mamba2",
+           spec_recipe("mamba2", ("replayssm.mamba2.spec", "replayssm.mamba2.cache"), "SpecRing", "verify_fold"),
+           ar=False),
     Recipe("mamba2.ssu", "mamba2",
            baseline_ar_recipe("mamba2", "baselines.mamba2_ssu", "selective_state_update"), ar=True),
     Recipe("mamba2.ssu_spec", "mamba2",

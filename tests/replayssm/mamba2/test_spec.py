@@ -91,7 +91,7 @@ def _window_inputs(case: Case, batch: int, device, gen) -> dict:
 
 
 def run_protocol(backend: str, case: Case, gen: torch.Generator, device, steps: int, batch: int, num_slots: int,
-                 materialize_every: int = 1) -> Counters:
+                 materialize_every: int = 1, route: str = "fused") -> Counters:
     geo, T = case.geometry, case.T
     ring = SpecRing.allocate(geo, num_slots, case.history, T, case.state, case.act, device)
     R, L = ring.ring_len, ring.max_len
@@ -142,7 +142,7 @@ def run_protocol(backend: str, case: Case, gen: torch.Generator, device, steps: 
 
         out = poison_(torch.empty(batch, T, geo.nheads, geo.headdim, dtype=case.act, device=device))
         y = spec_verify(ring, inp["x"], inp["dt"], A, inp["B"], inp["C"], D, inp["z"], dt_bias,
-                        dt_softplus=case.softplus, slots=slots_t, out=out, backend=backend)
+                        dt_softplus=case.softplus, slots=slots_t, out=out, backend=backend, route=route)
         assert y is out
         assert torch.isnan(y[dead]).all(), "a NULL_SLOT row's output was written"
 
