@@ -81,6 +81,7 @@ def entries(models: dict[str, str] = MODELS) -> list[Entry]:
         for m in REGISTRY.values():
             if family in m.families:
                 for route in m.routes(family):
+                    route = None if route == "fused" else route      # a ring's default form keeps its old name
                     out.append(Entry(f"{family}/{m.name}" + (f"/{route}" if route else ""), family, model, m.name,
                                      route))
     return out

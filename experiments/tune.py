@@ -116,7 +116,8 @@ def candidates(kernel: str, key: dict, include_dropped: bool = False) -> list:
 def kernels_of(p: Point) -> tuple[str, ...]:
     """The tunable kernels point `p`'s method launches per step (what `discover` finds at run time; the budget
     estimate counts tuning jobs from it without running anything)."""
-    return launch_registry.kernels_of(p.method, p.family, p.route)
+    route = "fused" if p.route is None and p.method == "replay_spec" else p.route   # a spec point's default form
+    return launch_registry.kernels_of(p.method, p.family, route)
 
 
 def static_key(kernel: str, p: Point, geometry) -> dict:
@@ -202,7 +203,7 @@ def phases(p: Point, plan: Plan, device: str, seed: int = 0) -> list[Phase]:
 
     out_phases = [Phase("verify", verify, touched_tensors(cache, out)),
                   Phase("commit", commit_after_verify, touched_tensors(cache, out))]
-    if p.method == "replay_spec":
+    if p.method == "replay_spec" and p.route is None:      # the tree verify is tuned on the fused form's points
         out_phases.append(Phase("tree_verify", _chain_tree_verify(p, cache, kw, slots, out),
                                 touched_tensors(cache, out)))
     return out_phases

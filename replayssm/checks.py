@@ -28,11 +28,11 @@ FP8_SCOPE = ("an fp8 (float8_e4m3fn) state is experimental and exists only for t
              "(replayssm.mamba2 / replayssm.gdn ReplayCache) on backend 'torch' or 'ref'")
 
 
-# The normal-step forms of a ReplaySSM AR step. "output_only_fold" (GDN only, replayssm/delta_rule/): the
+# The normal-step forms of a ReplaySSM AR step. "output_only_fold" (GDN and KDA, replayssm/delta_rule/): the
 # output-only readout on every step, flush rows included, with the per-key-head work in a precompute kernel and the
 # flush as a separate K-chunked fold of the whole buffer (the current token appended as its last entry).
 ROUTES = ("output_only", "state_and_output", "output_only_fold")
-FAMILY_ROUTES = {"mamba2": ROUTES[:2], "gdn": ROUTES, "kda": ROUTES[:2]}   # which family's kernels have which
+FAMILY_ROUTES = {"mamba2": ROUTES[:2], "gdn": ROUTES, "kda": ROUTES}   # which family's kernels have which
 
 
 def check_route(route, family: str | None = None) -> None:

@@ -94,6 +94,15 @@ def _mamba2_spec_space(key: dict) -> list:
     return spec_tile_candidates(key["headdim"], key["window"])
 
 
+def _mamba2_vf_space(kernel: str) -> Callable[[dict], list]:
+    """The verify_fold route's row kernels (mamba2_spec_verify, mamba2_spec_fold): replayssm/mamba2/spec_tiles.py."""
+    def space(key: dict) -> list:
+        from replayssm.mamba2.spec_tiles import verify_fold_candidates   # deferred, as _mamba2_spec_space
+
+        return verify_fold_candidates(kernel, key["headdim"], key["dstate"])
+    return space
+
+
 def _mamba2_tree_space(key: dict) -> list:
     # the chain's tiles; the tree launch ignores block_t (no padding)
     return [c for c in _mamba2_spec_space(key) if c.block_t is None]
@@ -120,7 +129,7 @@ def _fold_route_step_space(key: dict) -> list:
 
 
 def _fold_route_fold_space(key: dict) -> list:
-    return grid(block_v=fits((16, 32), max(16, key["V"])), block_k=(32,), num_warps=(2, 4), num_stages=(1, 2))
+    return grid(block_v=fits((16, 32, 64), max(16, key["V"])), block_k=(32,), num_warps=(2, 4), num_stages=(1, 2))
 
 
 # ------------------------------------------------------------------------------------- dropped candidates
@@ -159,6 +168,10 @@ def _declare(*specs: KernelSpec) -> dict[str, KernelSpec]:
     return out
 
 
+# The shipped ring verify ("fused" form of replay_spec) and the tree verify the tuner times on its points
+_FUSED_RING = (("replay_spec", ("fused",)),)
+
+
 def _delta_rule(family: str, dropped_replay_ar=None, dropped_spec_verify=None) -> list[KernelSpec]:
     """The kernels GDN and KDA share (KDA: the same Triton kernels with PER_CHANNEL=True), one entry each per
     family: a GDN table entry never reaches a KDA launch."""
@@ -170,9 +183,9 @@ def _delta_rule(family: str, dropped_replay_ar=None, dropped_spec_verify=None) -
                    dropped_replay_ar or {}),
         KernelSpec(f"{f}_replay_materialize", f, ("K", "V", "L"), "replayssm.gdn.decode_kernels:default_replay_config"),
         KernelSpec(f"{f}_replay_spec", f, ring, "replayssm.gdn.spec_kernels:default_launch_config",
-                   (("replay_spec", None),), _delta_ring_space),
+                   _FUSED_RING, _delta_ring_space),
         KernelSpec(f"{f}_replay_tree", f, ring, "replayssm.gdn.spec_kernels:default_launch_config",
-                   (("replay_spec", None),), _delta_ring_space),
+                   _FUSED_RING, _delta_ring_space),
         KernelSpec(f"{f}_spec_materialize", f, ring, "replayssm.gdn.spec_kernels:default_launch_config"),
         KernelSpec(f"{f}_recurrent", f, ("K", "V"), "baselines.gdn_recurrent:default_recurrent_config",
                    (("baseline_ar", None),), _recurrent_space),
@@ -203,17 +216,18 @@ KERNELS: dict[str, KernelSpec] = _declare(
                (("replay_ar", ("output_only",)),)),    # the output-only route's flush (mamba2/ar_kernels.py)
     KernelSpec("mamba2_replay_materialize", "mamba2", ("headdim", "dstate", "L", "route"), _M2_AR),
     KernelSpec("mamba2_replay_spec", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_SPEC,
-               (("replay_spec", None),), _mamba2_spec_space),
+               _FUSED_RING, _mamba2_spec_space),
     KernelSpec("mamba2_replay_tree", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_SPEC,
-               (("replay_spec", None),), _mamba2_tree_space),
+               _FUSED_RING, _mamba2_tree_space),
     KernelSpec("mamba2_spec_materialize", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_SPEC),
     # the spec verify's "verify_fold" route (replayssm/mamba2/spec_verify_fold.py): issue 35 item 1
     KernelSpec("mamba2_spec_prep", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_VF, _M2_VF_ROUTE),
-    # no tuning space yet: the spec harness's points carry no route (route None counts every route's kernels),
-    # so a space would have the tuner time kernels the fused route never launches; the candidates are ready in
-    # spec_tiles.verify_fold_candidates for when the harness names the route
-    KernelSpec("mamba2_spec_verify", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_VF, _M2_VF_ROUTE),
-    KernelSpec("mamba2_spec_fold", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_VF, _M2_VF_ROUTE),
+    # tuned on the spec points of that form (sweep.spec_routes: [verify_fold]; the fused form's points keep route
+    # None and launch the shipped kernels only)
+    KernelSpec("mamba2_spec_verify", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_VF, _M2_VF_ROUTE,
+               _mamba2_vf_space("mamba2_spec_verify")),
+    KernelSpec("mamba2_spec_fold", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_VF, _M2_VF_ROUTE,
+               _mamba2_vf_space("mamba2_spec_fold")),
     KernelSpec("mamba2_ssu_ar", "mamba2", ("headdim", "dstate"), _SSU, (("baseline_ar", None),), _ssu_space),
     KernelSpec("mamba2_ssu_spec", "mamba2", ("headdim", "dstate"), _SSU, (("baseline_spec", None),), _ssu_space,
                _SSU_SPEC_DROPPED),
@@ -227,6 +241,10 @@ KERNELS: dict[str, KernelSpec] = _declare(
     KernelSpec("gdn_replay_ar_prep", "gdn", ("K", "V", "L"), _FOLD, _FOLD_ROUTE),
     KernelSpec("gdn_replay_ar_step", "gdn", ("K", "V", "L"), _FOLD, _FOLD_ROUTE, _fold_route_step_space),
     KernelSpec("gdn_replay_ar_fold", "gdn", ("K", "V", "L"), _FOLD, _FOLD_ROUTE, _fold_route_fold_space),
+    # KDA's builds of the same phases (its own prep kernel; the step and the fold shared with GDN)
+    KernelSpec("kda_replay_ar_prep", "kda", ("K", "V", "L"), _FOLD, _FOLD_ROUTE),
+    KernelSpec("kda_replay_ar_step", "kda", ("K", "V", "L"), _FOLD, _FOLD_ROUTE, _fold_route_step_space),
+    KernelSpec("kda_replay_ar_fold", "kda", ("K", "V", "L"), _FOLD, _FOLD_ROUTE, _fold_route_fold_space),
     KernelSpec("tree_ring_move", "any", ("depth",), "replayssm.tree_ring:_commit_triton (inline rule)"),
 )
 

@@ -129,7 +129,8 @@ LAUNCH_FLOOR_SOURCE = ("CUDA.jl docs, cuda.juliagpu.org/dev/usage/graphs/ (8 sma
 #           (replayssm/mamba2/spec_kernels.py _scatter_bc_kernel + _verify_kernel), its verify_fold form 3
 #           (replayssm/mamba2/spec_verify_fold.py: prep + verify + fold)
 #   gdn     baseline_ar 1 (baselines/gdn_recurrent.py); replay_ar 1 (replayssm/gdn/decode_kernels.py
-#           _gdn_replay_step_kernel); baseline_spec 1; commit_replay_spec 2 (baselines/gdn_commit_replay.py);
+#           _gdn_replay_step_kernel), its output_only_fold route 3 (replayssm/delta_rule/launch.py: prep + step +
+#           fold); baseline_spec 1; commit_replay_spec 2 (baselines/gdn_commit_replay.py);
 #           replay_spec 1 (replayssm/gdn/spec_kernels.py _spec_verify_kernel)
 # plus CURSOR_LAUNCHES for the ReplaySSM methods: the cursor advance / commit kernel, one per layer when each
 # layer owns its cursor (the kernel rows), one per model step when the layers share it (vLLM, whole-model rows).
@@ -138,8 +139,8 @@ LAUNCHES: dict[tuple[str, str, str], int] = {
     ("mamba2", "replay_ar", "state_and_output"): 1, ("mamba2", "baseline_spec", ""): 1,
     ("mamba2", "commit_replay_spec", ""): 2, ("mamba2", "replay_spec", ""): 2,
     ("mamba2", "replay_spec", "verify_fold"): 3,
-    ("gdn", "baseline_ar", ""): 1, ("gdn", "replay_ar", ""): 1, ("gdn", "baseline_spec", ""): 1,
-    ("gdn", "commit_replay_spec", ""): 2, ("gdn", "replay_spec", ""): 1,
+    ("gdn", "baseline_ar", ""): 1, ("gdn", "replay_ar", ""): 1, ("gdn", "replay_ar", "output_only_fold"): 3,
+    ("gdn", "baseline_spec", ""): 1, ("gdn", "commit_replay_spec", ""): 2, ("gdn", "replay_spec", ""): 1,
 }
 CURSOR_LAUNCHES = {"replay_ar": 1, "replay_spec": 1}
 METHODS = ("baseline_ar", "replay_ar", "baseline_spec", "commit_replay_spec", "replay_spec")

@@ -163,6 +163,7 @@ GATE_TESTS = (
     "tests/replayssm/mamba2/test_decode.py::test_cuda_bf16_and_fp32_parity",
     "tests/replayssm/mamba2/test_decode.py::test_cuda_graph_capture",
     "tests/replayssm/mamba2/test_spec.py::test_triton_bf16_matches_torch_on_gpu",
+    "tests/replayssm/mamba2/test_spec_verify_fold.py::test_bf16_matches_torch_on_gpu",
     "tests/replayssm/gdn/test_gdn_spec.py::test_gpu_production_geometry[act_dtype0-state_dtype0]",
     "tests/baselines/test_gdn_spec_baselines.py::test_gpu_production_geometry[native-act_dtype0-state_dtype0]",
     "tests/baselines/test_gdn_spec_baselines.py::test_gpu_production_geometry[commit_replay-act_dtype0-state_dtype0]",
@@ -245,8 +246,9 @@ TUNE_CHECK = [
 ]
 
 # --------------------------------------------------------------------------------------- kernel_check
-# The kernel-redesign issues' call: <= 480 s with the wheels. The tune is the long pole: 21 jobs (3 models x
-# (baseline_ar, replay_ar x 2 routes) + 3 models x 2 T x (baseline_spec, replay_spec)), about 12-24 candidates
+# The kernel-redesign issues' call: <= 480 s with the wheels. The tune is the long pole: 26 jobs (3 models x
+# (baseline_ar, replay_ar output_only) + GDN and KDA's output_only_fold + 3 models x 2 T x (baseline_spec,
+# replay_spec fused and verify_fold)), about 12-24 candidates
 # each at ~5 s (compiles), side by side on the box's 16 cores with their timing windows serialized; a job cut by
 # the limit leaves its kernels at their defaults (rows say launch_source=default).
 _KERNEL_DECODE = (sweep("kernel_decode", "gpu_kernel_decode", *SHORT_TIMING, "method.names=[baseline_ar,replay_ar]"),)
@@ -255,20 +257,21 @@ _KERNEL_TUNE = (tune("kernel_decode:gpu_kernel_decode:baseline_ar,replay_ar",
                      "kernel_spec:gpu_kernel_spec:baseline_spec,replay_spec"),)
 _TABLE = (program("table"),)
 _NCU = ("--model", "qwen35_122b_a10b", "--batch", "256", "--buffer-len", "16", "--spec-T", "4", "--route",
-        "output_only", "--methods", "replay_ar,replay_spec", "--timeout", "25", "--kernel-regex",
+        "output_only_fold", "--methods", "replay_ar,replay_spec", "--timeout", "25", "--kernel-regex",
         "step_kernel|verify_kernel", "--sections", _SECTIONS + ",InstructionStats")
 KERNEL_CHECK = [
     ENV, WHEELS,
     tests_stage("gate", 45, "correctness on the GPU: the kernel tests (bf16, production geometry, graph capture)",
                 "GATE_TESTS", GATE_TESTS),
-    Stage("tune", 140, "experiments.tune both sides at b256: AR (L16, both routes) and spec (T4/T8) kernels of "
-          "Qwen3.5-122B, Kimi-Linear, Super-120B, one job per model x method (x route / T), in parallel",
+    Stage("tune", 140, "experiments.tune both sides at b256: AR (L16, shipped and redesigned routes) and spec "
+          "(T4/T8, both ring forms) kernels of Qwen3.5-122B, Kimi-Linear, Super-120B, one job per model x method "
+          "(x route / T), in parallel",
           steps=_KERNEL_TUNE, dry=_KERNEL_TUNE, dry_limit_s=150),
-    Stage("decode", 40, "kernel_decode tuned, b256/512 L16, the three models: baseline_ar, replay_ar both routes "
-          "(conf/sweep/gpu_kernel_decode.yaml)", steps=_KERNEL_DECODE, dry=_KERNEL_DECODE, dry_limit_s=120),
-    Stage("spec", 55, "kernel_spec tuned, b256/512 T4/T8 (B 16, rate 0.8), the three models: baseline_spec, "
-          "replay_spec (conf/sweep/gpu_kernel_spec.yaml)", steps=_KERNEL_SPEC, dry=_KERNEL_SPEC, dry_limit_s=120),
-    Stage("ncu", 60, "ncu on the ReplaySSM steps (replay_ar output_only, replay_spec T4) at Qwen3.5-122B b256: DRAM "
+    Stage("decode", 40, "kernel_decode tuned, b256/512 L16, the three models: baseline_ar, replay_ar output_only "
+          "and output_only_fold (conf/sweep/gpu_kernel_decode.yaml)", steps=_KERNEL_DECODE, dry=_KERNEL_DECODE, dry_limit_s=120),
+    Stage("spec", 65, "kernel_spec tuned, b256/512 T4/T8 (B 16, rate 0.8), the three models: baseline_spec, "
+          "replay_spec fused and verify_fold (conf/sweep/gpu_kernel_spec.yaml)", steps=_KERNEL_SPEC, dry=_KERNEL_SPEC, dry_limit_s=120),
+    Stage("ncu", 50, "ncu on the ReplaySSM steps (replay_ar output_only_fold, replay_spec T4) at Qwen3.5-122B b256: DRAM "
           "bytes and sections (occupancy, registers, instructions)", steps=(dram("dram.csv", *_NCU,
                                                                                   extra="NCU_ARGS"),)),
     Stage("table", 5, "the kernel table: tuned us, default us, vs baseline, byte model, ncu -> kernel_table.md",

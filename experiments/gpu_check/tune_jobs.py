@@ -20,7 +20,8 @@ every finished job's entries; the kernels of a job cut short run at their defaul
 launch_source=default). Each job's log is LOGS/<job>.log; its tuned lines are echoed when it ends.
 
 The jobs come from the named sweep files: their models (or --model), routes (kernel_decode's replay_ar: a
-job per route) and spec_T (kernel_spec: a job per T), tuned at --batch (default 256: the claims' batch; the
+job per route the model's family has), spec_T and spec_routes (kernel_spec: a job per T, and replay_spec's per
+ring form), tuned at --batch (default 256: the claims' batch; the
 tune key has no batch). kernel_spec jobs drop its reference method (baseline_ar: the kernel_decode jobs tune
 it). --dry-run: the interpreter, the sweep's on_cpu models and experiments.tune's fake timer (the procedure,
 not a speed), one job of each set (the cheapest).
@@ -58,7 +59,9 @@ class Job:
 
     def argv(self, out: Path, batch: int, dry: bool) -> list[str]:
         over = [f"method.names=[{self.method}]"]
-        over += [f"sweep.routes=[{self.route}]"] if self.route else []
+        if self.route:
+            over += [f"sweep.spec_routes=[{self.route}]" if self.experiment == "kernel_spec"
+                     else f"sweep.routes=[{self.route}]"]
         if self.experiment == "kernel_spec":
             over += [f"sweep.spec_T=[{self.spec_T}]", "experiment.reference_methods=[]"]
         if dry:           # experiments.tune --dry-run composes sweep=smoke itself: the model through on_cpu
@@ -80,13 +83,23 @@ def jobs_of(job_set: str, models: list[str], dry: bool) -> list[Job]:
     chosen = models if models and not dry else list(cfg.get("models") or [])
     if not chosen:
         raise SystemExit(f"tune_jobs: {sweep}.yaml names no models: give --model")
+    from experiments.harness.methods import REGISTRY
+    from experiments.harness.points import load_model_config
+
     out = []
     for model in chosen:
         for method in methods.split(","):
+            # a route job only where the method has that route for the model's family (Mamba-2 has no
+            # output_only_fold; the ring's forms are replay_spec's alone): a job with no point tunes nothing
+            m = REGISTRY[method]
+            has = m.routes(load_model_config(model)["family"], "triton") if m.routes("gdn") != (None,) else (None,)
             if experiment == "kernel_spec":
-                out += [Job(experiment, sweep, model, method, spec_T=int(t)) for t in cfg.get("spec_T") or [4]]
+                forms = [r for r in cfg.get("spec_routes") or ["fused"] if r in has] or [None]
+                out += [Job(experiment, sweep, model, method, route=r, spec_T=int(t))
+                        for t in cfg.get("spec_T") or [4] for r in forms]
             elif method == "replay_ar":
-                out += [Job(experiment, sweep, model, method, route=r) for r in cfg.get("routes") or ["output_only"]]
+                out += [Job(experiment, sweep, model, method, route=r)
+                        for r in cfg.get("routes") or ["output_only"] if r in has]
             else:
                 out.append(Job(experiment, sweep, model, method, route=(cfg.get("routes") or [None])[0]))
     return out

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from replayssm.checks import interpreter_active
+from replayssm.checks import SPEC_ROUTES, interpreter_active
 from replayssm.fp8_checkpoint import write_checkpoint
 
 REGISTRY: dict[str, Method] = {}
@@ -197,7 +197,7 @@ class ReplayAR(Method):
         # Mamba-2: both routes on every backend (the C kernels have both). GDN and KDA: the Triton kernel has both
         # (output-only reads the checkpoint with the two vectors k and q); the torch and C forms compute the
         # output-only algebra only, so a state-and-output row there would name a form that did not run.
-        if family == "gdn" and backend == "triton":      # + the prep / step / fold route (replayssm/delta_rule/)
+        if family in ("gdn", "kda") and backend == "triton":   # + the prep / step / fold route (replayssm/delta_rule/)
             return ("output_only", "state_and_output", "output_only_fold")
         if family == "mamba2" or backend == "triton":
             return ("output_only", "state_and_output")
@@ -251,7 +251,8 @@ class SpecMethod(Method):
         return {"verify": mod.spec_verify, "commit": mod.spec_commit}
 
     def verify(self, fns, cache, p, kw, slots, out):
-        return fns["verify"](cache, **kw, slots=slots, out=out, backend=p.backend)
+        route = {} if p.route is None else {"route": p.route}
+        return fns["verify"](cache, **kw, slots=slots, out=out, backend=p.backend, **route)
 
     def commit(self, fns, cache, p, num_accepted, slots, A):
         if self.commit_takes_A:
@@ -324,6 +325,16 @@ class ReplaySpec(SpecMethod):
     modules = {"mamba2": "replayssm.mamba2.spec", "gdn": "replayssm.gdn.spec", "kda": "replayssm.kda.spec"}
     cache_modules = {"mamba2": ("replayssm.mamba2.cache", "SpecRing"), "gdn": ("replayssm.gdn.ring", "SpecRing"),
                      "kda": ("replayssm.kda.cache", "SpecRing")}
+
+    def routes(self, family, backend="triton"):
+        # the Triton ring verify's two forms (replayssm/checks.py SPEC_ROUTES); the torch and C forms compute one
+        # algebra, so a verify_fold row there would name a form that did not run
+        return SPEC_ROUTES if backend == "triton" else ("fused",)
+
+    def route_for(self, family, backend, requested):
+        """A single-route sweep's route names an AR form (sweep.route): the ring keeps its default form (None,
+        as its points carry it), unless the request names another of its own Triton forms."""
+        return requested if requested != "fused" and requested in self.routes(family, backend) else None
 
     def allocate(self, p, wl, num_slots, device):
         return self._cache_class(wl.family).allocate(wl.geometry, num_slots, p.history_len, p.spec_T,

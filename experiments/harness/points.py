@@ -25,7 +25,7 @@ from experiments.harness.acceptance import Acceptance, parse_acceptance
 from experiments.harness.bandwidth import MODES as COLD_PROBE_MODES
 from experiments.harness.methods import REGISTRY, Method
 from experiments.harness.serving_shape import cursor_period, parse_cursors
-from replayssm.checks import ROUTES, interpreter_active
+from replayssm.checks import ROUTES, SPEC_ROUTES, interpreter_active
 from replayssm.geometry import GDN_MODELS, KDA_MODELS, MAMBA2_MODELS, GDNGeometry, KDAGeometry, Mamba2Geometry
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -55,6 +55,7 @@ class SweepSchema:
     batch: list[int] = field(default_factory=lambda: [1])
     buffer_len: list[int] = field(default_factory=lambda: [16])
     routes: list[str] = field(default_factory=lambda: ["output_only", "state_and_output"])
+    spec_routes: list[str] = field(default_factory=lambda: ["fused"])   # the ring verify's Triton forms (SPEC_ROUTES)
     spec_T: list[int] = field(default_factory=lambda: [4])
     history_len: list[int] = field(default_factory=lambda: [16])
     acceptance: list[Any] = field(default_factory=list)  # {kind: rate, p: 0.8} or a label "rate:0.8"
@@ -387,6 +388,8 @@ def expand(cfg) -> Plan:
     state_dtypes = _dtype_list(sweep, "state_dtype", STATE_DTYPES)
     act_dtypes = _dtype_list(sweep, "act_dtype", ACT_DTYPES)
     routes = [_choice(f"sweep.routes[{i}]", r, ROUTES) for i, r in enumerate(sweep.get("routes") or [])]
+    spec_routes = [_choice(f"sweep.spec_routes[{i}]", r, SPEC_ROUTES)
+                   for i, r in enumerate(sweep.get("spec_routes") or ["fused"])]
     buffer_lens = _int_list(sweep, "buffer_len") if kind == "ar" else []
     spec_Ts = _int_list(sweep, "spec_T") if kind == "spec" else []
     history_lens = _int_list(sweep, "history_len") if kind == "spec" else []
@@ -441,7 +444,7 @@ def expand(cfg) -> Plan:
                                         method=method.name, batch=batch, state_dtype=sd, act_dtype=ad, geometry=geo,
                                         backend=method.backend_for(backend, spec.family), num_slots=batch * factor)
                             new = _method_points(method, base, spec.family, kind, method.name in reference,
-                                                 buffer_lens, routes, spec_Ts, history_lens, accs)
+                                                 buffer_lens, routes, spec_Ts, history_lens, accs, spec_routes)
                             points += _with_cursors(method, new, layouts)
     if not points:
         raise ValueError("sweep: no point to run (no selected method applies to the selected models)")
@@ -451,18 +454,23 @@ def expand(cfg) -> Plan:
 
 
 def _method_points(method: Method, base: dict, family: str, kind: str, is_reference: bool, buffer_lens, routes,
-                   spec_Ts, history_lens, accs) -> list[Point]:
+                   spec_Ts, history_lens, accs, spec_routes=("fused",)) -> list[Point]:
+    """A spec method with Triton forms (replay_spec: SPEC_ROUTES) gets a point per requested form; the default
+    form ("fused") keeps route None, so its points hash as they did before the forms existed."""
     empty = dict(route=None, buffer_len=None, spec_T=None, history_len=None, acceptance=None)
     if method.kind == "ar":
         if not method.uses_buffer or is_reference:
             return [Point(**base, **empty)]
         method_routes = [r for r in routes if r in method.routes(family, base["backend"])]
         return [Point(**base, **dict(empty, route=r, buffer_len=L)) for L in buffer_lens for r in method_routes]
+    forms = method.routes(family, base["backend"])
+    forms = [None] if forms == (None,) else [None if r == "fused" else r for r in spec_routes if r in forms]
     out = []
     for T in spec_Ts:
         for acc in accs:
             hist = history_lens if method.uses_history else [None]
-            out += [Point(**base, **dict(empty, spec_T=T, acceptance=acc.label, history_len=B)) for B in hist]
+            out += [Point(**base, **dict(empty, spec_T=T, acceptance=acc.label, history_len=B, route=r))
+                    for B in hist for r in forms]
     return out
 
 

@@ -58,6 +58,22 @@ def replay_dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
+def replay_dot_rhs(a, b, DOT: tl.constexpr):
+    """a [M, C] (the u rows, in their stored dtype) @ b [C, N] fp32 -> [M, N] fp32: `replay_dot` with the split on
+    the right-hand operand (the fold's weighted keys), the same bounds with the roles of A and B exchanged."""
+    if DOT == "bf16x2":
+        hi, lo = split_bf16(b)
+        aa = a.to(tl.bfloat16)
+        return tl.dot(aa, lo, tl.dot(aa, hi))
+    elif DOT == "tf32x2":
+        hi, lo = split_tf32(b)
+        aa = a.to(tl.float32)
+        return tl.dot(aa, lo, tl.dot(aa, hi, input_precision="tf32"), input_precision="tf32")
+    else:
+        return tl.dot(a.to(tl.float32), b, input_precision=DOT)
+
+
+@triton.jit
 def replay_weights(g_hist, mask_c, AXIS: tl.constexpr):
     """The buffer's replay weights along AXIS from its log decays g_hist (0 where ~mask_c):
     (exp(G_tot), w) with w_j = exp(G_tot - G_pre_j), G_pre inclusive, so that

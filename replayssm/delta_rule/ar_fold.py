@@ -4,14 +4,21 @@ of a row whose cursor is not at L-1 returns at once.
 On a flush step the prep (ar_prep.py) has appended the token's key and log decay at buffer row L-1 and the main
 step its u, so the buffer holds all L entries and the fold is one uniform replay of the whole buffer:
 
-    S0 <- exp(G_tot) S0 + sum_{j<L} w_j u_j k_j^T = exp(G_tot) S0 + (u^T * w) @ k_buf     ([BV, BC] @ [BC, BKT])
+    S0 <- S0 diag(exp(G_tot)) + u^T @ (W * k_buf)        ([BV, BC] @ [BC, BKT] per K chunk)
+    G_pre[j, c] = g_0[c] + .. + g_j[c] (inclusive),  G_tot = G_pre[L-1],  W[j, c] = exp(G_tot[c] - G_pre[j, c])
 
-walked over K in chunks of BKT columns (a runtime loop: one [BV, BKT] chunk live at a time) and stored per chunk.
+One kernel for both delta-rule families, with no family flag: the log decays are read as a [BC, BKT] tile at
+`stride_gb_k` along K, which is KDA's 1 (a decay per key channel) and GDN's 0 (one decay per head and entry,
+broadcast along the chunk). GDN pays L x BKT exps per chunk where L would do, on 1/L of the steps. Every factor
+exp(G_tot - G_pre) is in (0, 1] (g <= 0: a decay), so no weight overflows, whatever L and the gate; nothing is
+pre-multiplied by exp(-G_pre) (the pre-decayed-key form, whose exp(-G_pre) grows without bound with L |g|).
+
+Walked over K in chunks of BKT columns (a runtime loop: one [BV, BKT] chunk live at a time), stored per chunk.
 Why a separate kernel and not a branch of the step (the shipped route) or a re-walk inside it:
   - the step then never carries the flush's registers (the shipped step: normal path alone 85 registers,
     flush alone 162, both 125 / 163 under Triton 3.7.1 / 3.6.0), and the fold never holds a whole [BV, K]
     tile or waits for u: u is already in the buffer;
-  - the fold's own register budget is set by one chunk and the weighted u rows, so it can stream;
+  - the fold's own register budget is set by one chunk and its [BC, BKT] weights, so it can stream;
   - the cost: one early-exit grid per step (two loads per program) and, on flush rows, a second read of the
     checkpoint (L2-hot when the fold follows the step closely, HBM otherwise) and of the buffer. A fused
     circular-checkpoint fold (store the history-only rebuild inside the step) would avoid the second read but
@@ -20,8 +27,9 @@ The u and k of the current token enter the fold rounded to the buffer's dtype, e
 does (the shipped route folds the current token's fp32 u and k): one more rounding of the kind every
 replayed entry already has.
 
-The dot is `replay_dot` (_tl.py): bf16x2 for bf16 keys, tf32x2 for fp16 keys, tf32x3 for fp32 keys (ieee in
-the interpreter), chosen by a heuristic on the buffer's dtype, with its error bound stated there.
+The dot is `replay_dot_rhs` (_tl.py): the u rows stay in their stored dtype (exact in a 16-bit MMA) and the fp32
+weighted keys W * k are split: bf16x2 for bf16 buffers, tf32x2 for fp16, FP32_DOT (tf32x3; ieee in the
+interpreter) for fp32, chosen by a heuristic on the buffer's dtype, with the error bound stated there.
 """
 
 from __future__ import annotations
@@ -29,15 +37,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from replayssm.delta_rule._tl import key_dot, replay_dot, replay_weights
+from replayssm.delta_rule._tl import key_dot, replay_dot_rhs, replay_weights
 
 
-@triton.heuristics({"DOT": lambda a: key_dot(a["kbuf_ptr"].dtype, a["FP32_DOT"])})
+@triton.heuristics({"DOT": lambda a: key_dot(a["ubuf_ptr"].dtype, a["FP32_DOT"])})
 @triton.jit
 def ar_fold_kernel(
     slots_ptr, wpos_ptr, state_ptr, ubuf_ptr, kbuf_ptr, gbuf_ptr,
     stride_s_slot, stride_s_h, stride_s_v, stride_u_slot, stride_u_h, stride_u_l,
-    stride_kb_slot, stride_kb_h, stride_kb_l, stride_gb_slot, stride_gb_h, stride_gb_l,
+    stride_kb_slot, stride_kb_h, stride_kb_l, stride_gb_slot, stride_gb_h, stride_gb_l, stride_gb_k,
     NULL_ID: tl.constexpr, HV_PER_H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BV: tl.constexpr, BKT: tl.constexpr, BC: tl.constexpr, FP32_DOT: tl.constexpr, DOT: tl.constexpr,
 ):
@@ -57,16 +65,19 @@ def ar_fold_kernel(
     mask_v = offs_v < V
     offs_c = tl.arange(0, BC)
     mask_c = offs_c < L
-    decay0, w = replay_weights(tl.load(gbuf_ptr + offs_c * stride_gb_l, mask=mask_c, other=0.0), mask_c, 0)
     U = tl.load(ubuf_ptr + offs_c[None, :] * stride_u_l + offs_v[:, None],
-                mask=mask_v[:, None] & mask_c[None, :], other=0.0).to(tl.float32) * w[None, :]     # [BV, BC]
+                mask=mask_v[:, None] & mask_c[None, :], other=0.0)                                  # [BV, BC]
     for kt in tl.range(0, (K + BKT - 1) // BKT):        # constexpr bound: a loop, not unrolled
         offs_k = kt * BKT + tl.arange(0, BKT)
         mask_k = offs_k < K
         s_ptrs = state_ptr + offs_v[:, None] * stride_s_v + offs_k[None, :]
         s_mask = mask_v[:, None] & mask_k[None, :]
         S0 = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)
-        kb = tl.load(kbuf_ptr + offs_c[:, None] * stride_kb_l + offs_k[None, :],
-                     mask=mask_c[:, None] & mask_k[None, :], other=0.0)                          # [BC, BKT]
-        S = decay0 * S0 + replay_dot(U, kb, DOT)
+        ck_mask = mask_c[:, None] & mask_k[None, :]
+        kb = tl.load(kbuf_ptr + offs_c[:, None] * stride_kb_l + offs_k[None, :], mask=ck_mask,
+                     other=0.0).to(tl.float32)                                                     # [BC, BKT]
+        g = tl.load(gbuf_ptr + offs_c[:, None] * stride_gb_l + offs_k[None, :] * stride_gb_k, mask=ck_mask,
+                    other=0.0)
+        decay0, W = replay_weights(g, ck_mask, 0)                                                  # [BKT], [BC, BKT]
+        S = decay0[None, :] * S0 + replay_dot_rhs(U, W * kb, DOT)
         tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)

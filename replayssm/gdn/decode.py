@@ -98,7 +98,7 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
         route: the Triton kernel's normal-step form: "output_only" (default; the checkpoint is read with the two
             vectors k and q and S_h is never formed, the algebra the torch and C forms also use) or
             "state_and_output" (S_h rebuilt as a tile by a tensor-core GEMM over the buffer, then read: the
-            paper's GDN kernel). Flush steps rebuild the tile on both routes. "output_only_fold" (GDN only,
+            paper's GDN kernel). Flush steps rebuild the tile on both routes. "output_only_fold" (GDN and KDA,
             replayssm/delta_rule/): the output-only readout on every step, flush rows included, with the
             per-key-head work in a precompute kernel and the flush as a separate K-chunked fold of the whole
             buffer. The float64, torch and C backends accept every name and compute the same function.

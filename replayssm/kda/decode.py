@@ -50,8 +50,9 @@ def replay_step(cache: ReplayCache, q: torch.Tensor, k: torch.Tensor, v: torch.T
         slots: int32 [batch], each row's cache slot (default arange(batch)); a NULL_SLOT (-1) row is skipped.
         out: optional [batch, HV, V] output in cache.act_dtype.
         backend: "triton" (default), "torch", "cpu" or "ref"; all compute the same function and cache contents.
-        route: the Triton kernel's normal-step form, "output_only" (default) or "state_and_output", as in
-            replayssm.gdn.replay_step (the same kernel; the decays go onto the vectors and keys per channel).
+        route: the Triton kernel's normal-step form, "output_only" (default), "state_and_output" or
+            "output_only_fold", as in replayssm.gdn.replay_step (the same kernels; the decays go onto the vectors
+            and keys per channel: on "output_only_fold" in KDA's own prep kernel, once per (row, value head)).
 
     Returns:
         o [batch, HV, V] in cache.act_dtype (`out` when given).

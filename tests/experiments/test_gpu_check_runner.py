@@ -127,8 +127,13 @@ def test_each_gpu_sweep_expands_to_its_points_on_the_gpu_and_to_a_tiny_sweep_on_
     assert {getattr(p, key) for p in plan.points if getattr(p, key)} == per_point
     assert {(p.backend, p.device, p.timing_mode, p.l2, p.state_dtype, p.act_dtype) for p in plan.points} == {
         ("triton", "cuda", "graph", "cold", "float32", "bfloat16")}
-    if experiment == "kernel_decode":
+    if name == "gpu_kernel_decode":   # the shipped default beside the redesign, which Mamba-2 does not have
+        assert {p.route for p in plan.points if p.method == "replay_ar"} == {"output_only", "output_only_fold"}
+        assert {p.route for p in plan.points if p.family == "mamba2" and p.method == "replay_ar"} == {"output_only"}
+    elif experiment == "kernel_decode":
         assert {p.route for p in plan.points if p.method == "replay_ar"} == {"output_only", "state_and_output"}
+    if name == "gpu_kernel_spec":     # both ring forms on Triton; the fused form keeps route None
+        assert {p.route for p in plan.points if p.method == "replay_spec"} == {None, "verify_fold"}
     cpu = _expand(experiment, over, cuda=False)
     assert {p.model for p in cpu.points} <= {"tiny_mamba2", "tiny_gdn", "tiny_kda"} and {p.batch for p in cpu.points} \
         == {1} and {p.backend for p in cpu.points} == {"torch"} and len(cpu.points) <= 8
@@ -149,13 +154,18 @@ def test_the_hybrid_gpu_sweeps_compose_for_their_experiment(experiment, name):
 def test_tune_jobs_split_both_sides_per_model_route_and_T():
     ar = tune_jobs.jobs_of("kernel_decode:gpu_kernel_decode:baseline_ar,replay_ar", [], dry=False)
     spec = tune_jobs.jobs_of("kernel_spec:gpu_kernel_spec:baseline_spec,replay_spec", [], dry=False)
-    assert len(ar) == 9 and len(spec) == 12                      # the 21 jobs the kernel_check plan counts on
+    assert len(ar) == 8 and len(spec) == 18                      # the 26 jobs the kernel_check plan counts on
     assert {(j.method, j.route) for j in ar} == {("baseline_ar", "output_only"), ("replay_ar", "output_only"),
-                                                 ("replay_ar", "state_and_output")}
-    argv = next(j for j in spec if j.method == "replay_spec" and j.spec_T == 8).argv(Path("P"), 256, dry=False)
+                                                 ("replay_ar", "output_only_fold")}
+    assert not [j for j in ar if j.model == "nemotron3_super_120b" and j.route == "output_only_fold"]
+    assert {(j.method, j.route) for j in spec} == {("baseline_spec", None), ("replay_spec", "fused"),
+                                                   ("replay_spec", "verify_fold")}
+    argv = next(j for j in spec if j.method == "replay_spec" and j.spec_T == 8 and j.route == "verify_fold").argv(
+        Path("P"), 256, dry=False)
     assert argv[:6] == ["--experiment", "kernel_spec", "--all", "--geometry", "qwen35_122b_a10b", "--out"]
     assert argv[argv.index("--") + 1:] == ["sweep=gpu_kernel_spec", "sweep.batch=[256]", "method.names=[replay_spec]",
-                                           "sweep.spec_T=[8]", "experiment.reference_methods=[]"]
+                                           "sweep.spec_routes=[verify_fold]", "sweep.spec_T=[8]",
+                                           "experiment.reference_methods=[]"]
     assert [j.model for j in tune_jobs.jobs_of("kernel_decode:gpu_tune_ar:baseline_ar", ["m1", "m2"], False)] == [
         "m1", "m2"]
     dry = tune_jobs.jobs_of("kernel_decode:gpu_kernel_decode:baseline_ar", [], dry=True)

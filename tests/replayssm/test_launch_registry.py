@@ -20,11 +20,14 @@ SMOKE = ["sweep=smoke", "sweep.on_cpu.backend=triton", "sweep.on_cpu.batch=[2]",
 @pytest.mark.parametrize("model", ["tiny_mamba2", "tiny_gdn", "tiny_kda"])
 @pytest.mark.parametrize("experiment", ["kernel_decode", "kernel_spec"])
 def test_every_runtime_launch_is_declared_under_its_static_key(model, experiment):
-    routes = "[output_only,state_and_output,output_only_fold]" if model == "tiny_gdn" else \
-        "[output_only,state_and_output]"
+    routes = "[output_only,state_and_output]" if model == "tiny_mamba2" else \
+        "[output_only,state_and_output,output_only_fold]"
+    spec_routes = "[fused,verify_fold]" if model == "tiny_mamba2" else "[fused]"
     ((plan, points),) = tune.plan_points([experiment], SMOKE + [f"sweep.models=[{model}]",
                                                                f"sweep.on_cpu.models=[{model}]",
-                                                               f"sweep.routes={routes}"], claims_only=False)
+                                                               f"sweep.routes={routes}",
+                                                               f"+sweep.on_cpu.spec_routes={spec_routes}"],
+                                         claims_only=False)
     assert points
     checked = set()
     for p in points:

@@ -44,6 +44,8 @@ def test_replay_terms_are_the_cycle_mean_and_its_launches():
     assert st.step_time(SMALL, "replay_ar", "b300", 5, L=L, route="state_and_output").launches == 2
     assert st.step_time(SMALL, "replay_ar", "b300", 5, L=L, shared_cursor=True).launches == 3
     assert st.launches("gdn", "replay_ar") == 2 and st.launches("gdn", "replay_ar", shared_cursor=True) == 1
+    assert st.launches("gdn", "replay_ar", "output_only_fold") == 4 == st.launches("kda", "replay_ar",
+                                                                                   "output_only_fold")
     assert st.launches("mamba2", "replay_spec", "verify_fold") == 4 and st.launches("mamba2", "replay_spec") == 3
     assert st.launches("gdn", "baseline_ar") == 1
     assert st.step_time(SMALL, "replay_ar", "b300", 5, L=L, n_launches=7).launch_s == pytest.approx(7 * 2e-6)

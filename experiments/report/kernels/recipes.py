@@ -299,6 +299,8 @@ RECIPES += [
     Recipe("kda.replay", "kda", replay_ar_recipe("kda", "replayssm.kda.cache"), ar=True),      # output-only
     Recipe("kda.replay[state_and_output]", "kda",
            replay_ar_recipe("kda", "replayssm.kda.cache", "state_and_output"), ar=True),
+    Recipe("kda.replay[output_only_fold]", "kda",
+           replay_ar_recipe("kda", "replayssm.kda.cache", "output_only_fold"), ar=True),
     Recipe("kda.replay_spec", "kda", spec_recipe("kda", ("replayssm.kda.spec", "replayssm.kda.cache"), "SpecRing"),
            ar=False),
     Recipe("kda.replay_tree", "kda", tree_recipe("kda"), ar=False),

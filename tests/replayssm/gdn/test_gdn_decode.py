@@ -321,7 +321,7 @@ def test_bf16_rejected_by_the_interpreter(gen, device):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("route", ["output_only", "state_and_output"])
+@pytest.mark.parametrize("route", ["output_only", "state_and_output", "output_only_fold"])
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.bfloat16, F32), (F32, torch.bfloat16)])
 def test_bf16_on_gpu(act_dtype, state_dtype, route, gen):
     run_scenario(f"triton:{route}", TINY, 4, act_dtype, state_dtype, 7, gen, "cuda", use_qk_l2norm=True)
@@ -439,23 +439,26 @@ def test_output_only_fold_split_bf16_bound(gen, device):
     assert ((split - exact).abs() <= bound).all()
 
 
-def test_output_only_fold_is_gdn_only(gen, device):
-    """KDA and Mamba-2 keep their routes: the new name is refused before anything is written."""
+def test_output_only_fold_is_delta_rule_only(gen, device):
+    """GDN and KDA share the route's kernels (KDA's prep is its own); Mamba-2 refuses the name before anything is
+    written."""
     from replayssm.checks import FAMILY_ROUTES, check_route
 
-    assert "output_only_fold" in FAMILY_ROUTES["gdn"]
-    for family in ("kda", "mamba2"):
-        with pytest.raises(ValueError, match="output_only_fold"):
-            check_route("output_only_fold", family)
+    assert "output_only_fold" in FAMILY_ROUTES["gdn"] and "output_only_fold" in FAMILY_ROUTES["kda"]
+    with pytest.raises(ValueError, match="output_only_fold"):
+        check_route("output_only_fold", "mamba2")
 
 
 def test_output_only_fold_main_kernel_has_no_family_flag():
-    """structure-review §4.1 rule 1: the main step carries no family constexpr (family work lives in the prep)."""
+    """structure-review §4.1 rule 1: the main step and the fold carry no family constexpr (family work lives in the
+    prep kernels; the fold reads the decays at a stride along K, 0 for GDN), so GDN and KDA launch the same two."""
     import inspect
 
     from replayssm.delta_rule import ar_fold, ar_step
 
-    for module in (ar_step, ar_fold):
+    for module, kernel in ((ar_step, ar_step.ar_step_kernel), (ar_fold, ar_fold.ar_fold_kernel)):
         src = inspect.getsource(module)
         for flag in ("PER_CHANNEL", "IS_KDA", "FAMILY"):
             assert flag not in src, f"{module.__name__} names {flag}"
+        names = [p.upper() for p in inspect.signature(kernel.fn).parameters]
+        assert not [n for n in names if "KDA" in n or "GDN" in n or "CHANNEL" in n], names

@@ -19,8 +19,9 @@ from replayssm.testing import assert_rel_close, poison_, rel_err, split_route, t
 
 F32, F16 = torch.float32, torch.float16
 BACKENDS = ["ref", "torch", "triton", "cpu"]
-# the Triton step has two routes (its default output-only and the state-and-output tile): both run the scenarios
-ROUTED = ["ref", "torch", "triton", "triton:state_and_output", "cpu"]
+# the Triton step's routes (its default output-only, the state-and-output tile, and the prep / step / fold kernels
+# of replayssm/delta_rule/): all run the scenarios
+ROUTED = ["ref", "torch", "triton", "triton:state_and_output", "triton:output_only_fold", "cpu"]
 TINY = KDAGeometry(H=2, HV=4, K=32, V=32)      # two value heads per key head
 
 
@@ -103,7 +104,7 @@ def test_replay_matches_ground_truth(backend, L, act, state, l2, scale, gen, dev
     run_scenario(backend, TINY, L, act, state, steps, gen, device, use_qk_l2norm=l2, scale=scale)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS + ["triton:output_only_fold"])
 def test_single_key_head_geometry(backend, gen, device):
     gm = KDAGeometry(H=1, HV=3, K=16, V=32)   # non-power-of-two head count, K < V
     run_scenario(backend, gm, 4, F32, F32, 8, gen, device, use_qk_l2norm=True, batch=2, extra_slots=1)
@@ -177,7 +178,7 @@ def test_long_run_torch(gen, device):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["triton", "triton:state_and_output"])
+@pytest.mark.parametrize("backend", ["triton", "triton:state_and_output", "triton:output_only_fold"])
 def test_long_run_triton(backend, gen, device):
     synced_run(backend, KDAGeometry(H=1, HV=2, K=16, V=16), 4, 40, 2, gen, device)
 
@@ -270,7 +271,7 @@ def test_baseline_bad_g_and_null_rows(gen, device):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("route", ["output_only", "state_and_output"])
+@pytest.mark.parametrize("route", ["output_only", "state_and_output", "output_only_fold"])
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.bfloat16, F32), (F32, torch.bfloat16)])
 def test_bf16_on_gpu(act_dtype, state_dtype, route, gen):
     run_scenario(f"triton:{route}", TINY, 4, act_dtype, state_dtype, 7, gen, "cuda", use_qk_l2norm=True)
@@ -279,7 +280,7 @@ def test_bf16_on_gpu(act_dtype, state_dtype, route, gen):
 GPU_TILES = KDAGeometry(H=1, HV=2, K=128, V=40)     # the GPU launch table: three V tiles, the last masked
 
 
-@pytest.mark.parametrize("route", ["output_only", "state_and_output"])
+@pytest.mark.parametrize("route", ["output_only", "state_and_output", "output_only_fold"])
 @pytest.mark.parametrize("arch", ["90", "100"])
 def test_gpu_tile_table_under_interpreter(arch, route, gen, device, monkeypatch):
     """The GPU launch table under the interpreter: several V-tile programs per (row, value head), g's K row and
@@ -308,3 +309,26 @@ def test_fp8_checkpoint(backend, gen):
     assert_rel_close("fp8 state", materialize(cache, backend=backend), truth, tolerance(FP8_STATE_DTYPE))
     with pytest.raises(ValueError, match="fp8"):
         replay_step(cache, **random_step(TINY, 2, generator=gen), backend="triton")
+
+
+def test_output_only_fold_strong_decay(gen, device):
+    """The prep's per-channel weights under a strongly decaying gate (log decays down to -12 per token: products
+    near fp32's underflow over 16 entries) and a nearly constant one: every factor is a decay, nothing overflows,
+    and the outputs stay within tolerance of the float64 recurrence across two flushes."""
+    gm, L, batch = KDAGeometry(H=1, HV=2, K=16, V=16), 16, 2
+    cache = ReplayCache.allocate(gm, batch, L, device=device)
+    cache.state.copy_(random_state(gm, batch, generator=gen))
+    truth = cache.state.double().cpu()
+    for step in range(2 * L + 1):
+        inp = random_step(gm, batch, device=device, use_qk_l2norm=True, generator=gen)
+        strong = -12.0 * torch.rand(batch, gm.HV, gm.K, generator=gen)
+        strong[:, :, : gm.K // 2] = -1e-4            # half the channels barely decay
+        inp["g"] = strong.to(device)
+        out = poison_(torch.empty(batch, gm.HV, gm.V, device=device))
+        replay_step(cache, **inp, use_qk_l2norm=True, out=out, backend="triton", route="output_only_fold")
+        truth, o_true, _ = kda_step_ref(truth, *(inp[n].cpu() for n in ("q", "k", "v", "g", "beta")),
+                                        use_qk_l2norm=True)
+        assert torch.isfinite(out).all()
+        assert_rel_close(f"step {step} output", out, o_true, tolerance(F32), row_dims=2)
+    assert int(cache.write_pos.sum()) == batch          # two flushes crossed, one entry buffered since
+    assert rel_err(materialize(cache, backend="triton"), truth) <= tolerance(F32)
