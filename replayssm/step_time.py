@@ -35,7 +35,6 @@ from pathlib import Path
 
 from replayssm import traffic
 from replayssm.geometry import GDNGeometry, KDAGeometry, Mamba2Geometry
-from replayssm.traffic import Traffic
 
 
 @dataclass(frozen=True)
@@ -215,15 +214,7 @@ def layer_traffic(geom, method: str, *, L: int = 16, route: str = "output_only",
                   act_bytes: int = traffic.HALF) -> traffic.Traffic:
     """Mean bytes and FLOPs per step of one layer and one sequence (replayssm.traffic). AR: the flush cycle's mean;
     spec: verify + commit at `accepted` tokens per step (default T: every draft accepted). `state_bytes` 1: an 8-bit
-    state, from the 2- and 4-byte counts."""
-    if state_bytes not in (traffic.HALF, traffic.FP32):
-        # An 8-bit state (fp8 / int8 checkpoint): traffic is affine in the state's element size (only the state
-        # terms carry it), so the 2- and 4-byte counts give it exactly; per-head scales are left out.
-        kw = dict(L=L, route=route, T=T, accepted=accepted, B_hist=B_hist, act_bytes=act_bytes)
-        two = layer_traffic(geom, method, state_bytes=traffic.HALF, **kw)
-        four = layer_traffic(geom, method, state_bytes=traffic.FP32, **kw)
-        per = (four + two * -1) / 2                   # the state terms per byte of element size
-        return Traffic(two.read + per.read * (state_bytes - 2), two.write + per.write * (state_bytes - 2), two.flops)
+    state (int8 / fp8), its per-(slot, head) fp32 scales counted with every state read and write."""
     fam = family_of(geom)
     acc = T if accepted is None else accepted
     m = fam == "mamba2"

@@ -3,7 +3,10 @@
 Accounting (ReplaySSM blog §4.1): every byte a kernel must move from or to HBM at least once:
 the recurrent state(s), the step's inputs and outputs, the cache entries it reads and the ones it appends.
 Ignored, as in §5.2: the conv state, scratch (`bc_pre`), z, D and the per-head parameters (A, dt_bias).
-Sizes are parameters: `state_bytes` (4 fp32, 2 fp16), `act_bytes` (2 bf16/fp16, 4 fp32). Cached dt / g
+Sizes are parameters: `state_bytes` (4 fp32, 2 fp16, 1 an 8-bit int8 / fp8 e4m3 state), `act_bytes` (2 bf16/fp16,
+4 fp32). An 8-bit state carries one fp32 scale per (slot, head) (replayssm/fp8_checkpoint.py): every read of the
+state reads its scales and every write writes them (`*_checkpoint_bytes` = elements + scales; the baselines per
+step, ReplaySSM's checkpoint at a flush), and the footprint holds them (Footprint.scales). Cached dt / g
 and the per-head scalars that arrive as inputs (raw dt, GDN g and beta) are fp32 in this repo (the inputs
 module draws them fp32), so they count 4 bytes each; the blog's formula counts raw dt at 2 bytes, a
 difference of nheads * 2 bytes per step (< 0.01 % of the total).
@@ -34,9 +37,12 @@ from replayssm.checks import check_route, next_pow2
 from replayssm.geometry import GDNGeometry, KDAGeometry, Mamba2Geometry
 from replayssm.traffic_core import (  # noqa: F401 - re-exported: traffic.X is the public name of every unit
     CACHED_SCALAR_BYTES,
+    EIGHT_BIT,
     FP32,
     HALF,
     ROUTES,
+    SCALE_BYTES,
+    STATE_BYTES,
     Footprint,
     Traffic,
     _check_dtypes,
@@ -46,17 +52,21 @@ from replayssm.traffic_core import (  # noqa: F401 - re-exported: traffic.X is t
     _gdn_flops_baseline_token,
     _gdn_flops_replay,
     _gdn_flops_spec_verify,
+    gdn_checkpoint_bytes,
     gdn_entry_bytes,
     gdn_input_bytes,
     gdn_output_bytes,
+    gdn_scale_bytes,
     gdn_stash_bytes,
     gdn_state_bytes,
     mean_traffic,
     spec_cycle,
+    state_scale_bytes,
 )
 from replayssm.traffic_kda import (  # noqa: F401 - the KDA byte model, re-exported
     kda_baseline_ar,
     kda_baseline_spec,
+    kda_checkpoint_bytes,
     kda_commit_replay_spec,
     kda_entry_bytes,
     kda_input_bytes,
@@ -65,6 +75,7 @@ from replayssm.traffic_kda import (  # noqa: F401 - the KDA byte model, re-expor
     kda_replay_ar_cycle,
     kda_replay_spec,
     kda_replay_spec_step,
+    kda_scale_bytes,
     kda_stash_bytes,
     kda_state_bytes,
 )
@@ -74,7 +85,18 @@ from replayssm.traffic_kda import (  # noqa: F401 - the KDA byte model, re-expor
 
 
 def mamba2_state_bytes(geom: Mamba2Geometry, state_bytes: int = FP32) -> int:
+    """The state's elements [H, P, N] (an 8-bit state's scales: mamba2_scale_bytes)."""
     return geom.nheads * geom.headdim * geom.dstate * state_bytes
+
+
+def mamba2_scale_bytes(geom: Mamba2Geometry, state_bytes: int = FP32) -> int:
+    """An 8-bit state's scales, one fp32 per head (0 at 2 and 4 bytes)."""
+    return state_scale_bytes(geom.nheads, state_bytes)
+
+
+def mamba2_checkpoint_bytes(geom: Mamba2Geometry, state_bytes: int = FP32) -> int:
+    """What one read or write of the state moves: its elements and, for an 8-bit state, its scales."""
+    return mamba2_state_bytes(geom, state_bytes) + mamba2_scale_bytes(geom, state_bytes)
 
 
 def mamba2_input_bytes(geom: Mamba2Geometry, act_bytes: int = HALF) -> int:
@@ -130,7 +152,7 @@ def mamba2_baseline_ar(geom: Mamba2Geometry, state_bytes: int = FP32, act_bytes:
     """Selective state update: read + write the state; read x, B, C, dt; write y."""
     _check_geometry(geom, Mamba2Geometry)
     _check_dtypes(state_bytes, act_bytes)
-    state = mamba2_state_bytes(geom, state_bytes)
+    state = mamba2_checkpoint_bytes(geom, state_bytes)
     return Traffic(read=state + mamba2_input_bytes(geom, act_bytes),
                    write=state + mamba2_output_bytes(geom, act_bytes),
                    flops=_mamba2_flops_baseline(geom))
@@ -149,7 +171,7 @@ def mamba2_replay_ar(geom: Mamba2Geometry, L: int, h: int, route: str = "output_
     check_route(route)
     _check_int("L", L, 1)
     _check_int("h", h, 0, L - 1)
-    state = mamba2_state_bytes(geom, state_bytes)
+    state = mamba2_checkpoint_bytes(geom, state_bytes)
     entry = mamba2_entry_bytes(geom, act_bytes)
     flush = h == L - 1
     read = state + h * entry + mamba2_input_bytes(geom, act_bytes)
@@ -177,7 +199,7 @@ def mamba2_baseline_spec(geom: Mamba2Geometry, T: int, state_bytes: int = FP32, 
     _check_geometry(geom, Mamba2Geometry)
     _check_dtypes(state_bytes, act_bytes)
     _check_int("T", T, 1)
-    state = mamba2_state_bytes(geom, state_bytes)
+    state = mamba2_checkpoint_bytes(geom, state_bytes)
     return Traffic(read=state + T * mamba2_input_bytes(geom, act_bytes),
                    write=T * state + T * mamba2_output_bytes(geom, act_bytes),
                    flops=T * _mamba2_flops_baseline(geom))
@@ -191,7 +213,7 @@ def mamba2_commit_replay_spec(geom: Mamba2Geometry, T: int, accepted: int, state
     _check_geometry(geom, Mamba2Geometry)
     _check_dtypes(state_bytes, act_bytes)
     _check_spec(T, accepted)
-    state = mamba2_state_bytes(geom, state_bytes)
+    state = mamba2_checkpoint_bytes(geom, state_bytes)
     entry = mamba2_entry_bytes(geom, act_bytes)
     d, n = geom.headdim, geom.dstate
     verify = Traffic(read=state + T * mamba2_input_bytes(geom, act_bytes),
@@ -207,7 +229,7 @@ def mamba2_replay_spec_step(geom: Mamba2Geometry, T: int, h: int, flush: bool, s
     """One ReplaySSM verify step with committed history h: read the checkpoint, the h history entries and
     the window's inputs; write the T window entries into the ring and the T outputs; a flush step also
     writes the rebuilt checkpoint (the commit kernel moves cursors only: no HBM traffic to speak of)."""
-    state = mamba2_state_bytes(geom, state_bytes)
+    state = mamba2_checkpoint_bytes(geom, state_bytes)
     entry = mamba2_entry_bytes(geom, act_bytes)
     return Traffic(read=state + h * entry + T * mamba2_input_bytes(geom, act_bytes),
                    write=T * entry + T * mamba2_output_bytes(geom, act_bytes) + (state if flush else 0),
@@ -233,7 +255,7 @@ def gdn_baseline_ar(geom: GDNGeometry, state_bytes: int = FP32, act_bytes: int =
     """Fused recurrent step: read + write the state; read q, k, v, g, beta; write o."""
     _check_geometry(geom, GDNGeometry)
     _check_dtypes(state_bytes, act_bytes)
-    state = gdn_state_bytes(geom, state_bytes)
+    state = gdn_checkpoint_bytes(geom, state_bytes)
     return Traffic(read=state + gdn_input_bytes(geom, act_bytes),
                    write=state + gdn_output_bytes(geom, act_bytes),
                    flops=_gdn_flops_baseline_token(geom))
@@ -249,7 +271,7 @@ def gdn_replay_ar(geom: GDNGeometry, L: int, h: int, state_bytes: int = FP32, ac
     _check_dtypes(state_bytes, act_bytes)
     _check_int("L", L, 1)
     _check_int("h", h, 0, L - 1)
-    state = gdn_state_bytes(geom, state_bytes)
+    state = gdn_checkpoint_bytes(geom, state_bytes)
     entry = gdn_entry_bytes(geom, act_bytes)
     flush = h == L - 1
     return Traffic(read=state + h * entry + gdn_input_bytes(geom, act_bytes),
@@ -273,7 +295,7 @@ def gdn_baseline_spec(geom: GDNGeometry, T: int, state_bytes: int = FP32, act_by
     _check_geometry(geom, GDNGeometry)
     _check_dtypes(state_bytes, act_bytes)
     _check_int("T", T, 1)
-    state = gdn_state_bytes(geom, state_bytes)
+    state = gdn_checkpoint_bytes(geom, state_bytes)
     return Traffic(read=state + T * gdn_input_bytes(geom, act_bytes),
                    write=T * state + T * gdn_output_bytes(geom, act_bytes),
                    flops=T * _gdn_flops_baseline_token(geom))
@@ -287,7 +309,7 @@ def gdn_commit_replay_spec(geom: GDNGeometry, T: int, accepted: int, state_bytes
     _check_geometry(geom, GDNGeometry)
     _check_dtypes(state_bytes, act_bytes)
     _check_spec(T, accepted)
-    state = gdn_state_bytes(geom, state_bytes)
+    state = gdn_checkpoint_bytes(geom, state_bytes)
     stash = gdn_stash_bytes(geom, act_bytes)
     verify = Traffic(read=state + T * gdn_input_bytes(geom, act_bytes),
                      write=T * gdn_output_bytes(geom, act_bytes) + T * stash,
@@ -300,7 +322,7 @@ def gdn_commit_replay_spec(geom: GDNGeometry, T: int, accepted: int, state_bytes
 def gdn_replay_spec_step(geom: GDNGeometry, T: int, h: int, flush: bool, state_bytes: int = FP32,
                          act_bytes: int = HALF) -> Traffic:
     """One ReplaySSM GDN verify step with committed history h (see `mamba2_replay_spec_step`)."""
-    state = gdn_state_bytes(geom, state_bytes)
+    state = gdn_checkpoint_bytes(geom, state_bytes)
     entry = gdn_entry_bytes(geom, act_bytes)
     return Traffic(read=state + h * entry + T * gdn_input_bytes(geom, act_bytes),
                    write=T * entry + T * gdn_output_bytes(geom, act_bytes) + (state if flush else 0),
@@ -329,39 +351,40 @@ def cache_footprint(method: str, geom: Mamba2Geometry | GDNGeometry, *, L: int |
     "baseline_ar" (state), "replay_ar" (checkpoint + L entries; needs L), "baseline_spec" (T snapshots, as
     vLLM allocates 1 + num_spec blocks; needs T), "replay_spec" (checkpoint + ring of next_pow2(B + T)
     entries; needs B_hist, T), "commit_replay_spec" (checkpoint + T-entry stash; needs T).
-    `scratch` holds what this repo's caches also allocate per slot (cursors, the Mamba-2 bc scratch), so
-    `total` matches `cache.nbytes() / num_slots`."""
+    `scratch` holds what this repo's caches also allocate per slot (cursors, the Mamba-2 bc scratch), and
+    `scales` an 8-bit state's per-(slot, head) fp32 scales (one set per state held), so `total` matches
+    `cache.nbytes() / num_slots`."""
     _check_dtypes(state_bytes, act_bytes)
     if isinstance(geom, Mamba2Geometry):
-        state, entry, stash = (mamba2_state_bytes(geom, state_bytes), mamba2_entry_bytes(geom, act_bytes),
-                               mamba2_entry_bytes(geom, act_bytes))
-        bc_per_row = geom.ngroups * FP32          # bc scratch: one fp32 per (group, buffer row[, window pos])
+        fam, bc_per_row = "mamba2", geom.ngroups * FP32  # bc scratch: one fp32 per (group, buffer row[, window pos])
     elif isinstance(geom, GDNGeometry):
-        state, entry, stash = (gdn_state_bytes(geom, state_bytes), gdn_entry_bytes(geom, act_bytes),
-                               gdn_stash_bytes(geom, act_bytes))
-        bc_per_row = 0
+        fam, bc_per_row = "gdn", 0
     elif isinstance(geom, KDAGeometry):
-        state, entry, stash = (kda_state_bytes(geom, state_bytes), kda_entry_bytes(geom, act_bytes),
-                               kda_stash_bytes(geom, act_bytes))
-        bc_per_row = 0
+        fam, bc_per_row = "kda", 0
     else:
         raise ValueError(f"expected a Mamba2Geometry, GDNGeometry or KDAGeometry, got {type(geom).__name__}")
+    state = globals()[f"{fam}_state_bytes"](geom, state_bytes)
+    scale = globals()[f"{fam}_scale_bytes"](geom, state_bytes)     # 8-bit state: one fp32 per (slot, head)
+    entry = globals()[f"{fam}_entry_bytes"](geom, act_bytes)
+    stash = entry if fam == "mamba2" else globals()[f"{fam}_stash_bytes"](geom, act_bytes)
 
     if method == "baseline_ar":
-        return Footprint(states=state, buffers=0)
+        return Footprint(states=state, buffers=0, scales=scale)
     if method == "replay_ar":
         _check_int("L", L, 1)
-        return Footprint(states=state, buffers=L * entry, scratch=L * bc_per_row + _CURSOR)
+        return Footprint(states=state, buffers=L * entry, scratch=L * bc_per_row + _CURSOR, scales=scale)
     if method == "baseline_spec":
         _check_int("T", T, 1)
-        return Footprint(states=T * state, buffers=0, scratch=_CURSOR)   # which snapshot is the committed one
+        return Footprint(states=T * state, buffers=0, scratch=_CURSOR,    # which snapshot is the committed one
+                         scales=T * scale)
     if method == "replay_spec":
         _check_spec(T, 1, B_hist)
         ring = next_pow2(B_hist + T)
-        return Footprint(states=state, buffers=ring * entry, scratch=ring * T * bc_per_row + 3 * _CURSOR)
+        return Footprint(states=state, buffers=ring * entry, scratch=ring * T * bc_per_row + 3 * _CURSOR,
+                         scales=scale)
     if method == "commit_replay_spec":
         _check_int("T", T, 1)
-        return Footprint(states=state, buffers=T * stash)
+        return Footprint(states=state, buffers=T * stash, scales=scale)
     raise ValueError(f"unknown method {method!r}; expected baseline_ar, replay_ar, baseline_spec, replay_spec "
                      "or commit_replay_spec")
 
@@ -419,9 +442,9 @@ def tree_traffic(geom, method: str, N: int, depth: int, accepted: int, B_hist: i
         raise ValueError(f"expected a Mamba2Geometry, GDNGeometry or KDAGeometry, got {type(geom).__name__}")
     fam = "mamba2" if isinstance(geom, Mamba2Geometry) else "kda" if isinstance(geom, KDAGeometry) else "gdn"
     _check_dtypes(state_bytes, act_bytes)
-    names = ("state_bytes", "entry_bytes", "baseline_spec", "replay_spec_step", "input_bytes", "output_bytes")
+    names = ("checkpoint_bytes", "entry_bytes", "baseline_spec", "replay_spec_step", "input_bytes", "output_bytes")
     f = {name: globals()[f"{fam}_{name}"] for name in names}
-    state, entry = f["state_bytes"](geom, state_bytes), f["entry_bytes"](geom, act_bytes)
+    state, entry = f["checkpoint_bytes"](geom, state_bytes), f["entry_bytes"](geom, act_bytes)
     if method == "native_tree":
         return f["baseline_spec"](geom, N, state_bytes, act_bytes)
     if method == "replay_tree":

@@ -12,7 +12,17 @@ from replayssm.geometry import GDNGeometry
 
 FP32 = 4
 HALF = 2                       # bf16 / fp16
+EIGHT_BIT = 1                  # int8 / fp8 e4m3 state: one byte per element plus a per-(slot, head) fp32 scale
+STATE_BYTES = (EIGHT_BIT, HALF, FP32)
+SCALE_BYTES = FP32             # one fp32 scale per (slot, head) of an 8-bit state (replayssm/fp8_checkpoint.py)
 CACHED_SCALAR_BYTES = FP32     # cached dt / g, and the raw dt, g, beta inputs
+
+
+def state_scale_bytes(nheads: int, state_bytes: int) -> int:
+    """Bytes of the scales beside one sequence's state of `nheads` heads: an 8-bit state stores one fp32 scale per
+    (slot, head) (state_scale [num_slots, nheads]; a reader reads it with the head's block, a writer writes it
+    with the block); a 2- or 4-byte state has none."""
+    return nheads * SCALE_BYTES if state_bytes == EIGHT_BIT else 0
 
 
 @dataclass(frozen=True)
@@ -57,16 +67,18 @@ def mean_traffic(steps: list[Traffic]) -> Traffic:
 
 @dataclass(frozen=True)
 class Footprint:
-    """Persistent bytes per sequence per layer: recurrent state(s), input buffers/rings, and the small rest
-    (cursors and per-slot scratch) that the caches in this repo also allocate."""
+    """Persistent bytes per sequence per layer: recurrent state(s), input buffers/rings, the small rest
+    (cursors and per-slot scratch) that the caches in this repo also allocate, and an 8-bit state's per-head
+    fp32 scales (0 for a 2- or 4-byte state)."""
 
     states: int
     buffers: int
     scratch: int = 0
+    scales: int = 0
 
     @property
     def total(self) -> int:
-        return self.states + self.buffers + self.scratch
+        return self.states + self.buffers + self.scratch + self.scales
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -85,8 +97,9 @@ def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
 
 
 def _check_dtypes(state_bytes: int, act_bytes: int) -> None:
-    if state_bytes not in (2, 4):
-        raise ValueError(f"state_bytes must be 2 (fp16) or 4 (fp32), got {state_bytes!r}")
+    if state_bytes not in STATE_BYTES:
+        raise ValueError(f"state_bytes must be 1 (int8 / fp8, with per-head fp32 scales), 2 (fp16) or 4 (fp32), "
+                         f"got {state_bytes!r}")
     if act_bytes not in (2, 4):
         raise ValueError(f"act_bytes must be 2 (bf16/fp16) or 4 (fp32), got {act_bytes!r}")
 
@@ -127,7 +140,18 @@ def spec_cycle(B_hist: int, T: int, accepted: int) -> list[tuple[int, bool]]:
 
 
 def gdn_state_bytes(geom: GDNGeometry, state_bytes: int = FP32) -> int:
+    """The state's elements [HV, V, K] (an 8-bit state's scales: gdn_scale_bytes)."""
     return geom.HV * geom.V * geom.K * state_bytes
+
+
+def gdn_scale_bytes(geom: GDNGeometry, state_bytes: int = FP32) -> int:
+    """An 8-bit state's scales, one fp32 per value head (0 at 2 and 4 bytes)."""
+    return state_scale_bytes(geom.HV, state_bytes)
+
+
+def gdn_checkpoint_bytes(geom: GDNGeometry, state_bytes: int = FP32) -> int:
+    """What one read or write of the state moves: its elements and, for an 8-bit state, its scales."""
+    return gdn_state_bytes(geom, state_bytes) + gdn_scale_bytes(geom, state_bytes)
 
 
 def gdn_input_bytes(geom: GDNGeometry, act_bytes: int = HALF) -> int:

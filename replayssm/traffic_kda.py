@@ -30,19 +30,32 @@ from replayssm.traffic_core import (
     _gdn_flops_baseline_token,
     _gdn_flops_replay,
     _gdn_flops_spec_verify,
+    gdn_checkpoint_bytes,
     gdn_output_bytes,
+    gdn_scale_bytes,
     gdn_state_bytes,
     mean_traffic,
     spec_cycle,
 )
 
-__all__ = ["kda_state_bytes", "kda_input_bytes", "kda_output_bytes", "kda_entry_bytes", "kda_stash_bytes",
+__all__ = ["kda_state_bytes", "kda_scale_bytes", "kda_checkpoint_bytes",
+           "kda_input_bytes", "kda_output_bytes", "kda_entry_bytes", "kda_stash_bytes",
            "kda_baseline_ar", "kda_replay_ar", "kda_replay_ar_cycle", "kda_baseline_spec", "kda_commit_replay_spec",
            "kda_replay_spec_step", "kda_replay_spec"]
 
 
 def kda_state_bytes(geom: KDAGeometry, state_bytes: int = FP32) -> int:
     return gdn_state_bytes(geom, state_bytes)
+
+
+def kda_scale_bytes(geom: KDAGeometry, state_bytes: int = FP32) -> int:
+    """An 8-bit state's scales, one fp32 per value head (0 at 2 and 4 bytes), as GDN's."""
+    return gdn_scale_bytes(geom, state_bytes)
+
+
+def kda_checkpoint_bytes(geom: KDAGeometry, state_bytes: int = FP32) -> int:
+    """One read or write of the state: its elements and an 8-bit state's scales."""
+    return gdn_checkpoint_bytes(geom, state_bytes)
 
 
 def kda_output_bytes(geom: KDAGeometry, act_bytes: int = HALF) -> int:
@@ -90,7 +103,7 @@ def _check(geom, state_bytes: int, act_bytes: int) -> None:
 def kda_baseline_ar(geom: KDAGeometry, state_bytes: int = FP32, act_bytes: int = HALF) -> Traffic:
     """Fused recurrent step: read + write the state; read q, k, v, g, beta; write o."""
     _check(geom, state_bytes, act_bytes)
-    state = kda_state_bytes(geom, state_bytes)
+    state = kda_checkpoint_bytes(geom, state_bytes)
     return Traffic(read=state + kda_input_bytes(geom, act_bytes), write=state + kda_output_bytes(geom, act_bytes),
                    flops=_flops_baseline_token(geom))
 
@@ -101,7 +114,7 @@ def kda_replay_ar(geom: KDAGeometry, L: int, h: int, state_bytes: int = FP32, ac
     _check(geom, state_bytes, act_bytes)
     _check_int("L", L, 1)
     _check_int("h", h, 0, L - 1)
-    state, entry = kda_state_bytes(geom, state_bytes), kda_entry_bytes(geom, act_bytes)
+    state, entry = kda_checkpoint_bytes(geom, state_bytes), kda_entry_bytes(geom, act_bytes)
     flush = h == L - 1
     return Traffic(read=state + h * entry + kda_input_bytes(geom, act_bytes),
                    write=kda_output_bytes(geom, act_bytes) + (state if flush else entry),
@@ -119,7 +132,7 @@ def kda_baseline_spec(geom: KDAGeometry, T: int, state_bytes: int = FP32, act_by
     """Native spec: one state read, T snapshot writes, the window's inputs and outputs."""
     _check(geom, state_bytes, act_bytes)
     _check_int("T", T, 1)
-    state = kda_state_bytes(geom, state_bytes)
+    state = kda_checkpoint_bytes(geom, state_bytes)
     return Traffic(read=state + T * kda_input_bytes(geom, act_bytes),
                    write=T * state + T * kda_output_bytes(geom, act_bytes), flops=T * _flops_baseline_token(geom))
 
@@ -130,7 +143,7 @@ def kda_commit_replay_spec(geom: KDAGeometry, T: int, accepted: int, state_bytes
     the state and `accepted` stash entries and writes the state once."""
     _check(geom, state_bytes, act_bytes)
     _check_spec(T, accepted)
-    state, stash = kda_state_bytes(geom, state_bytes), kda_stash_bytes(geom, act_bytes)
+    state, stash = kda_checkpoint_bytes(geom, state_bytes), kda_stash_bytes(geom, act_bytes)
     verify = Traffic(read=state + T * kda_input_bytes(geom, act_bytes),
                      write=T * kda_output_bytes(geom, act_bytes) + T * stash, flops=T * _flops_baseline_token(geom))
     commit = Traffic(read=state + accepted * stash, write=state,
@@ -141,7 +154,7 @@ def kda_commit_replay_spec(geom: KDAGeometry, T: int, accepted: int, state_bytes
 def kda_replay_spec_step(geom: KDAGeometry, T: int, h: int, flush: bool, state_bytes: int = FP32,
                          act_bytes: int = HALF) -> Traffic:
     """One ReplaySSM KDA verify step with committed history h."""
-    state, entry = kda_state_bytes(geom, state_bytes), kda_entry_bytes(geom, act_bytes)
+    state, entry = kda_checkpoint_bytes(geom, state_bytes), kda_entry_bytes(geom, act_bytes)
     return Traffic(read=state + h * entry + T * kda_input_bytes(geom, act_bytes),
                    write=T * entry + T * kda_output_bytes(geom, act_bytes) + (state if flush else 0),
                    flops=_flops_spec_verify(geom, h, T, flush))

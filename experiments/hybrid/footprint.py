@@ -22,9 +22,10 @@ Two concurrency models:
             one state per window position); the budget is gpu_memory_utilization x HBM minus the weights and
             the activation peak of the profiling run.
 
-CLI (the paper's concurrency table at (B = 16, T = 4), max_model_len 2048, beside vLLM PR #47576's values):
+CLI (the paper's concurrency table at (B = 16, T = 4), max_model_len 2048, beside vLLM PR #47576's values; one row
+per model, mode and SSM state format, STATE_DTYPES, with each format's cap over the fp32 state's):
     python -m experiments.hybrid.footprint                         # TABLE_MODELS on hardware=b300
-    python -m experiments.hybrid.footprint model=qwen35_122b_a10b hardware=b200 T=6
+    python -m experiments.hybrid.footprint model=qwen35_122b_a10b hardware=b200 T=6 states=float32,int8
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ PUBLISHED_CONCURRENCY = {"nemotron3_super_120b": {"native": 213, "replayssm": 69
 # The CLI's default table: the published pair, then the hybrids added from their configs (no published count;
 # BF16 checkpoints): Kimi-Linear (KDA + MLA), Qwen3-Next (GDN), Nemotron-3-Nano-30B (Mamba-2).
 TABLE_MODELS = [*PUBLISHED_CONCURRENCY, "kimi_linear_48b_a3b", "qwen3_next_80b_a3b", "nemotron3_nano_30b_a3b"]
+# SSM state formats of the table's rows: an 8-bit state (int8 or fp8 e4m3) holds one byte per element plus one fp32
+# scale per (slot, head) (replayssm.traffic.cache_footprint's Footprint.scales); the buffers stay in the activation
+# dtype. PR #47576's published counts are at fp32 state.
+STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8,
+                "float8_e4m3fn": torch.float8_e4m3fn}
 
 
 def _nb(dtype: torch.dtype) -> int:
@@ -343,7 +349,8 @@ def activation_reserve(spec: HybridSpec, max_num_batched_tokens: int, act_dtype=
 
 def _parse(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     options = {"B": "16", "T": "4", "max_model_len": "2048", "gpu_memory_utilization": "0.9",
-               "max_num_batched_tokens": "8192", "activation_reserve_gb": "", "tp": "", "weights": "checkpoint"}
+               "max_num_batched_tokens": "8192", "activation_reserve_gb": "", "tp": "", "weights": "checkpoint",
+               "states": ",".join(STATE_DTYPES)}
     overrides = []
     for arg in argv:
         key, sep, value = arg.partition("=")
@@ -358,14 +365,26 @@ def _parse(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     return overrides, options
 
 
+def state_dtypes(names: str) -> list[str]:
+    """The `states` option (comma-separated STATE_DTYPES keys), checked."""
+    out = [n.strip() for n in names.split(",") if n.strip()]
+    bad = [n for n in out if n not in STATE_DTYPES]
+    if bad or not out:
+        raise ValueError(f"states: expected some of {list(STATE_DTYPES)}, got {names!r}")
+    return out
+
+
 def concurrency_table(models: list[str], hardware: dict, options: dict[str, str]) -> list[dict]:
-    """One row per (model, mode): plain and vLLM-allocator concurrency beside the published value."""
+    """One row per (model, SSM state format, mode): plain and vLLM-allocator concurrency beside the published value
+    (fp32 state only), and each format's caps over the fp32 state's (`vllm/fp32`, `plain/fp32`). `options["states"]`
+    (default "float32") picks the formats."""
 
     hbm = hardware.get("hbm_bytes")
     if not hbm:
         raise ValueError(f"hardware={hardware.get('name')}: hbm_bytes is not set; pick b300, b200, h200 or h100")
     B, T, mml = int(options["B"]), int(options["T"]), int(options["max_model_len"])
     util = float(options["gpu_memory_utilization"])
+    states = state_dtypes(options.get("states", "float32"))
     # the published counts hold only at PR #47576's conditions
     published_here = (hardware.get("name") == "b300" and (B, T, mml) == (16, 4, 2048) and util == 0.9
                       and options["weights"] == "checkpoint" and not options["tp"])
@@ -376,27 +395,38 @@ def concurrency_table(models: list[str], hardware: dict, options: dict[str, str]
         spec = replace(spec, history_len=B)
         reserve = (float(options["activation_reserve_gb"]) * 1e9 if options["activation_reserve_gb"]
                    else activation_reserve(spec, int(options["max_num_batched_tokens"])))
-        base = {}
-        for mode in ("native", "replayssm"):
-            fp = footprint(spec, mode, act_dtype=torch.bfloat16, state_dtype=torch.float32, max_model_len=mml,
-                           spec_T=T, weight_format=options["weights"])
-            plain = max_concurrency(hbm * util - reserve, fp)
-            plan = vllm_plan(spec, mode, hbm_bytes=hbm, gpu_memory_utilization=util, weights=fp.weights,
-                             activation_reserve=reserve, max_model_len=mml, spec_T=T)
-            pub = PUBLISHED_CONCURRENCY.get(name, {}).get(mode) if published_here else None
-            base[mode] = (plain, plan.concurrency, pub)
-            rows.append({"model": name, "tp": spec.tp, "mode": mode, "weights_GB": fp.weights / 1e9,
-                         "weight_format": fp.weight_format, "reserve_GB": reserve / 1e9,
-                         "per_seq_MB": fp.per_seq / 1e6, "plain": plain, "vllm": plan.concurrency,
-                         "published": pub, "vllm/published": plan.concurrency / pub if pub else None,
-                         "plain/published": plain / pub if pub else None, "block_size": plan.block_size,
-                         "page_MB": plan.page_bytes / 1e6, "groups": f"{plan.attention_groups}x* + "
-                         f"{plan.ssm_groups}xSSM of {plan.group_size}", "blocks/req": plan.blocks_per_request})
-        for r in rows[-2:]:
-            if r["mode"] == "replayssm":
-                n, rp = base["native"], base["replayssm"]
-                r["ratio_plain"], r["ratio_vllm"] = rp[0] / n[0] if n[0] else None, rp[1] / n[1] if n[1] else None
-                r["ratio_published"] = rp[2] / n[2] if n[2] and rp[2] else None
+        fp32 = {}
+        for state in ["float32"] + [s for s in states if s != "float32"]:
+            base = {}
+            for mode in ("native", "replayssm"):
+                fp = footprint(spec, mode, act_dtype=torch.bfloat16, state_dtype=STATE_DTYPES[state],
+                               max_model_len=mml, spec_T=T, weight_format=options["weights"])
+                plain = max_concurrency(hbm * util - reserve, fp)
+                plan = vllm_plan(spec, mode, hbm_bytes=hbm, gpu_memory_utilization=util, weights=fp.weights,
+                                 activation_reserve=reserve, max_model_len=mml, spec_T=T,
+                                 state_dtype=STATE_DTYPES[state])
+                pub = PUBLISHED_CONCURRENCY.get(name, {}).get(mode) if published_here and state == "float32" else None
+                base[mode] = (plain, plan.concurrency, pub)
+                fp32.setdefault(mode, (plain, plan.concurrency))
+                if state not in states:
+                    continue
+                ref = fp32[mode]
+                rows.append({"model": name, "tp": spec.tp, "state": state, "mode": mode,
+                             "weights_GB": fp.weights / 1e9, "weight_format": fp.weight_format,
+                             "reserve_GB": reserve / 1e9, "per_seq_MB": fp.per_seq / 1e6,
+                             "ssm_per_seq_MB": fp.ssm_per_seq / 1e6, "plain": plain, "vllm": plan.concurrency,
+                             "plain/fp32": plain / ref[0] if ref[0] else None,
+                             "vllm/fp32": plan.concurrency / ref[1] if ref[1] else None,
+                             "published": pub, "vllm/published": plan.concurrency / pub if pub else None,
+                             "plain/published": plain / pub if pub else None, "block_size": plan.block_size,
+                             "page_MB": plan.page_bytes / 1e6, "groups": f"{plan.attention_groups}x* + "
+                             f"{plan.ssm_groups}xSSM of {plan.group_size}", "blocks/req": plan.blocks_per_request})
+            if state not in states:
+                continue
+            n, rp = base["native"], base["replayssm"]
+            r = rows[-1]                                   # the replayssm row of this (model, state)
+            r["ratio_plain"], r["ratio_vllm"] = rp[0] / n[0] if n[0] else None, rp[1] / n[1] if n[1] else None
+            r["ratio_published"] = rp[2] / n[2] if n[2] and rp[2] else None
     return rows
 
 
@@ -416,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"max concurrency at (B={options['B']}, T={options['T']}), max_model_len {options['max_model_len']}, "
           f"{hardware['name']} ({hardware['hbm_bytes'] / 1e9:.0f} GB x gpu_memory_utilization "
-          f"{options['gpu_memory_utilization']}), fp32 SSM state, bf16 KV; published: vLLM PR #47576")
+          f"{options['gpu_memory_utilization']}), SSM state per row (8-bit: + one fp32 scale per head), bf16 KV and "
+          "buffers; published: vLLM PR #47576 (fp32 state)")
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 30)
     print(pd.DataFrame(rows).round(3).to_string(index=False))

@@ -34,7 +34,8 @@ OUT_COLUMNS = (list(CELL_COLUMNS) + ["value_published", "value_measured", "measu
                                 "value_model_run_hw", "regime_run_hw"])
 OUT_NAME = "published_vs_run.csv"
 DTYPE_NAME = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16", "bf16": "bfloat16",
-              "bfloat16": "bfloat16"}
+              "bfloat16": "bfloat16", "int8": "int8", "fp8_e4m3": "float8_e4m3fn", "fp8": "float8_e4m3fn",
+              "float8_e4m3fn": "float8_e4m3fn"}
 # (level, mode, baseline) -> (summary metric, experiments whose rows answer it)
 MEASURED_METRIC = {("kernel", "ar"): ("ar_speedup", ("kernel_decode",)), ("e2e", "ar"): ("ar_speedup", ("e2e_decode",)),
                    ("kernel", "spec"): ("spec_vs_native", ("kernel_spec",)),
@@ -106,7 +107,7 @@ def nearest_measured(cell: dict, ratios: pd.DataFrame) -> tuple[float | None, st
     log distance) and what it is; (None, why) when nothing answers it."""
     key = (str(cell.get("level")), str(cell.get("mode")))
     if key not in MEASURED_METRIC or str(cell.get("metric")) != "speedup":
-        return None, "no measurement of this kind in the harness"
+        return None, "no run: no measurement of this kind in the harness"
     metric, experiments = MEASURED_METRIC[key]
     if key[1] == "spec" and str(cell.get("baseline")) in ("no_spec", "ar", "standard"):
         metric = "spec_vs_ar"
@@ -114,7 +115,11 @@ def nearest_measured(cell: dict, ratios: pd.DataFrame) -> tuple[float | None, st
         return None, "the run has no ratios"
     df = ratios[(ratios["metric"] == metric) & ratios["experiment"].isin(experiments)
                 & (ratios["model"].astype(str).str.split("@").str[0] == str(cell.get("model")))]
-    dtype = DTYPE_NAME.get(str(cell.get("state_dtype")).lower(), "float32")
+    raw = cell.get("state_dtype")
+    raw = "fp32" if raw is None or (isinstance(raw, float) and math.isnan(raw)) or str(raw) == "" else str(raw)
+    dtype = DTYPE_NAME.get(raw.lower())
+    if dtype is None:                   # never compare a cell with a run row at another state format
+        return None, f"no run: state {raw} is not a format this harness runs"
     if "state_dtype" in df:
         df = df[df["state_dtype"].astype(str) == dtype]
     T = _num(cell.get("spec_T"))
@@ -122,7 +127,7 @@ def nearest_measured(cell: dict, ratios: pd.DataFrame) -> tuple[float | None, st
         df = df[pd.to_numeric(df["spec_T"], errors="coerce") == T]
     df = df[pd.to_numeric(df["value"], errors="coerce").notna()]
     if df.empty:
-        return None, f"no {metric} row of {cell.get('model')} at {dtype} state in this run"
+        return None, f"no run: no {metric} row of {cell.get('model')} at {dtype} state in this run"
     score = pd.Series(0.0, index=df.index)
     for col in ("batch", "buffer_len", "history_len"):
         want = _num(cell.get(col))

@@ -1,12 +1,14 @@
 """REPORT.md's "Where ReplaySSM loses": the published losses, the model's reading of them, and this run.
 
-Six parts, each from the cells (published_vs_run rows), the per-step time model (replayssm/step_time.py,
+Seven parts, each from the cells (published_vs_run rows), the per-step time model (replayssm/step_time.py,
 experiments/report/record_model.py), the byte model (replayssm/traffic.py), the hybrid footprint
 (experiments/hybrid/footprint.py) and this run's own rows:
 
     small batch        break-even batch per hardware and family: published, modelled, measured (any run)
     half-precision     the byte model's fp32 and fp16 ratios beside the published fp32 / fp16 values
     memory             AR buffer bytes per sequence against the state's, max concurrency at max length 2048
+    low precision      what a 16- or 8-bit state buys in capacity per the footprint model, beside the published
+                       capacity ratios (the accuracy of each format: the numerics part)
     recomputation      FLOPs per byte of each method per L against each hardware's ridge point
     numerics           the run's accuracy rows with half-precision and fp8 state
     capacity           the published out-of-memory cells
@@ -34,7 +36,9 @@ MODELS = ("nemotron3_nano_4b", "nemotron3_super_120b", "nemotron3_ultra_550b", "
 HOME_HW = {"nemotron3_nano_4b": "h100", "qwen35_4b": "h100"}        # the blog's pairing; the others on b300
 LOSS_OK = 1.1                      # a published loss the model reproduces: modelled below this
 MAX_LEN = 2048
-HALF_DTYPES = ("float16", "bfloat16", "float8_e4m3fn")
+HALF_DTYPES = ("float16", "bfloat16", "float8_e4m3fn", "int8", "float16_sr", "bfloat16_sr")
+LOW_STATES = ("float32", "bfloat16", "int8")      # int8 and fp8 e4m3 have the same footprint (1 byte + scales)
+LOW_MODELS = ("nemotron3_nano_30b_a3b", "nemotron3_super_120b", "qwen35_122b_a10b", "kimi_linear_48b_a3b")
 
 
 def _published_break_even(g: pd.DataFrame) -> str:
@@ -178,6 +182,55 @@ def memory(df: pd.DataFrame) -> list[str]:
     return lines
 
 
+def low_precision(df: pd.DataFrame) -> list[str]:
+    """Capacity of a 16- and 8-bit state over fp32 per the footprint model, beside the published capacity ratios."""
+    lines = ["### Low-precision state", "",
+             "What a narrower state buys is capacity. The footprint model (experiments/hybrid/footprint.py, "
+             "vLLM's allocator model at (B = 16, T = 4), max length 2048) counts an 8-bit checkpoint (int8 or fp8 "
+             "e4m3) as one byte per element plus one fp32 scale per (slot, head); the buffers, rings and conv states "
+             "stay bf16 (native spec's T state snapshots all shrink). The rows below are that model's caps over the "
+             "fp32 state's, and ReplaySSM's over native spec's. What a format costs in accuracy is not in "
+             "this model: the accuracy experiment (experiments/accuracy.py) measures each format's state and "
+             "output error (see Numerics), and the step-time model counts the 8-bit bytes but not the "
+             "(de)quantisation work.", ""]
+    rows = []
+    for m in LOW_MODELS:
+        hw = st.HARDWARE[HOME_HW.get(m, "h100" if m == "nemotron3_nano_30b_a3b" else "b300")]
+        got = fpm.concurrency_table([m], {"name": hw.name, "hbm_bytes": hw.hbm_bytes},
+                                    {"B": "16", "T": "4", "max_model_len": str(MAX_LEN),
+                                     "gpu_memory_utilization": "0.9", "max_num_batched_tokens": "8192",
+                                     "activation_reserve_gb": "", "tp": "", "weights": "checkpoint",
+                                     "states": ",".join(LOW_STATES)})
+        by = {(r["mode"], r["state"]): r for r in got}
+        row = {"model": m, "hardware": hw.name}
+        for state in LOW_STATES:
+            row[f"SSM MB/seq ReplaySSM {state}"] = by["replayssm", state]["ssm_per_seq_MB"]
+        for mode in ("replayssm", "native"):
+            for state in LOW_STATES[1:]:
+                row[f"{mode} {state}/fp32"] = by[mode, state]["vllm/fp32"]
+        for state in ("float32", "int8"):
+            row[f"ReplaySSM/native {state}"] = by["replayssm", state]["ratio_vllm"]
+        rows.append(row)
+    tab = pd.DataFrame(rows)
+    less = [r["model"] for r in rows if r["replayssm int8/fp32"] < r["native int8/fp32"]]
+    narrower = [r["model"] for r in rows if r["ReplaySSM/native int8"] < r["ReplaySSM/native float32"]]
+    lines += [markdown_table(tab, {c: (".1f" if c.startswith("SSM") else ".3f") for c in tab.columns
+                                   if c not in ("model", "hardware")}), "",
+              f"An 8-bit state gains ReplaySSM less capacity than native spec at {len(less)} of {len(rows)} models "
+              f"({', '.join(less) or 'none'}), and ReplaySSM's lead over native spec narrows at {len(narrower)} of "
+              f"{len(rows)} ({', '.join(narrower) or 'none'}); ReplaySSM's own gain over its fp32 state is the "
+              "replayssm int8/fp32 column.", ""]
+    cap = df[df["metric"] == "capacity_ratio"]
+    if len(cap):
+        lines += ["Published capacity ratios beside the footprint model (model_note in the CSV names the stand-in "
+                  "model where the published one has no config here):", "",
+                  markdown_table(pd.DataFrame({"source": cap["source"], "cell": [describe(r) for r in
+                                                                                 cap.to_dict("records")],
+                                               "published": cap["value_published"],
+                                               "model": cap["value_model"]}), {"model": ".3f"}), ""]
+    return lines
+
+
 def cpu_ridge(run: Run | None) -> tuple[float, str] | None:
     """(FLOPs per byte, what) of this run's CPU roofline: bench_cpu.json's measured rates at the most threads."""
     path = run.path / "bench_cpu.json" if run is not None else None
@@ -274,7 +327,8 @@ def section(df: pd.DataFrame, run: Run | None, floor: float) -> list[str]:
     if df.empty:
         lines += ["No published cells: only the model's and this run's parts follow.", ""]
     for part in (lambda: small_batch(df, run, floor), lambda: half_precision(df), lambda: memory(df),
-                 lambda: recomputation(run), lambda: numerics(df, run), lambda: capacity(df, floor)):
+                 lambda: low_precision(df), lambda: recomputation(run), lambda: numerics(df, run),
+                 lambda: capacity(df, floor)):
         lines += part()
     return lines
 

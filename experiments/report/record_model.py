@@ -9,6 +9,8 @@ Kernel cells: one SSM layer's step, ReplaySSM method over its baseline (step_tim
 weights in the served checkpoint's format (experiments/hybrid/footprint.py weight_bytes: NVFP4 where conf/model
 says so), routed experts as far as the step's tokens touch them (footprint.experts_touched), the KV cache read at
 CONTEXT_LEN. Concurrency cells: footprint.concurrency_table (vLLM's allocator model) at the cell's (B, T).
+Capacity-ratio cells (a state format's admitted capacity over another's, e.g. vLLM PR #52962's 8-bit state over
+fp32): the same table's ReplaySSM caps at the two formats, at the cell's model or its STAND_IN.
 
 `model_cell(cell)` returns value_model, the terms (seconds of the ReplaySSM side; the baseline's beside them),
 the regime and, where the model does not claim to cover a cell, regime "not-modelled" with the reason.
@@ -75,10 +77,21 @@ REPLAY_OF = {"ar": ("replay_ar", "baseline_ar"), "spec": ("replay_spec", "baseli
 ACCEPT_CONDITIONAL = (0.873, 0.778, 0.675)
 ACCEPT_UNCONDITIONAL = (0.7568, 0.6011, 0.4976, 0.4113, 0.3538, 0.2980, 0.2608, 0.2229)
 ACCEPT_SOURCE = "GSM8K acceptance: speculators PR #366 (<= 3 drafts), vLLM PR #48892 MTP-8 (more); assumed"
-# An 8-bit state's bytes are exact (traffic is affine in the element size), but its time also holds dequantisation,
-# per-head scales and the third party's own kernels (launches, conversions): the value is an indication only.
-EIGHT_BIT = ("8-bit state: bytes extrapolated exactly, but dequantisation / scale work and the kernel's own launches "
-             "are not counted (an indication, not a claim)")
+# An 8-bit state's bytes are counted (one byte per element, one fp32 scale per (slot, head) with every state read
+# and write), but its time also holds the (de)quantisation work and the third party's own kernels (launches,
+# conversions): the value is an indication only.
+EIGHT_BIT = ("8-bit state: bytes counted (elements + per-head fp32 scales), but (de)quantisation work and the "
+             "kernel's own launches are not (an indication, not a claim)")
+# State formats of the cells, as footprint.STATE_DTYPES names them; a baseline that names its own state.
+STATE_DTYPE_NAME = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16",
+                    "bf16": "bfloat16", "bfloat16": "bfloat16", "int8": "int8", "fp8_e4m3": "float8_e4m3fn",
+                    "fp8": "float8_e4m3fn", "float8_e4m3fn": "float8_e4m3fn", "fp32_state": "float32",
+                    "bf16_state": "bfloat16"}
+# Published models without a conf/model config: the config whose capacity cells stand in for them, and why.
+STAND_IN = {"nemotron-3.5 lightning": (
+    "nemotron3_nano_30b_a3b", "stand-in nemotron3_nano_30b_a3b for Nemotron-3.5 Lightning (vLLM PR #52506 names "
+    "Lightning a 30B-A3B Nemotron; the harness's 30B-A3B Mamba-2 hybrid is Nemotron-3-Nano-30B-A3B: its geometry, "
+    "layer counts and BF16 weights, not Lightning's, which no source here gives)")}
 DISAGREE = 1.25                     # model and cell further apart than this: the row names a missing term
 
 
@@ -241,6 +254,11 @@ def _group(cell: dict, members: tuple, metric: str, agg: str, hw_override, floor
 def _one(cell: dict, metric: str, agg: str, hw_override, floor) -> dict:
     level, mode = str(cell.get("level") or ""), str(cell.get("mode") or "")
     model = str(cell.get("model") or "")
+    if metric == "capacity_ratio":
+        return _capacity_ratio(cell, hw_override)
+    if metric == "admitted_cache_tokens":
+        return _empty("not-modelled", "an absolute token count of the publishing engine's allocator at its own model "
+                                      "and memory; the footprint model's figure is the capacity_ratio cell beside it")
     if metric in ("oom", "error"):
         return _empty("capacity", "a published failure to run: the step-time model has no memory term; see the "
                                   "concurrency model (max_concurrency cells)")
@@ -423,6 +441,50 @@ def _concurrency(cell: dict, metric: str, spec: HybridSpec, hw: st.Hardware, T: 
             "model_note": f"vLLM allocator model, {which} path"}
 
 
+@cache
+def _state_caps(model: str, hw_name: str, B_hist: int, T: int, states: tuple) -> dict:
+    """{state: concurrency_table replayssm row} at PR #47576's conditions for each of `states`."""
+    hw = st.HARDWARE[hw_name]
+    rows = fpm.concurrency_table([model], {"name": hw.name, "hbm_bytes": hw.hbm_bytes},
+                                 {"B": str(B_hist), "T": str(T), "max_model_len": "2048",
+                                  "gpu_memory_utilization": "0.9", "max_num_batched_tokens": "8192",
+                                  "activation_reserve_gb": "", "tp": "", "weights": "checkpoint",
+                                  "states": ",".join(states)})
+    return {r["state"]: r for r in rows if r["mode"] == "replayssm"}
+
+
+def _capacity_ratio(cell: dict, hw_override) -> dict:
+    """The admitted capacity of the cell's state format over its baseline's (e.g. fp32_state): vLLM's allocator model
+    (footprint.concurrency_table) of ReplaySSM spec at the cell's T and history, max_model_len 2048, on the cell's
+    hardware, at the cell's model or its STAND_IN; the plain bytes model's ratio in the note."""
+    model = str(cell.get("model") or "")
+    stand_in, why = STAND_IN.get(model.lower(), (model, ""))
+    try:
+        spec = spec_of(stand_in)
+    except (ValueError, FileNotFoundError):
+        return _empty("not-modelled", f"model {model!r} is not a conf/model config and has no stand-in")
+    if str(cell.get("mode") or "") != "spec":
+        return _empty("not-modelled", "capacity ratio outside speculative decoding: the table has spec modes only")
+    num = STATE_DTYPE_NAME.get(str(cell.get("state_dtype") or "fp32").lower())
+    den = STATE_DTYPE_NAME.get(str(cell.get("baseline") or "fp32_state").lower())
+    hw = _hw(cell, hw_override)
+    if num is None or den is None or hw is None:
+        return _empty("not-modelled", f"state {cell.get('state_dtype')!r} over {cell.get('baseline')!r} on "
+                                      f"{cell.get('hardware')!r}: not a format pair / hardware the footprint sizes")
+    T, B_hist = _int(cell.get("spec_T"), 4), _int(cell.get("history_len"), spec.history_len)
+    caps = _state_caps(stand_in, hw.name, B_hist, T, tuple(sorted({num, den})))
+    a, b = caps[num], caps[den]
+    if not b["vllm"] or not b["plain"]:
+        return _empty("capacity", f"the {den} state fits no sequence")
+    note = (f"vLLM allocator model (experiments/hybrid/footprint.py), ReplaySSM spec T={T} B={B_hist}, "
+            f"max_model_len 2048, {hw.name}: {num} state {a['vllm']:.1f} over {den} {b['vllm']:.1f} sequences; "
+            f"plain bytes model {a['plain'] / b['plain']:.3f}x; SSM bytes per sequence {a['ssm_per_seq_MB']:.1f} "
+            f"vs {b['ssm_per_seq_MB']:.1f} MB (8-bit: 1 byte per element + one fp32 scale per (slot, head); "
+            "buffers and conv state bf16)")
+    return {"value_model": a["vllm"] / b["vllm"], "regime": "capacity",
+            "model_note": f"{why}; {note}" if why else note}
+
+
 def missing_term(cell: dict, row: dict) -> str:
     """Which term the model lacks where it and the cell are more than DISAGREE apart (empty when they agree)."""
     pub, mod = _num(cell.get("value")), _num(row.get("value_model"))
@@ -447,6 +509,9 @@ def missing_term(cell: dict, row: dict) -> str:
                 "this harness's count")
     if "concurrency" in metric:
         return "memory the allocator reserves beyond the bytes model (activations, CUDA graphs, page padding)"
+    if metric == "capacity_ratio":
+        return ("the published model's own SSM / attention split and allocator (a stand-in's ratio where the note "
+                "names one)")
     if str(cell.get("baseline")) == "default" and r < 1:
         return "the default baseline's own inefficiency (untuned launch configuration: below its byte bound)"
     if str(cell.get("level")) in ("e2e", "serving") and r > 1:

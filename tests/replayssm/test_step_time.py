@@ -111,17 +111,18 @@ def test_a_gpu_runs_launch_floor_csv(tmp_path):
     assert st.launches_from_csv(path) == {("mamba2", "replay_ar", "output_only"): 3}
 
 
-def test_an_8bit_state_from_the_affine_byte_counts():
-    # traffic is affine in the state's element size: at 1 byte the baseline moves 2 x state[HV, V, K] of one byte
-    # plus the same inputs and outputs as at 2 bytes
+def test_an_8bit_state_with_its_scales():
+    # at 1 byte the baseline moves 2 x state[HV, V, K] of one byte and its HV fp32 scales (read and written) less
+    # than at 2 bytes, with the same inputs and outputs
     one, two = st.layer_traffic(QWEN, "baseline_ar", state_bytes=1), traffic.gdn_baseline_ar(QWEN, 2)
-    assert one.total == two.total - 2 * traffic.gdn_state_bytes(QWEN, 1)
+    assert one.total == two.total - 2 * traffic.gdn_state_bytes(QWEN, 1) + 2 * traffic.gdn_scale_bytes(QWEN, 1)
     assert one.flops == two.flops
     L = 8
     ours = st.layer_traffic(QWEN, "replay_ar", L=L, state_bytes=1)
-    # the checkpoint is read every step and written once per cycle
+    # the checkpoint (and its scales) is read every step and written once per cycle
     assert ours.total == pytest.approx(traffic.gdn_replay_ar_cycle(QWEN, L, 2).total
-                                       - (1 + 1 / L) * traffic.gdn_state_bytes(QWEN, 1))
+                                       - (1 + 1 / L) * (traffic.gdn_state_bytes(QWEN, 1)
+                                                        - traffic.gdn_scale_bytes(QWEN, 1)))
 
 
 # ------------------------------------------------------------------------------ the issue floor
