@@ -251,7 +251,8 @@ class SpecMethod(Method):
         return {"verify": mod.spec_verify, "commit": mod.spec_commit}
 
     def verify(self, fns, cache, p, kw, slots, out):
-        route = {} if p.route is None else {"route": p.route}
+        # a ring form only (a caller sharing one call record between AR and spec methods may carry an AR route)
+        route = {"route": p.route} if p.route in SPEC_ROUTES else {}
         return fns["verify"](cache, **kw, slots=slots, out=out, backend=p.backend, **route)
 
     def commit(self, fns, cache, p, num_accepted, slots, A):
