@@ -228,6 +228,10 @@ KERNELS: dict[str, KernelSpec] = _declare(
                _mamba2_vf_space("mamba2_spec_verify")),
     KernelSpec("mamba2_spec_fold", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_VF, _M2_VF_ROUTE,
                _mamba2_vf_space("mamba2_spec_fold")),
+    # their IS_TREE builds (tree_verify(route="verify_fold"), issue 35 item 2): their own entries, as
+    # mamba2_replay_tree, so a chain entry never reaches a tree; not launched by a swept step, not tuned yet
+    KernelSpec("mamba2_spec_verify_tree", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_VF),
+    KernelSpec("mamba2_spec_fold_tree", "mamba2", ("headdim", "dstate", "ring_len", "window"), _M2_VF),
     KernelSpec("mamba2_ssu_ar", "mamba2", ("headdim", "dstate"), _SSU, (("baseline_ar", None),), _ssu_space),
     KernelSpec("mamba2_ssu_spec", "mamba2", ("headdim", "dstate"), _SSU, (("baseline_spec", None),), _ssu_space,
                _SSU_SPEC_DROPPED),

@@ -14,6 +14,9 @@ the register count of every row there (148 registers, 3 blocks per SM on sm_90),
 rows, T / history of them in the ring's steady state, need them. Here they cost registers only in this
 kernel, whose other programs exit at once: the price is one early-exit grid per step.
 
+With IS_TREE (tree_verify(route="verify_fold"); anc_ptr given) the window's weights take the ancestor mask
+(spec_verify_kernels.window_weights); the fold of the history is the same, the committed history being a chain.
+
 The chunk loop is a runtime loop (tl.range, a constexpr trip count, software-pipelined by num_stages): one
 chunk's S, S1 and B tile live at a time. Default [64, 32] chunks over 4 warps: 106 / 112 registers (Triton 3.7.1
 / 3.6.0), 4 blocks per SM; 64-wide chunks take 150 (3 blocks) and 2 warps 130-198, for more issue per row.
@@ -27,17 +30,18 @@ import triton.language as tl
 from replayssm.mamba2.spec_verify_kernels import exact_lhs_dot, gate_store, state_dot, window_weights
 
 
+@triton.heuristics({"IS_TREE": lambda a: a["anc_ptr"] is not None})
 @triton.jit
 def m2_spec_fold_kernel(
     x_ptr, z_ptr, C_ptr, A_ptr, D_ptr, out_ptr, slots_ptr,
     state_ptr, ring_x_ptr, ring_B_ptr, ring_dt_ptr, bc_ptr, write_pos_ptr, origin_ptr, is_flush_ptr,
     sx_b, sx_t, sx_h, sz_b, sz_t, sz_h, sC_b, sC_t, sC_g, so_b, so_t, so_h,
     ss_s, ss_h, ss_p, srx_s, srx_h, srx_r, srB_s, srB_g, srB_r, srdt_s, srdt_h, sbc_s, sbc_g, sbc_r,
-    null_slot,
+    null_slot, anc_ptr, sanc_b,
     HEADS_PER_GROUP: tl.constexpr, HEADDIM: tl.constexpr, DSTATE: tl.constexpr,
     T: tl.constexpr, RING: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT: tl.constexpr, NUM_STAGES: tl.constexpr,
+    DOT: tl.constexpr, NUM_STAGES: tl.constexpr, IS_TREE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -61,7 +65,8 @@ def m2_spec_fold_kernel(
     hist = k < h
     # The window restarts at S1: its sum starts at k = h and its decays are relative to cum_{h-1}.
     W, cum_p, dt_k, cum, hist_total = window_weights(ring_dt_ptr + s * srdt_s + head * srdt_h,
-                                                     bc_ptr + s * sbc_s + g * sbc_g, sbc_r, k, k_rows, h, h, A, t, T)
+                                                     bc_ptr + s * sbc_s + g * sbc_g, sbc_r, k, k_rows, h, h, A, t, T,
+                                                     anc_ptr, b * sanc_b, IS_TREE)
     X = tl.load(ring_x_ptr + s * srx_s + head * srx_h + k_rows[None, :] * srx_r + m[:, None],
                 mask=m_mask[:, None] & (k < h + T)[None, :], other=0.0)                    # [BLOCK_M, BLOCK_K]
     w_hist = tl.where(hist, dt_k * tl.exp(tl.minimum(A * (hist_total - cum), 0.0)), 0.0)   # fold weights

@@ -19,6 +19,19 @@ nemotron3_super_120b --method "mamba2.replay_spec[verify_fold]"), Triton 3.7.1 /
     m2_spec_prep_kernel      54 / 55 regs, path 517 / 525, issue 11 us
     step cycle issue floor   501 / 498 us against 698.7 us of bytes (0.72x; shipped 3,936 us, 5.6x)
 T = 8: no spill, verify 72 / 80 regs, fold 116 / 118; cycle 742 / 743 us against 861 us of bytes.
+Trees (tree_verify(route="verify_fold"), issue 35 item 2): the same three launches. The prep is the chain's (node s
+goes to logical position h + s, bc over every live position); the verify and fold kernels take the row's ancestor
+bit sets (anc_ptr, spec_kernels.ancestor_bits; IS_TREE set by a heuristic when anc_ptr is given) and build the
+window weights with the ancestor mask and tree prefix sums (spec_verify_kernels.window_weights); a flush row's fold
+of the committed history is the chain's, that history being a chain. The bit sets are a few device-side torch
+ops per call (allocating, as the fused tree's; no host sync). AOT at the same point (tree_recipe, one plain
+and one flush row), Triton 3.7.1 / 3.6.0, every build spill-free:
+    N = 15 (full 2-ary tree): verify 96 / 96 regs, 20 warps per SM, path 1,236 / 1,233, issue 491 / 490 us;
+      fold 107 / 106 regs, 16 warps per SM, path 1,801 / 1,834; prep 55 / 56 regs (8 warps), issue 22 / 23 us;
+      step 514 / 514 us against the fused tree's 3,359 / 3,355 (_verify_kernel 150 / 146 regs, 12 warps per SM,
+      path 2,484 / 2,481 and 4,692 on a flush row, issue 3,289 / 3,285 us; _scatter_bc_kernel 69 us)
+    N = 4 (full 2-ary tree): verify 80 / 80 regs, 24 warps per SM, path 946 / 948 (the chain's 917 / 922 plus the
+      mask), issue 313 / 314 us; fold 104 / 112 regs, 16 warps per SM; step 325 / 326 us against 3,363 / 3,356.
 The default stays "fused" until a GPU run decides (issue 35 item 1's report has the timing command: both routes
 at b512 T4 with every row verifying, every row flushing and staggered cursors, CUDA graphs, cold state).
 """
@@ -33,12 +46,17 @@ from replayssm.checks import kernel_arch, next_pow2
 from replayssm.delta_rule._tl import key_dot
 from replayssm.mamba2.cache import SpecRing
 from replayssm.mamba2.spec_fold_kernels import m2_spec_fold_kernel
+from replayssm.mamba2.spec_kernels import MAX_NODES, ancestor_bits
 from replayssm.mamba2.spec_prep_kernels import m2_spec_prep_kernel
 from replayssm.mamba2.spec_tiles import VerifyFoldConfig
 from replayssm.mamba2.spec_verify_kernels import m2_spec_verify_kernel
 
 ROUTE = "verify_fold"
 KERNELS = ("mamba2_spec_prep", "mamba2_spec_verify", "mamba2_spec_fold")
+# tree_verify(route="verify_fold"): the same prep (a tree's window goes into the ring as a chain's), the verify and
+# fold kernels built with IS_TREE (the ancestor mask). The two tree builds resolve under their own names, as the
+# fused tree kernel does (mamba2_replay_tree): a tuned chain entry never reaches them; the default rule is the chain's.
+TREE_KERNELS = ("mamba2_spec_prep", "mamba2_spec_verify_tree", "mamba2_spec_fold_tree")
 
 
 def default_vf_config(kernel: str, headdim: int, dstate: int, arch: int) -> VerifyFoldConfig:
@@ -50,6 +68,7 @@ def default_vf_config(kernel: str, headdim: int, dstate: int, arch: int) -> Veri
       chunk's B rows and the folded S1.
     prep: the group's [T, heads x headdim] window tile and [ring, dstate] B tile over 4 warps (8 past 4,096
       window elements)."""
+    kernel = kernel.removesuffix("_tree")
     bn = max(16, next_pow2(dstate))
     if kernel == "mamba2_spec_prep":
         return VerifyFoldConfig(0, bn, 4, 1)
@@ -71,11 +90,18 @@ def vf_config(kernel: str, ring: SpecRing, arch: int) -> VerifyFoldConfig:
 
 
 def launch_verify_fold(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: bool, slots: torch.Tensor,
-                       out: torch.Tensor) -> torch.Tensor:
-    """Inputs already validated (replayssm/mamba2/spec.py spec_verify); slots int32 [batch]."""
+                       out: torch.Tensor, parents: torch.Tensor | None = None) -> torch.Tensor:
+    """Inputs already validated (replayssm/mamba2/spec.py spec_verify, tree.py tree_verify); slots int32 [batch].
+    With `parents` int32 [batch, N] (N = ring.window <= MAX_NODES): a draft tree's verify (the row kernels with
+    IS_TREE, reading one int32 ancestor bit set per node, spec_kernels.ancestor_bits)."""
     geo, batch, T = ring.geometry, x.shape[0], ring.window
+    is_tree = parents is not None
+    if is_tree and T > MAX_NODES:
+        raise ValueError(f"N={T} > {MAX_NODES}: the Triton tree kernel keeps one int32 bit set per node")
+    anc = ancestor_bits(parents) if is_tree else None
+    tree = dict(anc_ptr=anc, sanc_b=anc.stride(0) if is_tree else 0)
     arch = kernel_arch(x.device)
-    prep, verify, fold = (vf_config(name, ring, arch) for name in KERNELS)
+    prep, verify, fold = (vf_config(name, ring, arch) for name in (TREE_KERNELS if is_tree else KERNELS))
     fp32_dot = "ieee" if arch == 0 else "tf32x3"
     dot = key_dot(ring.act_dtype, fp32_dot)
     hpg = geo.heads_per_group
@@ -105,14 +131,14 @@ def launch_verify_fold(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplu
     DD = A if D is None else D
     m2_spec_verify_kernel[(triton.cdiv(geo.headdim, verify.block_m), batch, geo.nheads)](
         x, zz, C, A, DD, out, slots, ring.state, rx, rdt, bc, ring.write_pos, ring.origin, ring.is_flush,
-        *row_args, rdt.stride(0), rdt.stride(1), bc.stride(0), bc.stride(1), bc.stride(2),
+        *row_args, rdt.stride(0), rdt.stride(1), bc.stride(0), bc.stride(1), bc.stride(2), **tree,
         **common, **flags, BLOCK_M=verify.block_m, BLOCK_N=verify.block_n,
         num_warps=verify.num_warps, num_stages=verify.num_stages,
     )
     m2_spec_fold_kernel[(triton.cdiv(geo.headdim, fold.block_m), batch, geo.nheads)](
         x, zz, C, A, DD, out, slots, ring.state, rx, rB, rdt, bc, ring.write_pos, ring.origin, ring.is_flush,
         *row_args, rB.stride(0), rB.stride(1), rB.stride(2), rdt.stride(0), rdt.stride(1),
-        bc.stride(0), bc.stride(1), bc.stride(2),
+        bc.stride(0), bc.stride(1), bc.stride(2), **tree,
         **common, **flags, BLOCK_M=fold.block_m, BLOCK_N=fold.block_n, NUM_STAGES=fold.num_stages,
         num_warps=fold.num_warps,
     )

@@ -17,7 +17,9 @@ with bc = B_k . C_t from the precompute (spec_prep_kernels.py). Against the ship
     instruction per element cheaper), two bf16 MMAs where tf32x3 runs three tf32 ones on twice the k-steps
     and splits both sides. (A tf32x2 split of the state, bf16 being exact in tf32, built worse on sm_90: 96
     registers and 1,024 SASS against 72 and 1,003 at the same tile.)
-The helpers `window_weights` and `gate_store` are shared with the fold kernel (its rows restart at S1).
+The helpers `window_weights` and `gate_store` are shared with the fold kernel (its rows restart at S1). With IS_TREE
+(a draft tree of T nodes: tree_verify(route="verify_fold"); set when anc_ptr is given) `window_weights` replaces the
+causal mask by the ancestor mask and the prefix sums of dt by tree prefix sums, as the fused kernel's IS_TREE.
 """
 
 from __future__ import annotations
@@ -62,20 +64,38 @@ def exact_lhs_dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
-def window_weights(ring_dt_ptr, bc_ptr, sbc_r, k, k_rows, h, first, A, t, T: tl.constexpr):
+def window_weights(ring_dt_ptr, bc_ptr, sbc_r, k, k_rows, h, first, A, t, T: tl.constexpr, anc_ptr, anc_off,
+                   IS_TREE: tl.constexpr):
     """(W [BLOCK_K, BLOCK_T], cum_p [BLOCK_T], dt_k, cum [BLOCK_K], hist_total): the ring sum's weights over
-    logical positions k, W[k, t] = dt_k exp(A (cum_p - cum_k)) bc[k, t] for first <= k <= p = h + t, 0
-    elsewhere; ring_dt_ptr and bc_ptr point at the (slot, head) / (slot, group) rows."""
+    logical positions k, W[k, t] = dt_k exp(A (cum_p - cum_k)) bc[k, t] for first <= k and k visible from
+    window token t, 0 elsewhere; ring_dt_ptr and bc_ptr point at the (slot, head) / (slot, group) rows.
+
+    Chain: k visible from t iff k <= p = h + t, cum_k = cum (the inclusive prefix sum of dt). IS_TREE (a draft
+    tree of T nodes, replayssm/mamba2/tree.py): node t sees the history and its ancestors-or-self, bit j of
+    anc[t] (anc_ptr + anc_off: the row's int32 bit sets, spec_kernels.ancestor_bits) for node j at position h + j;
+    cum_p is the tree prefix sum along t's path and a window row's cum_k is its own node's cum_p. The history
+    is a chain in both, so `cum` and hist_total (a flush row's fold) are the chain's."""
     live = k < h + T
     dt_k = tl.load(ring_dt_ptr + k_rows, mask=live, other=0.0)
     cum = tl.cumsum(dt_k, 0)                                                               # [BLOCK_K]
     t_mask = t < T
-    visible = k[:, None] <= (h + t)[None, :]                                               # causal
-    cum_p = tl.sum(tl.where(visible, dt_k[:, None], 0.0), 0)                               # [BLOCK_T]
+    if IS_TREE:
+        anc = tl.load(anc_ptr + anc_off + t, mask=t_mask, other=0)                         # [BLOCK_T]
+        win = (k >= h) & live
+        node_k = tl.where(win, k - h, 0)                                                   # window node of row k
+        on_path = ((anc[None, :] >> node_k[:, None]) & 1) != 0                             # [BLOCK_K, BLOCK_T]
+        visible = (k < h)[:, None] | (win[:, None] & on_path)
+        cum_p = tl.sum(tl.where(visible, dt_k[:, None], 0.0), 0)                           # tree prefix sums
+        cum_win = tl.sum(tl.where(node_k[:, None] == t[None, :], cum_p[None, :], 0.0), 1)  # cum of node k - h
+        cum_k = tl.where(k < h, cum, cum_win)
+    else:
+        visible = k[:, None] <= (h + t)[None, :]                                           # causal
+        cum_p = tl.sum(tl.where(visible, dt_k[:, None], 0.0), 0)                           # [BLOCK_T]
+        cum_k = cum
     hist_total = tl.sum(tl.where(k < h, dt_k, 0.0), 0)                                     # cum_{h-1}
     bc = tl.load(bc_ptr + k[:, None] * sbc_r + t[None, :], mask=live[:, None] & t_mask[None, :], other=0.0)
     summed = visible & (k >= first)[:, None] & live[:, None]
-    W = tl.where(summed, dt_k[:, None] * tl.exp(tl.minimum(A * (cum_p[None, :] - cum[:, None]), 0.0)) * bc, 0.0)
+    W = tl.where(summed, dt_k[:, None] * tl.exp(tl.minimum(A * (cum_p[None, :] - cum_k[:, None]), 0.0)) * bc, 0.0)
     return W, cum_p, dt_k, cum, hist_total
 
 
@@ -97,17 +117,18 @@ def gate_store(Y, x_ptr, z_ptr, D_ptr, out_ptr, b, head, m, m_mask, t,
              mask=mt_mask)
 
 
+@triton.heuristics({"IS_TREE": lambda a: a["anc_ptr"] is not None})
 @triton.jit
 def m2_spec_verify_kernel(
     x_ptr, z_ptr, C_ptr, A_ptr, D_ptr, out_ptr, slots_ptr,
     state_ptr, ring_x_ptr, ring_dt_ptr, bc_ptr, write_pos_ptr, origin_ptr, is_flush_ptr,
     sx_b, sx_t, sx_h, sz_b, sz_t, sz_h, sC_b, sC_t, sC_g, so_b, so_t, so_h,
     ss_s, ss_h, ss_p, srx_s, srx_h, srx_r, srdt_s, srdt_h, sbc_s, sbc_g, sbc_r,
-    null_slot,
+    null_slot, anc_ptr, sanc_b,
     HEADS_PER_GROUP: tl.constexpr, HEADDIM: tl.constexpr, DSTATE: tl.constexpr,
     T: tl.constexpr, RING: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT: tl.constexpr,
+    DOT: tl.constexpr, IS_TREE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -141,7 +162,7 @@ def m2_spec_verify_kernel(
     k = tl.arange(0, BLOCK_K)
     k_rows = (origin + k) & (RING - 1)
     W, cum_p, _, _, _ = window_weights(ring_dt_ptr + s * srdt_s + head * srdt_h, bc_ptr + s * sbc_s + g * sbc_g,
-                                       sbc_r, k, k_rows, h, 0, A, t, T)
+                                       sbc_r, k, k_rows, h, 0, A, t, T, anc_ptr, b * sanc_b, IS_TREE)
     X = tl.load(ring_x_ptr + s * srx_s + head * srx_h + k_rows[None, :] * srx_r + m[:, None],
                 mask=m_mask[:, None] & (k < h + T)[None, :], other=0.0)                    # [BLOCK_M, BLOCK_K]
     Y = SC * tl.exp(tl.minimum(A * cum_p, 0.0))[None, :] + exact_lhs_dot(X, W, DOT)

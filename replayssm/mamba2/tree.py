@@ -11,7 +11,8 @@ protocol and the early-flush rule restated for trees (write_pos + depth + N > L)
 A chain (parents = [-1, 0, 1, ...], path = [0, 1, ...]) is exactly spec_verify / spec_commit.
 
 Backends: each is the chain verify of replayssm.mamba2.spec with the tree's parents: "triton" (spec_kernels.py,
-the verify kernel with IS_TREE; the commit: replayssm/tree_ring.py), "torch" (spec_torch.py, vectorised), "cpu"
+the verify kernel with IS_TREE, or with route="verify_fold" spec_verify_fold.py's prep / verify / fold with
+IS_TREE; the commit: replayssm/tree_ring.py), "torch" (spec_torch.py, vectorised), "cpu"
 (the fused C/OpenMP kernel m2_tree_replay, replayssm/cpu/tree_body.h, N <= 32; its commit is the torch one),
 "ref" (spec_ref.py, float64 path recurrence: the oracle). Every entry point validates its inputs before
 touching the ring.
@@ -29,6 +30,7 @@ from replayssm.checks import (
     check_same_device,
     check_shape,
     check_slots,
+    check_spec_route,
 )
 from replayssm.mamba2 import spec_ref, spec_torch
 from replayssm.mamba2.cache import SpecRing
@@ -81,7 +83,7 @@ def tree_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
                 C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                 dt_bias: torch.Tensor | None = None, dt_softplus: bool = True, *, parents: torch.Tensor,
                 slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                backend: str = "triton") -> torch.Tensor:
+                backend: str = "triton", route: str = "fused") -> torch.Tensor:
     """Outputs of every node of a draft tree, all from the slot's checkpoint; the N nodes go into the ring.
 
     Node s's output depends on the checkpoint and the inputs on its own root-to-node path only: the chain
@@ -103,6 +105,10 @@ def tree_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
         slots: int32 [batch] (default arange(batch)); NULL_SLOT rows are skipped.
         out: optional [batch, N, nheads, headdim] output in ring.act_dtype.
         backend: "triton" (default, N <= 32), "torch", "cpu" (N <= 32) or "ref".
+        route: the Triton kernels (replayssm.checks.SPEC_ROUTES), as spec_verify's: "fused" (default;
+            spec_kernels.py, the verify kernel with IS_TREE) or "verify_fold" (spec_verify_fold.py: the prep, then
+            the verify and fold kernels built with the ancestor mask; a flush row's fold is the chain's, the
+            history being a chain). The other backends accept both names and compute the same function.
 
     Returns:
         y [batch, N, nheads, headdim] in ring.act_dtype (`out` when given).
@@ -126,6 +132,7 @@ def tree_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
         (2, 3, 4, 16)
     """
     ring = _check_ring(ring)
+    check_spec_route(route)
     batch, device = check_tree_window(ring, x, dt, A, B, C, D, z, dt_bias, out, backend)
     slots_in = slots
     slots = check_slots(slots, batch, ring.num_slots, device, ring.null_slot)
@@ -146,6 +153,10 @@ def tree_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
         from replayssm.cpu import ops
         ops.mamba2_tree_replay(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, slots, parents)
         return out
+    if route == "verify_fold":
+        from replayssm.mamba2.spec_verify_fold import launch_verify_fold
+
+        return launch_verify_fold(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out, parents=parents)
     from replayssm.mamba2.spec_kernels import launch_verify
 
     return launch_verify(ring, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out, parents=parents)

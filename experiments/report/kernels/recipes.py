@@ -269,31 +269,44 @@ RECIPES = [
 TREE_PARENTS = [-1] + [(s - 1) // 2 for s in range(1, 15)]   # full 2-ary tree of 15 nodes: the largest swept
 
 
-def tree_recipe(family: str) -> Callable:
+def _first_branch(parents: list[int]) -> list[int]:
+    """Node 0, then each node's first child down to a leaf (the recipe's accepted branch)."""
+    path = [0]
+    while (kids := [s for s in range(len(parents)) if parents[s] == path[-1]]):
+        path.append(kids[0])
+    return path
+
+
+def tree_recipe(family: str, route: str | None = None, parents: list[int] | None = None) -> Callable:
     """Tree speculation (replayssm.<family>.tree): a ring with window N = 15 (the full 2-ary tree; every swept
     tree has N <= 16, so the same BLOCK_T = 16 tiles), one plain row and one flush row -> tree_verify ->
-    tree_commit of a depth-4 branch (the move and cursor kernels)."""
+    tree_commit of a depth-4 branch (the move and cursor kernels). `route` is tree_verify's (None: its default);
+    `parents` another tree (default TREE_PARENTS; its first branch is committed)."""
     module = f"replayssm.{family}.tree"
+    tree = TREE_PARENTS if parents is None else parents
+    branch = _first_branch(tree)
 
     def run(geom, device, state_dtype):
         verify, commit = public(module, "tree_verify"), public(module, "tree_commit")
         Ring = public(f"replayssm.{family}", "SpecRing")
-        N = len(TREE_PARENTS)
+        N = len(tree)
         ring = Ring.allocate(geom, POINT.batch, history_len=POINT.history, window=N, state_dtype=state_dtype,
                              act_dtype=ACT, device=device)
         ring.write_pos[:] = _rows([3, POINT.history - 1])
         ring.is_flush[:] = _rows([0, 1])
-        parents = torch.tensor(TREE_PARENTS, dtype=torch.int32, device=device)
+        parents_t = torch.tensor(tree, dtype=torch.int32, device=device)
         inputs = _inputs(family, geom, device, window=N)
-        path = torch.tensor([[0, 1, 3, 7]] * POINT.batch, dtype=torch.int32, device=device)
+        path = torch.tensor([branch] * POINT.batch, dtype=torch.int32, device=device)
         with aot.phase("step"):
-            _step(family, verify, ring, inputs, parents=parents)
+            _step(family, verify, ring, inputs, parents=parents_t, **({} if route is None else {"route": route}))
             call(commit, ring, path, _accepted(device), slots=_slots(device), backend="triton")
     return run
 
 
 RECIPES += [
     Recipe("mamba2.replay_tree", "mamba2", tree_recipe("mamba2"), ar=False),
+    # the tree on the prep / verify / fold route (replayssm/mamba2/spec_verify_fold.py, IS_TREE): issue 35 item 2
+    Recipe("mamba2.replay_tree[verify_fold]", "mamba2", tree_recipe("mamba2", "verify_fold"), ar=False),
     Recipe("gdn.replay_tree", "gdn", tree_recipe("gdn"), ar=False),
     # KDA (replayssm.kda): GDN's kernels with PER_CHANNEL set, built at Kimi-Linear's geometry
     Recipe("kda.replay", "kda", replay_ar_recipe("kda", "replayssm.kda.cache"), ar=True),      # output-only
