@@ -9,6 +9,9 @@ state [num_slots, HV, V, K] (K-last) is read and written back in place every ste
 Inputs: q, k [batch, H, K] and v [batch, HV, V] in one act dtype; g, beta [batch, HV] fp32. Value head hv
 reads key head hv // (HV / H). slots int32 [batch] maps rows to state slots (NULL_SLOT rows skipped).
 Backends: "triton" (one kernel), "torch" (vectorised, one read + in-place update), "ref" (float64 loops).
+State formats (replayssm/state_format.py): a bare tensor is float32 / float16 / bfloat16, stored by a cast; a
+FormattedState carries any format (float16_sr, bfloat16_sr, int8, float8_e4m3fn on torch / ref: the step runs on
+a float working copy of the live rows and writes the state back by the format's rule, every step).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from replayssm.checks import (
 from replayssm.gdn.decode import check_step_inputs
 from replayssm.gdn.decode_torch import fold_into_state_, prepare_qk_fp32, state_times
 from replayssm.gdn.ref import gdn_step_ref
+from replayssm.state_format import formatted_work, unwrap_state
 
 
 @dataclass(frozen=True)
@@ -191,10 +195,12 @@ def run_recurrent_step(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out
     """fused_recurrent_step for either decay shape: GDN, and KDA (baselines/kda_recurrent.py, per_channel:
     g [batch, HV, K]). `torch_step`: the family's torch form; the Triton kernel, the C kernel and the float64
     loops take either shape."""
+    store, state, formatted = unwrap_state(state, backend)
     check_backend(backend, q, k, v, out, state)
     if not isinstance(state, torch.Tensor) or state.dim() != 4:
-        raise ValueError("state must be a tensor [num_slots, HV, V, K]")
-    check_dtype("state", state, STATE_DTYPES)
+        raise ValueError("state must be a tensor [num_slots, HV, V, K] or a FormattedState")
+    if not formatted:
+        check_dtype("state", state, STATE_DTYPES)
     check_last_dim_contiguous("state", state)
     if not isinstance(q, torch.Tensor) or q.dim() != 3 or not isinstance(v, torch.Tensor) or v.dim() != 3:
         raise ValueError("q must be [batch, H, K] and v [batch, HV, V]")
@@ -210,6 +216,13 @@ def run_recurrent_step(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out
     if out is None:
         out = (torch.empty if slots is None else torch.zeros)(batch, HV, V, dtype=q.dtype, device=device)
     if batch == 0:
+        return out
+    if formatted:                    # torch / ref: the step on a float working copy, stored back by the format
+        with formatted_work(store, None if slots is None else slots_i32, batch, backend) as (work, work_slots):
+            if backend == "torch":
+                torch_step(work, q, k, v, g, beta, scale, use_qk_l2norm, work_slots, out)
+            else:
+                _step_ref(work, q, k, v, g, beta, scale, use_qk_l2norm, work_slots, out)
         return out
     if backend == "triton":
         _launch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out, per_channel=per_channel)

@@ -10,6 +10,8 @@ per step, T x the state memory. Commit only moves the cursor: last = num_accepte
 
 Backends: "triton" (baselines/mamba2_ssu_kernels.py), "torch" (vectorised, in-place: the CPU timing
 backend), "ref" (float64 oracle via replayssm.mamba2.ref, rounding to the state dtype where it stores).
+selective_state_update also takes a FormattedState (replayssm/state_format.py): float16_sr, bfloat16_sr, int8 and
+float8_e4m3fn states on torch / ref, written back by the format's rule every step.
 A row whose slot is the null slot (-1) is padding: skipped, its output left as is, its state untouched.
 """
 
@@ -39,6 +41,7 @@ from replayssm.checks import (
 from replayssm.geometry import Mamba2Geometry
 from replayssm.mamba2.ref import SOFTPLUS_THRESHOLD, ssm_step_ref, window_ref
 from replayssm.slot_pool import SlotPool
+from replayssm.state_format import formatted_work, unwrap_state
 
 MAX_WINDOW = 16  # T is unrolled in the spec kernels
 
@@ -133,10 +136,12 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     dt [batch, nheads] raw; A, D, dt_bias [nheads] fp32; B, C [batch, ngroups, dstate];
     slots int32 [batch] (default arange(batch); NULL_SLOT rows are skipped).
     """
+    store, state, formatted = unwrap_state(state, backend)
     check_backend(backend, state, x, dt, B, C, z, out)
     if state.dim() != 4:
         raise ValueError(f"state must be [num_slots, nheads, headdim, dstate], got shape {tuple(state.shape)}")
-    check_dtype("state", state, STATE_DTYPES)
+    if not formatted:
+        check_dtype("state", state, STATE_DTYPES)
     check_last_dim_contiguous("state", state)
     num_slots, nheads, headdim, dstate = state.shape
     batch, ngroups = check_step_inputs(nheads, headdim, dstate, x, dt, A, B, C, D, z, dt_bias, out)
@@ -145,6 +150,13 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if batch == 0:
+        return out
+    if formatted:                    # torch / ref: the step on a float working copy, stored back by the format
+        with formatted_work(store, None if slots is None else slots_checked, batch, backend) as (work, work_slots):
+            if backend == "torch":
+                _ssu_torch(work, x, dt, A, B, C, D, z, dt_bias, dt_softplus, work_slots, out, ngroups)
+            else:
+                _ssu_ref(work, x, dt, A, B, C, D, z, dt_bias, dt_softplus, work_slots, out)
         return out
     if backend == "triton":
         _ssu_triton(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots_checked, out, ngroups)

@@ -25,7 +25,11 @@ STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Experimental fp8 checkpoint (replayssm/fp8_checkpoint.py): only the ReplaySSM AR caches, torch/ref backends.
 FP8_STATE_DTYPES = (torch.float8_e4m3fn,)
 FP8_SCOPE = ("an fp8 (float8_e4m3fn) state is experimental and exists only for the ReplaySSM AR caches "
-             "(replayssm.mamba2 / replayssm.gdn ReplayCache) on backend 'torch' or 'ref'")
+             "(replayssm.mamba2 / replayssm.gdn / replayssm.kda ReplayCache) and a baseline's FormattedState "
+             "on backend 'torch' or 'ref'")
+# The other non-plain state formats (float16_sr, bfloat16_sr, int8; replayssm/state_format.py): the same scope.
+STATE_FORMAT_SCOPE = ("the quantised and stochastic-rounding state formats exist only for the ReplaySSM AR caches "
+                      "and a baseline's FormattedState (replayssm/state_format.py), on backend 'torch' or 'ref'")
 
 
 # The normal-step forms of a ReplaySSM AR step. "output_only_fold" (GDN and KDA, replayssm/delta_rule/): the
@@ -116,20 +120,31 @@ def check_dtype(name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]) ->
         raise ValueError(f"{name} has dtype {t.dtype}; expected one of {[str(d) for d in allowed]}{hint}")
 
 
-def check_pool_alloc(geometry, geometry_type: type, state_dtype: torch.dtype, act_dtype: torch.dtype | None = None,
-                     allow_fp8: bool = False, **sizes: int) -> None:
+def check_pool_alloc(geometry, geometry_type: type, state_dtype, act_dtype: torch.dtype | None = None,
+                     allow_fp8: bool = False, **sizes: int) -> torch.dtype:
     """The arguments every cache allocation shares: the geometry's type, its sizes (num_slots, buffer_len,
-    history_len, window, ...: ints >= 1, bools refused) and the state / activation dtypes. `allow_fp8`: the
-    cache implements the experimental fp8 checkpoint (ReplaySSM AR caches only)."""
+    history_len, window, ...: ints >= 1, bools refused) and the state / activation dtypes. `state_dtype`: a state
+    format name (replayssm/state_format.py) or a torch dtype naming one. `allow_fp8`: the cache implements every
+    state format (the ReplaySSM AR caches); other caches take the plain ones (float32 / float16 / bfloat16).
+    Returns the format's storage dtype."""
+    from replayssm.state_format import FORMAT_NAMES, PLAIN_FORMATS, state_format
     if not isinstance(geometry, geometry_type):
         raise ValueError(f"expected a {geometry_type.__name__}, got {type(geometry).__name__}")
     for name, value in sizes.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    state_dtypes = STATE_DTYPES + (FP8_STATE_DTYPES if allow_fp8 else ())
-    check_dtype("state_dtype", torch.empty(0, dtype=state_dtype), state_dtypes)
+    allowed = FORMAT_NAMES if allow_fp8 else PLAIN_FORMATS
+    try:
+        fmt = state_format(state_dtype)
+    except ValueError:
+        raise ValueError(f"state_dtype {state_dtype!r} names no state format; expected one of {allowed}") from None
+    if fmt.name not in allowed:
+        hint = FP8_SCOPE if fmt.storage in FP8_STATE_DTYPES else STATE_FORMAT_SCOPE
+        raise ValueError(f"state_dtype {fmt.name!r} is not available for this cache; expected one of {allowed} "
+                         f"({hint})")
     if act_dtype is not None:
         check_dtype("act_dtype", torch.empty(0, dtype=act_dtype), ACT_DTYPES)
+    return fmt.storage
 
 
 def check_ring_lengths(history_len: int, window: int) -> None:

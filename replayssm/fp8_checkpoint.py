@@ -1,4 +1,7 @@
-"""Experimental FP8 (e4m3, per-head scale) checkpoint for the ReplaySSM AR caches (torch and ref backends only).
+"""FP8 (e4m3, per-head scale) checkpoint for the ReplaySSM AR caches (torch and ref backends only).
+
+The rules of every state format now live in replayssm/state_format.py (this is its float8_e4m3fn format);
+this module keeps the fp8 names its callers use.
 
 Storage: the checkpoint `state` is torch.float8_e4m3fn [num_slots, nheads, a, b] and `state_scale` is
 float32 [num_slots, nheads]; the value it stands for is
@@ -25,9 +28,11 @@ from __future__ import annotations
 
 import torch
 
+from replayssm import state_format as sf
+
 FP8_STATE_DTYPE = torch.float8_e4m3fn
-E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
-STATE_BLOCK_DIMS = 2  # every cache's state is [..., heads, a, b]: the scale covers the last two dims
+E4M3_MAX = sf.FORMATS["float8_e4m3fn"].qmax  # torch.finfo(torch.float8_e4m3fn).max
+STATE_BLOCK_DIMS = sf.STATE_BLOCK_DIMS
 
 
 def is_fp8(dtype: torch.dtype) -> bool:
@@ -35,42 +40,20 @@ def is_fp8(dtype: torch.dtype) -> bool:
 
 
 def quantize(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """S [..., nheads, a, b] (float32 or float64) -> (e4m3 [..., nheads, a, b], float32 scale [..., nheads]).
-
-    The division runs in S's dtype with the stored (float32) scale, so dequantise(quantize(S)) is exactly
-    what a reader of the cache sees.
-    """
-    absmax = S.abs().amax(dim=(-2, -1))
-    scale = torch.where(absmax > 0, absmax / E4M3_MAX, torch.ones_like(absmax)).to(torch.float32)
-    q = (S / scale.to(S.dtype)[..., None, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_STATE_DTYPE)
-    return q, scale
+    """S [..., nheads, a, b] (float32 or float64) -> (e4m3 [..., nheads, a, b], float32 scale [..., nheads])."""
+    return sf.quantize_scaled(S, "float8_e4m3fn")
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """e4m3 [..., nheads, a, b] and float32 scale [..., nheads] -> [..., nheads, a, b] in `dtype`."""
-    return q.to(dtype) * scale.to(dtype)[..., None, None]
+    return sf.dequantize(q, scale, dtype)
 
 
-def read_checkpoint(cache, index, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The checkpoint of the slots `index` (int, slice, or long tensor), as `dtype` (a copy for fp8)."""
-    if is_fp8(cache.state.dtype):
-        return dequantize(cache.state[index], cache.state_scale[index], dtype)
-    return cache.state[index].to(dtype)
-
-
-def write_checkpoint(cache, index, S: torch.Tensor) -> None:
-    """Store S [..., nheads, a, b] as the checkpoint of the slots `index`, rounded to the state dtype
-    (quantised with a fresh per-head scale when the state is fp8)."""
-    if is_fp8(cache.state.dtype):
-        q, scale = quantize(S)
-        cache.state[index] = q
-        cache.state_scale[index] = scale
-    else:
-        cache.state[index] = S.to(cache.state.dtype)
+# Every format's checkpoint goes through these (replayssm/state_format.py): the names stay for their callers.
+read_checkpoint = sf.read_state
+write_checkpoint = sf.write_state
 
 
 def allocate_scale(state: torch.Tensor) -> torch.Tensor | None:
     """The float32 [num_slots, nheads] scale of an fp8 state (ones: a zero checkpoint), else None."""
-    if not is_fp8(state.dtype):
-        return None
-    return torch.ones(state.shape[:-STATE_BLOCK_DIMS], dtype=torch.float32, device=state.device)
+    return sf.allocate_extras(state, FP8_STATE_DTYPE)["state_scale"] if is_fp8(state.dtype) else None

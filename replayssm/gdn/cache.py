@@ -13,9 +13,11 @@ AR protocol, per slot with h = write_pos[slot], L = buffer_len:
     h == L-1: flush: fold the L-1 entries and the current token into the checkpoint; h = 0
 L = 1 flushes every step, which is exactly the baseline fused recurrent step.
 
-Experimental fp8 checkpoint (torch / ref backends): state_dtype=torch.float8_e4m3fn stores the checkpoint
-in e4m3 with a float32 per-(slot, value head) scale `state_scale`, quantised at every flush with
-scale = absmax(head) / 448 (replayssm/fp8_checkpoint.py has the rule and why). The spec ring refuses fp8.
+State formats (replayssm/state_format.py): state_dtype is a format name or a torch dtype. Besides the plain
+float32 / float16 / bfloat16, the torch and ref backends store float16_sr / bfloat16_sr (stochastic rounding
+keyed by (sr_seed, sr_step[slot], slot, element); sr_step counts the slot's checkpoint writes) and int8 /
+float8_e4m3fn (a float32 per-(slot, value head) scale `state_scale`). The checkpoint is rounded only where it is
+written: at a flush and by set_state. The spec ring takes the plain formats only.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from typing import ClassVar
 import torch
 
 from replayssm.checks import NULL_SLOT, check_pool_alloc
-from replayssm.fp8_checkpoint import allocate_scale
 from replayssm.geometry import GDNGeometry, KDAGeometry
 from replayssm.slot_pool import SlotPool
+from replayssm.state_format import allocate_extras, check_seed
 
 
 @dataclass
@@ -42,7 +44,8 @@ class DeltaRuleReplayCache(SlotPool):
     k         [num_slots, H, buffer_len, K]  cached keys, L2-normalised if the step asked for it (act_dtype)
     g         [num_slots, HV, buffer_len]    cached log decays (fp32); KDA: [num_slots, HV, buffer_len, K]
     write_pos [num_slots] int32              entries cached since the checkpoint
-    state_scale [num_slots, HV] fp32         fp8 checkpoint only (else None): S0 = state * scale
+    state_scale [num_slots, HV] fp32         int8 / fp8 checkpoint only (else None): S0 = state * scale
+    sr_step   [num_slots] int32              float16_sr / bfloat16_sr only (else None): checkpoint writes so far
     """
 
     ACT_FIELD: ClassVar[str] = "u"
@@ -58,18 +61,22 @@ class DeltaRuleReplayCache(SlotPool):
     null_slot: int = NULL_SLOT
     state_scale: torch.Tensor | None = None
     shared_cursor: bool = False      # write_pos is a DecodeCursor's (replayssm/ring_cursors.py), shared by layers
+    sr_step: torch.Tensor | None = None
+    sr_seed: int = 0
+    state_format: str | None = None  # replayssm/state_format.py name (None: the state dtype's plain format)
 
     @classmethod
     def allocate(cls, geometry, num_slots: int, buffer_len: int, state_dtype=torch.float32,
-                 act_dtype=torch.float32, device="cpu", cursor=None):
+                 act_dtype=torch.float32, device="cpu", cursor=None, sr_seed: int = 0):
         """`cursor`: a ring_cursors.DecodeCursor whose write_pos this cache uses (one per decode row for every
-        layer; replay_step then leaves it to cursor.advance); None allocates the cache's own."""
-        check_pool_alloc(geometry, cls.GEOMETRY, state_dtype, act_dtype, allow_fp8=True, num_slots=num_slots,
-                         buffer_len=buffer_len)
+        layer; replay_step then leaves it to cursor.advance); None allocates the cache's own. `state_dtype`: a
+        state format name or a torch dtype; `sr_seed`: the 32-bit seed of a stochastic-rounding format."""
+        storage = check_pool_alloc(geometry, cls.GEOMETRY, state_dtype, act_dtype, allow_fp8=True,
+                                   num_slots=num_slots, buffer_len=buffer_len)
         gm, n, L = geometry, num_slots, buffer_len
-        state = torch.zeros(n, gm.HV, gm.V, gm.K, dtype=state_dtype, device=device)
+        state = torch.zeros(n, gm.HV, gm.V, gm.K, dtype=storage, device=device)
         return cls(
-            geometry=gm, buffer_len=L, state=state, state_scale=allocate_scale(state),
+            geometry=gm, buffer_len=L, state=state, sr_seed=check_seed(sr_seed), **allocate_extras(state, state_dtype),
             u=torch.zeros(n, gm.HV, L, gm.V, dtype=act_dtype, device=device),
             k=torch.zeros(n, gm.H, L, gm.K, dtype=act_dtype, device=device),
             g=torch.zeros(n, gm.HV, L, *gm.decay_dims, dtype=torch.float32, device=device),

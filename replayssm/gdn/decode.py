@@ -36,6 +36,7 @@ from replayssm.gdn import decode_ref, decode_torch
 from replayssm.gdn.cache import ReplayCache
 from replayssm.gdn.decode_kernels import MAX_K, launch_materialize, launch_replay_step
 from replayssm.ring_cursors import keep_shared_cursor
+from replayssm.state_format import check_backend_format, format_of
 
 
 def check_step_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -134,6 +135,7 @@ def run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, b
     per_channel = gm.PER_CHANNEL_DECAY
     check_route(route, "kda" if per_channel else "gdn")
     check_backend(backend, q, k, v, out, cache.state)
+    check_backend_format(backend, format_of(cache))
     batch = check_step_inputs(q, k, v, g, beta, out, H=gm.H, HV=gm.HV, K=gm.K, V=gm.V, act_dtype=cache.act_dtype,
                               scale=scale, use_qk_l2norm=use_qk_l2norm, per_channel_g=per_channel)
     device = check_same_device(q=q, k=k, v=v, g=g, beta=beta, out=out, state=cache.state)
@@ -194,6 +196,7 @@ def run_materialize(cache, slots, backend: str, out, torch_forms) -> torch.Tenso
     """materialize after the family's cache check, for either decay shape (as run_replay_step)."""
     gm = cache.geometry
     check_backend(backend, cache.state, out)
+    check_backend_format(backend, format_of(cache))
     if gm.K > MAX_K:
         raise ValueError(f"K={gm.K} > {MAX_K}: the delta-rule decode kernels cannot tile K")
     batch = cache.num_slots if slots is None else (slots.shape[0] if slots.dim() == 1 else -1)

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from replayssm.fp8_checkpoint import read_checkpoint, write_checkpoint
 from replayssm.gdn.ref import decay_factor, expand_key_heads, l2norm
+from replayssm.state_format import read_state as read_checkpoint
+from replayssm.state_format import write_state as write_checkpoint
 
 
 def rebuild_state_ref(cache, slot: int) -> torch.Tensor:
@@ -54,7 +55,7 @@ def replay_step_ref(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, 
         h = int(cache.write_pos[slot])
         if h == L - 1:
             S_new = S_dec + u[:, :, None] * k_hv[:, None, :]
-            write_checkpoint(cache, slot, S_new)   # fp8: quantised in float64 by the same rule
+            write_checkpoint(cache, slot, S_new)   # every format's rule, in float64
             cache.write_pos[slot] = 0
         else:
             cache.u[slot, :, h] = u.to(cache.act_dtype)

@@ -6,15 +6,18 @@ cached keys, as in the output-only algebra,
     S_h x = exp(G_tot) (S0 x) + sum_j w_j (k_j . x) u_j,
 so S_h is never built. A flush step additionally rewrites the checkpoint in place with one scale and one
 rank-(L) update, alpha S_h + u k^T = alpha exp(G_tot) S0 + [alpha w_j u_j | u] @ [k_j | k]^T.
-Math in fp32; the cache stores u, k in the act dtype and the checkpoint in the state dtype.
+Math in fp32; the cache stores u, k in the act dtype and the checkpoint in its state format (a flush writes it
+through replayssm/state_format.py: a cast, stochastic rounding, or int8 / e4m3 with a per-head scale).
 """
 
 from __future__ import annotations
 
 import torch
 
-from replayssm.fp8_checkpoint import is_fp8, read_checkpoint, write_checkpoint
 from replayssm.gdn.ref import L2NORM_EPS
+from replayssm.state_format import format_of
+from replayssm.state_format import read_state as read_checkpoint
+from replayssm.state_format import write_state as write_checkpoint
 
 
 def prepare_qk_fp32(q: torch.Tensor, k: torch.Tensor, scale: float,
@@ -103,7 +106,7 @@ def replay_step_torch(cache, q, k, v, g, beta, scale: float, use_qk_l2norm: bool
     qf, kf = prepare_qk_fp32(q, k, scale, use_qk_l2norm)                       # [n, H, K]
     h = cache.write_pos[sl].long()                                              # [n]
     S0 = cache.state if whole_pool else cache.state[sl]
-    if is_fp8(cache.state_dtype):                                               # experimental e4m3 + scale
+    if format_of(cache).scaled:                                                 # int8 / e4m3 + per-head scale
         S0 = read_checkpoint(cache, sl)
     u_buf, k_buf, g_buf = (cache.u, cache.k, cache.g) if whole_pool else (cache.u[sl], cache.k[sl], cache.g[sl])
 

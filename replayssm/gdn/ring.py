@@ -66,8 +66,8 @@ class DeltaRuleSpecRing(SlotPool):
                  state_dtype=torch.float32, act_dtype=torch.float32, device="cpu", cursor=None):
         """`cursor`: a ring_cursors.SpecCursor whose cursors this ring uses (one per decode row for every
         layer); None allocates the ring's own."""
-        check_pool_alloc(geometry, cls.GEOMETRY, state_dtype, act_dtype, num_slots=num_slots,
-                         history_len=history_len, window=window)
+        state_dtype = check_pool_alloc(geometry, cls.GEOMETRY, state_dtype, act_dtype, num_slots=num_slots,
+                                       history_len=history_len, window=window)
         check_ring_lengths(history_len, window)
         gm, n = geometry, num_slots
         R = next_pow2(history_len + window)

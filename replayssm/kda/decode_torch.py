@@ -9,15 +9,16 @@ once (one batched product with the two vectors alpha exp(G_tot) * [k, q], alpha 
 S_h; the buffer terms come from the cached keys. Then
     u = beta (v - S_h (alpha * k)),    o = S_h (alpha * q) + (k . q) u
 A flush writes S0 <- S_h diag(alpha) + u k^T (one pass over S0: a column scale and a rank-(L) update).
-Math in fp32; the cache stores u, k in the act dtype and the checkpoint in the state dtype (fp8: quantised).
+Math in fp32; the cache stores u, k in the act dtype and the checkpoint in its state format (replayssm/state_format.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from replayssm.fp8_checkpoint import read_checkpoint, write_checkpoint
 from replayssm.gdn.decode_torch import _rows, prepare_qk_fp32, state_times
+from replayssm.state_format import read_state as read_checkpoint
+from replayssm.state_format import write_state as write_checkpoint
 
 
 def buffer_weights(g_buf: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,10 +8,11 @@ AR protocol (the official fork Johnny-Liou/ReplaySSM), per slot with h = write_p
     h == L-1: flush: fold the L-1 entries and the current token into the checkpoint; h = 0
 L = 1 flushes every step, which is exactly the baseline selective state update.
 
-Experimental fp8 checkpoint (ReplayCache only; torch / ref backends): state_dtype=torch.float8_e4m3fn stores
-the checkpoint in e4m3 with a float32 per-(slot, head) scale `state_scale`, quantised at every flush with
-scale = absmax(head) / 448 (replayssm/fp8_checkpoint.py has the rule and why). SpecRing refuses fp8: its
-flush path (spec_torch / spec_ref / the Triton verify) writes the checkpoint in places not yet taught the scale.
+State formats (ReplayCache; replayssm/state_format.py): state_dtype is a format name or a torch dtype. Besides
+the plain float32 / float16 / bfloat16, the torch and ref backends store float16_sr / bfloat16_sr (stochastic
+rounding keyed by (sr_seed, sr_step[slot], slot, element)) and int8 / float8_e4m3fn (a float32 per-(slot, head)
+scale `state_scale`), rounded only where the checkpoint is written (a flush, set_state). SpecRing takes the plain
+formats only: its flush path (spec_torch / spec_ref / the Triton verify) is not yet taught the others.
 
 Spec protocol (§3.2, §3.3), history B, window T, logical length L = B + T, physical ring next_pow2(L):
     verify: window token s sits at ring row (origin + write_pos + s) & (ring_len - 1); all T outputs come
@@ -33,9 +34,9 @@ from replayssm.checks import (
     check_ring_lengths,
     next_pow2,
 )
-from replayssm.fp8_checkpoint import allocate_scale
 from replayssm.geometry import Mamba2Geometry
 from replayssm.slot_pool import SlotPool
+from replayssm.state_format import allocate_extras, check_seed
 
 
 @dataclass
@@ -48,7 +49,8 @@ class ReplayCache(SlotPool):
     dt        [num_slots, nheads, buffer_len]          cached processed dt (fp32, after bias + softplus)
     write_pos [num_slots] int32                        entries cached since the checkpoint
     bc        [num_slots, ngroups, buffer_len] fp32    scratch: B_j . C_t of the output-only route
-    state_scale [num_slots, nheads] fp32               fp8 checkpoint only (else None): S0 = state * scale
+    state_scale [num_slots, nheads] fp32               int8 / fp8 checkpoint only (else None): S0 = state * scale
+    sr_step   [num_slots] int32                        float16_sr / bfloat16_sr only: checkpoint writes so far
     """
 
     ACT_FIELD: ClassVar[str] = "x"
@@ -64,18 +66,22 @@ class ReplayCache(SlotPool):
     null_slot: int = NULL_SLOT
     state_scale: torch.Tensor | None = None
     shared_cursor: bool = False      # write_pos is a DecodeCursor's (replayssm/ring_cursors.py), shared by layers
+    sr_step: torch.Tensor | None = None
+    sr_seed: int = 0
+    state_format: str | None = None  # replayssm/state_format.py name (None: the state dtype's plain format)
 
     @classmethod
     def allocate(cls, geometry: Mamba2Geometry, num_slots: int, buffer_len: int, state_dtype=torch.float32,
-                 act_dtype=torch.float32, device="cpu", cursor=None) -> ReplayCache:
+                 act_dtype=torch.float32, device="cpu", cursor=None, sr_seed: int = 0) -> ReplayCache:
         """`cursor`: a ring_cursors.DecodeCursor whose write_pos this cache uses (one per decode row for every
-        layer; replay_step then leaves it to cursor.advance); None allocates the cache's own."""
-        check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, allow_fp8=True, num_slots=num_slots,
-                         buffer_len=buffer_len)
+        layer; replay_step then leaves it to cursor.advance); None allocates the cache's own. `state_dtype`: a
+        state format name or a torch dtype; `sr_seed`: the 32-bit seed of a stochastic-rounding format."""
+        storage = check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, allow_fp8=True,
+                                   num_slots=num_slots, buffer_len=buffer_len)
         g, n, L = geometry, num_slots, buffer_len
-        state = torch.zeros(n, g.nheads, g.headdim, g.dstate, dtype=state_dtype, device=device)
+        state = torch.zeros(n, g.nheads, g.headdim, g.dstate, dtype=storage, device=device)
         return cls(
-            geometry=g, buffer_len=L, state=state, state_scale=allocate_scale(state),
+            geometry=g, buffer_len=L, state=state, sr_seed=check_seed(sr_seed), **allocate_extras(state, state_dtype),
             x=torch.zeros(n, g.nheads, L, g.headdim, dtype=act_dtype, device=device),
             B=torch.zeros(n, g.ngroups, L, g.dstate, dtype=act_dtype, device=device),
             dt=torch.zeros(n, g.nheads, L, dtype=torch.float32, device=device),
@@ -128,8 +134,8 @@ class SpecRing(SlotPool):
                  state_dtype=torch.float32, act_dtype=torch.float32, device="cpu", cursor=None) -> SpecRing:
         """`cursor`: a ring_cursors.SpecCursor whose cursors this ring uses (one per decode row for every
         layer); None allocates the ring's own."""
-        check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, num_slots=num_slots,
-                         history_len=history_len, window=window)
+        state_dtype = check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, num_slots=num_slots,
+                                       history_len=history_len, window=window)
         check_ring_lengths(history_len, window)
         g, n = geometry, num_slots
         R = next_pow2(history_len + window)

@@ -42,6 +42,7 @@ from replayssm.checks import (
 from replayssm.geometry import Mamba2Geometry
 from replayssm.mamba2.cache import ReplayCache
 from replayssm.ring_cursors import keep_shared_cursor
+from replayssm.state_format import check_backend_format, format_of
 
 DT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_DSTATE = 256  # dstate is held whole in one register tile
@@ -115,6 +116,7 @@ def _validate_common(cache: ReplayCache, backend: str) -> None:
         raise ValueError(f"cannot tile dstate={cache.geometry.dstate}: the Triton kernels hold dstate whole in one "
                          f"tile (at most {MAX_DSTATE}); use backend='torch' or 'ref'")
     check_backend(backend, cache.state, cache.x)
+    check_backend_format(backend, format_of(cache))
     for name in ("state", "x", "B", "dt", "bc"):  # kernels take outer strides only
         check_last_dim_contiguous(f"cache.{name}", getattr(cache, name))
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from replayssm.fp8_checkpoint import read_checkpoint, write_checkpoint
 from replayssm.mamba2.ref import gate_output, process_dt
+from replayssm.state_format import read_state as read_checkpoint
+from replayssm.state_format import write_state as write_checkpoint
 
 
 def _entries(cache, slot: int, h: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -68,7 +69,7 @@ def replay_step_ref(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, ou
         if h == L - 1:
             S = abar[:, None, None] * S0 + torch.einsum("hj,hjp,hjn->hpn", s, xs, Bs)
             y = torch.einsum("hpn,hn->hp", S, Ch)
-            write_checkpoint(cache, slot, S)       # fp8: quantised in float64 by the same rule
+            write_checkpoint(cache, slot, S)       # every format's rule, in float64
             cache.write_pos[slot] = 0
         else:
             bc = torch.einsum("hjn,hn->hj", Bs, Ch)

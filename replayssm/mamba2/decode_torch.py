@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from replayssm.fp8_checkpoint import dequantize, is_fp8, write_checkpoint
 from replayssm.mamba2.ref import SOFTPLUS_THRESHOLD
+from replayssm.state_format import dequantize, format_of, write_state
 
 
 @dataclass
@@ -73,8 +73,8 @@ def _buffer_weights(cache, sel: _Slots, h: torch.Tensor, A: torch.Tensor, dt_cur
 
 
 def _read_state(cache, sel: _Slots) -> torch.Tensor:
-    """The rows' checkpoint in fp32 (dequantised from the experimental fp8 storage with its per-head scale)."""
-    if is_fp8(cache.state.dtype):
+    """The rows' checkpoint in fp32 (dequantised with its per-head scale for an int8 / e4m3 format)."""
+    if format_of(cache).scaled:
         return dequantize(sel.read(cache.state), sel.read(cache.state_scale))
     state = sel.read(cache.state)
     return state if state.dtype == torch.float32 else state.float()
@@ -111,8 +111,8 @@ def _flush_rows(cache, sel, h, dtp, x, B, C, A) -> torch.Tensor:
     else:
         S = _read_state(cache, sel).to(torch.float32, memory_format=torch.contiguous_format, copy=True)
         S.mul_(abar[..., None, None]).view(n * G, k * P, N).baddbmm_(xsT, Bs)
-        if is_fp8(cache.state.dtype):
-            write_checkpoint(cache, sel.key, S)        # quantised with a fresh per-head scale
+        if not format_of(cache).plain:
+            write_state(cache, sel.key, S)             # fresh per-head scale, or stochastic rounding
         else:
             sel.write(cache.state, S.to(cache.state_dtype))
     return torch.einsum("bgkpn,bgn->bgkp", S.view(n, G, k, P, N), C.float()).reshape(n, g.nheads, P)
