@@ -5,6 +5,8 @@ Refresh (each command adds its entries to the table; a table of another Triton i
 
     python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry qwen35_4b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --issue-table replayssm/issue_table.py --json /tmp/kr/t90.json
     python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json
+    python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry qwen35_4b --geometry qwen35_122b_a10b --geometry nemotron3_super_120b --geometry kimi_linear_48b_a3b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay[output_only_fold] --method kda.replay --method kda.recurrent --method kda.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t90.json
+    python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --method gdn.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json
 
 Key: (arch, geometry, method, route, L, T, B_hist, state bytes) as step_time.issue_key names them.
 Value: (kernel, warps per program, resident warps per SM, programs per batch row, fixed programs,
@@ -13,9 +15,9 @@ instructions per warp on the shortest storing path, on the longest path) per lau
 """
 
 TRITON = '3.6.0'
-COMMIT = '2490d17 (dirty)'
+COMMIT = '50103de (dirty)'
 GENERATED = '2026-12-06'
-COMMAND = 'python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry qwen35_4b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --issue-table replayssm/issue_table.py --json /tmp/kr/t90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json'
+COMMAND = 'python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry qwen35_4b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --issue-table replayssm/issue_table.py --json /tmp/kr/t90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry qwen35_4b --geometry qwen35_122b_a10b --geometry nemotron3_super_120b --geometry kimi_linear_48b_a3b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay[output_only_fold] --method kda.replay --method kda.recurrent --method kda.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --method gdn.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json'
 STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
     (100, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'baseline_ar', '', 0, 0, 0, 4): (
         ('_gdn_recurrent_step_kernel', 4, 40, 512, 0, 478, 485),
@@ -40,6 +42,30 @@ STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
         ('_gdn_replay_step_kernel', 4, 12, 256, 0, 1074, 1330),
         ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
     ),
+    (100, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'replay_ar', 'output_only_fold', 16, 0, 0, 4): (
+        ('ar_prep_kernel', 4, 48, 16, 0, 528, 530),
+        ('ar_step_kernel', 4, 28, 256, 0, 426, 430),
+        ('ar_fold_kernel', 4, 24, 128, 0, 0, 616),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (100, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'replay_ar', 'output_only_fold', 32, 0, 0, 4): (
+        ('ar_prep_kernel', 4, 48, 16, 0, 634, 636),
+        ('ar_step_kernel', 4, 36, 256, 0, 538, 542),
+        ('ar_fold_kernel', 4, 20, 128, 0, 0, 727),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (100, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'replay_ar', 'output_only_fold', 4, 0, 0, 4): (
+        ('ar_prep_kernel', 4, 64, 16, 0, 419, 421),
+        ('ar_step_kernel', 4, 28, 256, 0, 346, 349),
+        ('ar_fold_kernel', 4, 28, 128, 0, 0, 720),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (100, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'replay_ar', 'output_only_fold', 8, 0, 0, 4): (
+        ('ar_prep_kernel', 4, 48, 16, 0, 460, 462),
+        ('ar_step_kernel', 4, 28, 256, 0, 398, 400),
+        ('ar_fold_kernel', 4, 28, 128, 0, 0, 720),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
     (100, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'replay_spec', '', 0, 6, 16, 4): (
         ('_spec_verify_kernel', 2, 12, 256, 0, 2274, 2298),
         ('_commit_kernel', 1, 32, 0, 1, 56, 58),
@@ -48,46 +74,54 @@ STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
         ('ssu_ar_kernel', 4, 64, 2048, 0, 318, 323),
     ),
     (100, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 16, 0, 0, 4): (
-        ('_bc_precompute_kernel', 2, 48, 8, 0, 340, 342),
-        ('_replay_step_kernel', 4, 28, 512, 0, 652, 1055),
+        ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
+        ('mamba2_ar_step_kernel', 2, 40, 256, 0, 761, 793),
+        ('mamba2_ar_fold_kernel', 2, 36, 256, 0, 0, 897),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (100, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 32, 0, 0, 4): (
-        ('_bc_precompute_kernel', 2, 36, 8, 0, 538, 540),
-        ('_replay_step_kernel', 4, 16, 512, 0, 714, 1267),
+        ('_bc_precompute_kernel', 2, 36, 8, 0, 530, 540),
+        ('mamba2_ar_step_kernel', 2, 40, 256, 0, 812, 842),
+        ('mamba2_ar_fold_kernel', 2, 20, 256, 0, 0, 1440),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (100, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 4, 0, 0, 4): (
-        ('_bc_precompute_kernel', 2, 48, 8, 0, 340, 342),
-        ('_replay_step_kernel', 4, 28, 512, 0, 652, 1055),
+        ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
+        ('mamba2_ar_step_kernel', 2, 48, 256, 0, 778, 808),
+        ('mamba2_ar_fold_kernel', 2, 36, 256, 0, 0, 897),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (100, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 8, 0, 0, 4): (
-        ('_bc_precompute_kernel', 2, 48, 8, 0, 340, 342),
-        ('_replay_step_kernel', 4, 28, 512, 0, 652, 1055),
+        ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
+        ('mamba2_ar_step_kernel', 2, 48, 256, 0, 778, 808),
+        ('mamba2_ar_fold_kernel', 2, 36, 256, 0, 0, 897),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (100, 'Mamba2Geometry(nheads=256, headdim=64, dstate=128, ngroups=8)', 'baseline_ar', '', 0, 0, 0, 4): (
         ('ssu_ar_kernel', 4, 64, 4096, 0, 318, 323),
     ),
     (100, 'Mamba2Geometry(nheads=256, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 16, 0, 0, 4): (
-        ('_bc_precompute_kernel', 2, 48, 8, 0, 340, 342),
-        ('_replay_step_kernel', 4, 28, 1024, 0, 652, 1055),
+        ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
+        ('mamba2_ar_step_kernel', 2, 40, 512, 0, 761, 793),
+        ('mamba2_ar_fold_kernel', 2, 36, 512, 0, 0, 897),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (100, 'Mamba2Geometry(nheads=256, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 32, 0, 0, 4): (
-        ('_bc_precompute_kernel', 2, 36, 8, 0, 538, 540),
-        ('_replay_step_kernel', 4, 16, 1024, 0, 714, 1267),
+        ('_bc_precompute_kernel', 2, 36, 8, 0, 530, 540),
+        ('mamba2_ar_step_kernel', 2, 40, 512, 0, 812, 842),
+        ('mamba2_ar_fold_kernel', 2, 20, 512, 0, 0, 1440),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (100, 'Mamba2Geometry(nheads=256, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 4, 0, 0, 4): (
-        ('_bc_precompute_kernel', 2, 48, 8, 0, 340, 342),
-        ('_replay_step_kernel', 4, 28, 1024, 0, 652, 1055),
+        ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
+        ('mamba2_ar_step_kernel', 2, 48, 512, 0, 778, 808),
+        ('mamba2_ar_fold_kernel', 2, 36, 512, 0, 0, 897),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (100, 'Mamba2Geometry(nheads=256, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 8, 0, 0, 4): (
-        ('_bc_precompute_kernel', 2, 48, 8, 0, 340, 342),
-        ('_replay_step_kernel', 4, 28, 1024, 0, 652, 1055),
+        ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
+        ('mamba2_ar_step_kernel', 2, 48, 512, 0, 778, 808),
+        ('mamba2_ar_fold_kernel', 2, 36, 512, 0, 0, 897),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (90, 'GDNGeometry(H=16, HV=32, K=128, V=128)', 'baseline_ar', '', 0, 0, 0, 4): (
@@ -109,6 +143,30 @@ STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
         ('_gdn_replay_step_kernel', 4, 12, 128, 0, 1098, 1365),
         ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
     ),
+    (90, 'GDNGeometry(H=16, HV=32, K=128, V=128)', 'replay_ar', 'output_only_fold', 16, 0, 0, 4): (
+        ('ar_prep_kernel', 4, 48, 16, 0, 533, 535),
+        ('ar_step_kernel', 4, 28, 128, 0, 441, 445),
+        ('ar_fold_kernel', 4, 24, 64, 0, 0, 491),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (90, 'GDNGeometry(H=16, HV=32, K=128, V=128)', 'replay_ar', 'output_only_fold', 32, 0, 0, 4): (
+        ('ar_prep_kernel', 4, 48, 16, 0, 646, 648),
+        ('ar_step_kernel', 4, 36, 128, 0, 563, 567),
+        ('ar_fold_kernel', 4, 16, 64, 0, 0, 609),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (90, 'GDNGeometry(H=16, HV=32, K=128, V=128)', 'replay_ar', 'output_only_fold', 4, 0, 0, 4): (
+        ('ar_prep_kernel', 4, 64, 16, 0, 427, 429),
+        ('ar_step_kernel', 4, 28, 128, 0, 352, 355),
+        ('ar_fold_kernel', 4, 20, 64, 0, 0, 560),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (90, 'GDNGeometry(H=16, HV=32, K=128, V=128)', 'replay_ar', 'output_only_fold', 8, 0, 0, 4): (
+        ('ar_prep_kernel', 4, 64, 16, 0, 473, 475),
+        ('ar_step_kernel', 4, 28, 128, 0, 402, 404),
+        ('ar_fold_kernel', 4, 20, 64, 0, 0, 560),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
     (90, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'baseline_ar', '', 0, 0, 0, 4): (
         ('_gdn_recurrent_step_kernel', 4, 40, 512, 0, 480, 487),
     ),
@@ -128,27 +186,125 @@ STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
         ('_gdn_replay_step_kernel', 4, 12, 256, 0, 1098, 1365),
         ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
     ),
+    (90, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'replay_ar', 'output_only_fold', 16, 0, 0, 4): (
+        ('ar_prep_kernel', 4, 48, 16, 0, 534, 536),
+        ('ar_step_kernel', 4, 28, 256, 0, 441, 445),
+        ('ar_fold_kernel', 4, 24, 128, 0, 0, 491),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (90, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'replay_ar', 'output_only_fold', 32, 0, 0, 4): (
+        ('ar_prep_kernel', 4, 48, 16, 0, 643, 645),
+        ('ar_step_kernel', 4, 36, 256, 0, 563, 567),
+        ('ar_fold_kernel', 4, 16, 128, 0, 0, 609),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (90, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'replay_ar', 'output_only_fold', 4, 0, 0, 4): (
+        ('ar_prep_kernel', 4, 64, 16, 0, 426, 428),
+        ('ar_step_kernel', 4, 28, 256, 0, 352, 355),
+        ('ar_fold_kernel', 4, 20, 128, 0, 0, 560),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (90, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'replay_ar', 'output_only_fold', 8, 0, 0, 4): (
+        ('ar_prep_kernel', 4, 48, 16, 0, 470, 472),
+        ('ar_step_kernel', 4, 28, 256, 0, 402, 404),
+        ('ar_fold_kernel', 4, 20, 128, 0, 0, 560),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (90, 'KDAGeometry(H=32, HV=32, K=128, V=128)', 'baseline_ar', '', 0, 0, 0, 4): (
+        ('_gdn_recurrent_step_kernel', 4, 40, 256, 0, 512, 517),
+    ),
+    (90, 'KDAGeometry(H=32, HV=32, K=128, V=128)', 'replay_ar', 'output_only', 16, 0, 0, 4): (
+        ('_gdn_replay_step_kernel', 4, 12, 128, 0, 1479, 1903),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (90, 'KDAGeometry(H=32, HV=32, K=128, V=128)', 'replay_ar', 'output_only', 32, 0, 0, 4): (
+        ('_gdn_replay_step_kernel', 4, 8, 128, 0, 1965, 2646),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (90, 'KDAGeometry(H=32, HV=32, K=128, V=128)', 'replay_ar', 'output_only', 4, 0, 0, 4): (
+        ('_gdn_replay_step_kernel', 4, 12, 128, 0, 1479, 1903),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (90, 'KDAGeometry(H=32, HV=32, K=128, V=128)', 'replay_ar', 'output_only', 8, 0, 0, 4): (
+        ('_gdn_replay_step_kernel', 4, 12, 128, 0, 1479, 1903),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (90, 'KDAGeometry(H=32, HV=32, K=128, V=128)', 'replay_ar', 'output_only_fold', 16, 0, 0, 4): (
+        ('ar_prep_channel_kernel', 1, 16, 32, 0, 1958, 1958),
+        ('ar_step_kernel', 4, 28, 128, 0, 441, 445),
+        ('ar_fold_kernel', 4, 28, 64, 0, 0, 504),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (90, 'KDAGeometry(H=32, HV=32, K=128, V=128)', 'replay_ar', 'output_only_fold', 32, 0, 0, 4): (
+        ('ar_prep_channel_kernel', 2, 8, 32, 0, 2274, 2380),
+        ('ar_step_kernel', 4, 36, 128, 0, 563, 567),
+        ('ar_fold_kernel', 4, 20, 64, 0, 0, 753),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (90, 'KDAGeometry(H=32, HV=32, K=128, V=128)', 'replay_ar', 'output_only_fold', 4, 0, 0, 4): (
+        ('ar_prep_channel_kernel', 1, 32, 32, 0, 849, 849),
+        ('ar_step_kernel', 4, 28, 128, 0, 352, 355),
+        ('ar_fold_kernel', 4, 28, 64, 0, 0, 515),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (90, 'KDAGeometry(H=32, HV=32, K=128, V=128)', 'replay_ar', 'output_only_fold', 8, 0, 0, 4): (
+        ('ar_prep_channel_kernel', 1, 20, 32, 0, 1213, 1213),
+        ('ar_step_kernel', 4, 28, 128, 0, 402, 404),
+        ('ar_fold_kernel', 4, 28, 64, 0, 0, 515),
+        ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
+    ),
+    (90, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'baseline_ar', '', 0, 0, 0, 4): (
+        ('ssu_ar_kernel', 4, 64, 2048, 0, 319, 324),
+    ),
+    (90, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 16, 0, 0, 4): (
+        ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
+        ('mamba2_ar_step_kernel', 2, 40, 256, 0, 785, 817),
+        ('mamba2_ar_fold_kernel', 2, 32, 256, 0, 0, 923),
+        ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
+    ),
+    (90, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 32, 0, 0, 4): (
+        ('_bc_precompute_kernel', 2, 36, 8, 0, 526, 536),
+        ('mamba2_ar_step_kernel', 2, 40, 256, 0, 836, 866),
+        ('mamba2_ar_fold_kernel', 2, 20, 256, 0, 0, 1095),
+        ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
+    ),
+    (90, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 4, 0, 0, 4): (
+        ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
+        ('mamba2_ar_step_kernel', 2, 48, 256, 0, 799, 829),
+        ('mamba2_ar_fold_kernel', 2, 32, 256, 0, 0, 923),
+        ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
+    ),
+    (90, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 8, 0, 0, 4): (
+        ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
+        ('mamba2_ar_step_kernel', 2, 48, 256, 0, 799, 829),
+        ('mamba2_ar_fold_kernel', 2, 32, 256, 0, 0, 923),
+        ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
+    ),
     (90, 'Mamba2Geometry(nheads=96, headdim=80, dstate=128, ngroups=8)', 'baseline_ar', '', 0, 0, 0, 4): (
         ('ssu_ar_kernel', 4, 64, 1920, 0, 319, 324),
     ),
     (90, 'Mamba2Geometry(nheads=96, headdim=80, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 16, 0, 0, 4): (
-        ('_bc_precompute_kernel', 2, 48, 8, 0, 342, 344),
-        ('_replay_step_kernel', 4, 28, 480, 0, 652, 1030),
+        ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
+        ('mamba2_ar_step_kernel', 2, 48, 480, 0, 612, 637),
+        ('mamba2_ar_fold_kernel', 2, 32, 288, 0, 0, 929),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (90, 'Mamba2Geometry(nheads=96, headdim=80, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 32, 0, 0, 4): (
-        ('_bc_precompute_kernel', 2, 36, 8, 0, 535, 537),
-        ('_replay_step_kernel', 4, 16, 480, 0, 720, 1264),
+        ('_bc_precompute_kernel', 2, 36, 8, 0, 526, 536),
+        ('mamba2_ar_step_kernel', 2, 40, 480, 0, 774, 808),
+        ('mamba2_ar_fold_kernel', 2, 20, 288, 0, 0, 1103),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (90, 'Mamba2Geometry(nheads=96, headdim=80, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 4, 0, 0, 4): (
-        ('_bc_precompute_kernel', 2, 48, 8, 0, 342, 344),
-        ('_replay_step_kernel', 4, 28, 480, 0, 652, 1030),
+        ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
+        ('mamba2_ar_step_kernel', 2, 48, 480, 0, 618, 643),
+        ('mamba2_ar_fold_kernel', 2, 32, 288, 0, 0, 929),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (90, 'Mamba2Geometry(nheads=96, headdim=80, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 8, 0, 0, 4): (
-        ('_bc_precompute_kernel', 2, 48, 8, 0, 342, 344),
-        ('_replay_step_kernel', 4, 28, 480, 0, 652, 1030),
+        ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
+        ('mamba2_ar_step_kernel', 2, 48, 480, 0, 618, 643),
+        ('mamba2_ar_fold_kernel', 2, 32, 288, 0, 0, 929),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
 }

@@ -261,12 +261,14 @@ def geometry_key(geom) -> str:
 def issue_key(method: str, route: str = "output_only", L: int = 16, T: int = 4, B_hist: int = 16,
               state_bytes: int = traffic.FP32) -> tuple[str, str, int, int, int, int]:
     """(method, route, L, T, B_hist, state bytes) with the parameters the method's kernels do not compile in set
-    to 0 (the AR baseline none; the replay AR step its buffer length and route; the spec kernels T and history)."""
+    to 0 (the AR baseline none; the replay AR step its buffer length and route; the spec kernels T and history,
+    and the ring verify's form where it is not the shipped fused one: replayssm/checks.py SPEC_ROUTES)."""
     if method == "baseline_ar":
         return (method, "", 0, 0, 0, state_bytes)
     if method == "replay_ar":
         return (method, route, L, 0, 0, state_bytes)
-    return (method, "", 0, T, B_hist, state_bytes)
+    form = route if method == "replay_spec" and route == "verify_fold" else ""
+    return (method, form, 0, T, B_hist, state_bytes)
 
 
 def longest_path_share(method: str, L: int = 16, T: int = 4, accepted: int | None = None, B_hist: int = 16) -> float:

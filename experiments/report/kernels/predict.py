@@ -40,13 +40,13 @@ METHOD_OF = {
     "ssu": ("baseline_ar", ""), "replay_spec": ("replay_spec", ""), "recurrent_spec": ("baseline_spec", ""),
     "ssu_spec": ("baseline_spec", ""), "commit_replay": ("commit_replay_spec", ""),
     "replay[output_only_fold]": ("replay_ar", "output_only_fold"),
-    "replay_spec[verify_fold]": ("replay_spec", ""),
+    "replay_spec[verify_fold]": ("replay_spec", "verify_fold"),
 }
 # Kernels launched on every step whose programs work only on the rows that fold (the others read their cursor and
 # exit): a normal step charges them nothing, the cycle their longest path on the folding share of programs. The
 # shortest *storing* path of such a kernel is the fold itself, so path_min would charge the fold to every step.
 # The early exit (a cursor load and a compare, ~1-2 % of the fold's path) is left out.
-FOLD_ONLY_KERNELS = ("ar_fold_kernel", "mamba2_ar_fold_kernel", "m2_spec_fold_kernel")
+FOLD_ONLY_KERNELS = ("ar_fold_kernel", "mamba2_ar_fold_kernel", "m2_spec_fold_kernel", "spec_fold_kernel")
 COPY_BPS = {90: (4.146e12, "the H200's measured copy bandwidth (results/h200/gpu-check-20261204T071425Z-7253b5e)"),
             100: (8.0e12, "the B300's datasheet HBM bandwidth (no measured copy)")}
 ROW_COLUMNS = ["dyn_shared", "blocks_sm", "warps_sm", "occupancy", "limiter", "sass", "shfl", "bar", "lds", "sts",
@@ -81,8 +81,8 @@ def byte_seconds(geom, method: tuple[str, str] | None, batch: int, target: int, 
     if method is None:
         return None
     try:
-        tr = st.layer_traffic(geom, method[0], L=L, route=method[1] or "output_only", T=T, B_hist=history,
-                              state_bytes=state_bytes)
+        route = method[1] if method[0] == "replay_ar" and method[1] else "output_only"   # a ring form: same bytes
+        tr = st.layer_traffic(geom, method[0], L=L, route=route, T=T, B_hist=history, state_bytes=state_bytes)
     except (ValueError, AttributeError):
         return None
     return batch * tr.total / COPY_BPS[target][0]
