@@ -97,7 +97,7 @@ def _mamba2_spec_space(key: dict) -> list:
 def _mamba2_vf_space(kernel: str) -> Callable[[dict], list]:
     """The verify_fold route's row kernels (mamba2_spec_verify, mamba2_spec_fold): replayssm/mamba2/spec_tiles.py."""
     def space(key: dict) -> list:
-        from replayssm.mamba2.spec_tiles import verify_fold_candidates   # deferred, as _mamba2_spec_space
+        from replayssm.mamba2.spec_tiles import verify_fold_candidates  # deferred, as _mamba2_spec_space
 
         return verify_fold_candidates(kernel, key["headdim"], key["dstate"])
     return space
@@ -130,6 +130,18 @@ def _fold_route_step_space(key: dict) -> list:
 
 def _fold_route_fold_space(key: dict) -> list:
     return grid(block_v=fits((16, 32, 64), max(16, key["V"])), block_k=(32,), num_warps=(2, 4), num_stages=(1, 2))
+
+
+def _ring_route(family: str) -> list:
+    """The ring verify's "verify_fold" route (replayssm/delta_rule/spec_*.py, issue 35): prep, verify and fold,
+    three launches per window, keyed as the fused ring kernel; the KDA builds are their own entries. Not tuned
+    yet (space None): the candidates are the verify's and the fold's BV (32, 64) x BKT (16, 32, 64) x warps
+    (2, 4, 8) (at Qwen3.5-122B, sm_90: BV 32 over 4 warps splits each state row twice; [64, 64] and the fold's
+    [64, 32] pass 100 registers; spec_launch.default_config has the builds), and a KDA space needs its AOT audit
+    (experiments/tune_audit.json) before the tuner may time it."""
+    ring, default = ("K", "V", "history", "window"), "replayssm.delta_rule.spec_launch:default_config"
+    route = (("replay_spec", ("verify_fold",)),)
+    return [KernelSpec(f"{family}_ring_{phase}", family, ring, default, route) for phase in ("prep", "verify", "fold")]
 
 
 # ------------------------------------------------------------------------------------- dropped candidates
@@ -245,6 +257,8 @@ KERNELS: dict[str, KernelSpec] = _declare(
     KernelSpec("gdn_replay_ar_prep", "gdn", ("K", "V", "L"), _FOLD, _FOLD_ROUTE),
     KernelSpec("gdn_replay_ar_step", "gdn", ("K", "V", "L"), _FOLD, _FOLD_ROUTE, _fold_route_step_space),
     KernelSpec("gdn_replay_ar_fold", "gdn", ("K", "V", "L"), _FOLD, _FOLD_ROUTE, _fold_route_fold_space),
+    *_ring_route("gdn"),
+    *_ring_route("kda"),
     # KDA's builds of the same phases (its own prep kernel; the step and the fold shared with GDN)
     KernelSpec("kda_replay_ar_prep", "kda", ("K", "V", "L"), _FOLD, _FOLD_ROUTE),
     KernelSpec("kda_replay_ar_step", "kda", ("K", "V", "L"), _FOLD, _FOLD_ROUTE, _fold_route_step_space),

@@ -59,8 +59,9 @@ def replay_dot(a, b, DOT: tl.constexpr):
 
 @triton.jit
 def replay_dot_rhs(a, b, DOT: tl.constexpr):
-    """a [M, C] (the u rows, in their stored dtype) @ b [C, N] fp32 -> [M, N] fp32: `replay_dot` with the split on
-    the right-hand operand (the fold's weighted keys), the same bounds with the roles of A and B exchanged."""
+    """a [M, C] (exact in its stored dtype: u rows, raw window q / k) @ b [C, N] fp32 -> [M, N] fp32: `replay_dot`
+    with the split on the right-hand operand (the folds' weighted keys, the verifies' coefficients), the same
+    bounds with the roles of A and B exchanged."""
     if DOT == "bf16x2":
         hi, lo = split_bf16(b)
         aa = a.to(tl.bfloat16)
@@ -93,3 +94,36 @@ def key_dot(key_dtype, fp32_dot: str) -> str:
     if name == "torch.float16":
         return "tf32x2"
     return fp32_dot
+
+
+@triton.jit
+def state_dot(a, b, DOT: tl.constexpr):
+    """a [M, C] fp32 (checkpoint, folded state or weighted x) @ b [C, N] (stored in the activation dtype) -> fp32.
+
+    `replay_dot`, except that bf16x2 splits by truncation: hi = a with its 16 low bits cleared (one LOP3, exact
+    in bf16), lo = a - hi (exact in fp32, |lo| < 2^-7 |a|), rounded to bf16 (error <= 2^-16 |a|). The
+    round-to-nearest split needs hi back in fp32 before the subtraction (a convert, a shift, a subtract and half
+    a pack per element: 4 instructions); this one costs 3. Error: |out - a @ b| <= (2^-16 + C 2^-24) (|a| @ |b|),
+    against split_bf16's 2^-18 + C 2^-24; both far below the bf16 outputs' 2^-9. The ring verifies' state
+    product (replayssm/mamba2/spec_*_kernels.py, replayssm/delta_rule/spec_{verify,fold}.py)."""
+    if DOT == "bf16x2":
+        hi = (a.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        bb = b.to(tl.bfloat16)
+        return tl.dot((a - hi).to(tl.bfloat16), bb, tl.dot(hi.to(tl.bfloat16), bb))
+    else:
+        return replay_dot(a, b, DOT)
+
+
+@triton.jit
+def bf16x3_dot(a, b):
+    """a [M, C] fp32 @ b [C, N] fp32 -> [M, N] fp32 where neither side is exact in a 16-bit type: both split as
+    split_bf16 (a = ah + al + ra, b = bh + bl + rb), three bf16 MMAs ah bh + ah bl + al bh, fp32 accumulation.
+    Dropped: al bl, ah rb, ra bh (and smaller terms), each <= 2^-14 |a||b| elementwise under any faithful rounding
+    (the interpreter truncates), al bl <= 2^-16 and the others <= 2^-18 under round-to-nearest (the GPU), so
+        |out - a @ b| <= (3 * 2^-14 + C 2^-24) (|a| @ |b|)         (~1.5 * 2^-16 on the GPU)
+    For products rounded to a 16-bit activation anyway (2^-9): KDA's decayed window vectors against the state
+    (tests/replayssm/kda/test_kda_spec.py test_verify_fold_bf16x3_bound)."""
+    ah, al = split_bf16(a)
+    bh, bl = split_bf16(b)
+    return tl.dot(al, bh, tl.dot(ah, bl, tl.dot(ah, bh)))
+

@@ -31,7 +31,9 @@ from replayssm.checks import (
     check_same_device,
     check_shape,
     check_slots,
+    check_spec_route,
 )
+from replayssm.delta_rule.spec_launch import launch_verify_fold
 from replayssm.gdn import spec_kernels, spec_ref, spec_torch
 from replayssm.gdn.ring import SpecRing
 from replayssm.geometry import GDNGeometry
@@ -90,7 +92,7 @@ def check_cache_device(ring, t: torch.Tensor) -> None:
 def spec_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                 beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False,
                 slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                backend: str = "triton") -> torch.Tensor:
+                backend: str = "triton", route: str = "fused") -> torch.Tensor:
     """Outputs of all T window tokens from the committed state; the window is appended to the ring.
 
     Rows whose slot has is_flush set first fold their committed history into the checkpoint. Cursors do not
@@ -107,12 +109,16 @@ def spec_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         slots: int32 [batch], each row's ring slot (default arange(batch)); NULL_SLOT (-1) rows are skipped.
         out: optional [batch, T, HV, V] output in ring.act_dtype.
         backend: "triton" (default), "torch", "cpu" or "ref".
+        route: the Triton form (replayssm/checks.py SPEC_ROUTES): "fused" (default, replayssm/gdn/spec_kernels.py)
+            or "verify_fold" (replayssm/delta_rule/spec_launch.py: a per-key-head precompute, the verify, and the
+            fold of the flush rows as three launches); the other backends accept both and compute the same function.
 
     Returns:
         o [batch, T, HV, V] in ring.act_dtype (`out` when given).
 
     Raises:
-        ValueError: a bad shape, dtype, device, slot or backend, or T != ring.window, before anything is written.
+        ValueError: a bad shape, dtype, device, slot, backend or route, or T != ring.window, before anything is
+            written.
 
     Example:
         >>> from replayssm.geometry import GDNGeometry
@@ -126,14 +132,16 @@ def spec_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         (2, 4, 4, 16)
     """
     check_cache_type(ring, SpecRing)
-    return run_spec_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend, spec_torch)
+    return run_spec_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend, spec_torch, route)
 
 
 def run_spec_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend: str,
-                    torch_forms) -> torch.Tensor:
+                    torch_forms, route: str = "fused") -> torch.Tensor:
     """spec_verify after the family's ring check, for either decay shape: GDN, and KDA (replayssm/kda/spec.py,
     ring.geometry.PER_CHANNEL_DECAY: g [batch, T, HV, K]). `torch_forms`: the family's torch module (its
-    verify_torch); the Triton kernel, the C kernel and the float64 oracle take either shape."""
+    verify_torch); the Triton kernel, the C kernel and the float64 oracle take either shape. `route` picks the
+    Triton form (checked here, before any launch, whatever the backend)."""
+    check_spec_route(route)
     per_channel = ring.geometry.PER_CHANNEL_DECAY
     batch, scale = check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend,
                                 per_channel_g=per_channel)
@@ -146,6 +154,8 @@ def run_spec_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, ba
     if batch == 0:
         return out
     args = (ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out)
+    if backend == "triton" and route == "verify_fold":
+        return launch_verify_fold(*args, per_channel=per_channel)
     if backend == "triton":
         return spec_kernels.verify_triton(*args, per_channel=per_channel)
     impl = {"torch": torch_forms.verify_torch, "ref": spec_ref.verify_ref, "cpu": _verify_cpu}[backend]

@@ -30,7 +30,7 @@ __all__ = ["SpecRing", "spec_verify", "spec_commit", "spec_reset", "spec_materia
 def spec_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                 beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False,
                 slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                backend: str = "triton") -> torch.Tensor:
+                backend: str = "triton", route: str = "fused") -> torch.Tensor:
     """Outputs of all T window tokens from the committed state; the window is appended to the ring.
 
     Rows whose slot has is_flush set first fold their committed history into the checkpoint. Cursors do not
@@ -47,6 +47,8 @@ def spec_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         slots: int32 [batch] (default arange(batch)); NULL_SLOT (-1) rows are skipped.
         out: optional [batch, T, HV, V] output in ring.act_dtype.
         backend: "triton" (default), "torch", "cpu" or "ref".
+        route: the Triton form, "fused" (default) or "verify_fold" (replayssm.gdn.spec_verify's; checked before
+            any launch); the other backends accept both and compute the same function.
 
     Returns:
         o [batch, T, HV, V] in ring.act_dtype (`out` when given).
@@ -66,7 +68,7 @@ def spec_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         (2, 4, 4, 16)
     """
     check_cache_type(ring, SpecRing)
-    return run_spec_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend, spec_torch)
+    return run_spec_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, backend, spec_torch, route)
 
 
 def spec_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,

@@ -27,7 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from replayssm.mamba2.spec_verify_kernels import exact_lhs_dot, gate_store, state_dot, window_weights
+from replayssm.delta_rule._tl import replay_dot_rhs, state_dot
+from replayssm.mamba2.spec_verify_kernels import gate_store, window_weights
 
 
 @triton.heuristics({"IS_TREE": lambda a: a["anc_ptr"] is not None})
@@ -87,6 +88,6 @@ def m2_spec_fold_kernel(
             tl.store(state_rows + n[None, :], S.to(state_ptr.dtype.element_ty), mask=sm_mask)
         C_t = tl.load(C_cols + n[:, None], mask=n_mask[:, None] & t_mask[None, :], other=0.0)   # [BLOCK_N, BLOCK_T]
         SC += state_dot(S, C_t, DOT)
-    Y = SC * tl.exp(tl.minimum(A * (cum_p - hist_total), 0.0))[None, :] + exact_lhs_dot(X, W, DOT)
+    Y = SC * tl.exp(tl.minimum(A * (cum_p - hist_total), 0.0))[None, :] + replay_dot_rhs(X, W, DOT)
     gate_store(Y, x_ptr, z_ptr, D_ptr, out_ptr, b, head, m, m_mask, t, sx_b, sx_t, sx_h, sz_b, sz_t, sz_h,
                so_b, so_t, so_h, T, HAS_D, HAS_Z)

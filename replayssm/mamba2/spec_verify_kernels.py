@@ -13,7 +13,7 @@ with bc = B_k . C_t from the precompute (spec_prep_kernels.py). Against the ship
   - the checkpoint comes in wide chunks (BLOCK_N 64 by default) in an unrolled `static_range`, so every chunk's
     load has its address (it needs only the slot) and can be issued before the first dot;
   - split dots where one side is exact in the MMA's 16-bit type (C, x are stored in the activation dtype):
-    `state_dot` / `exact_lhs_dot` (replayssm/delta_rule/_tl.py's splits; state_dot's bf16 split truncates, one
+    `state_dot` / `replay_dot_rhs` (replayssm/delta_rule/_tl.py's splits; state_dot's bf16 split truncates, one
     instruction per element cheaper), two bf16 MMAs where tf32x3 runs three tf32 ones on twice the k-steps
     and splits both sides. (A tf32x2 split of the state, bf16 being exact in tf32, built worse on sm_90: 96
     registers and 1,024 SASS against 72 and 1,003 at the same tile.)
@@ -27,40 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from replayssm.delta_rule._tl import replay_dot, split_bf16, split_tf32
-
-
-@triton.jit
-def state_dot(a, b, DOT: tl.constexpr):
-    """a [M, C] fp32 (checkpoint, folded state or weighted x) @ b [C, N] (stored in the activation dtype) -> fp32.
-
-    `replay_dot` (_tl.py), except that bf16x2 splits by truncation: hi = a with its 16 low bits cleared (one
-    LOP3, exact in bf16), lo = a - hi (exact in fp32, |lo| < 2^-7 |a|), rounded to bf16 (error <= 2^-16 |a|).
-    The round-to-nearest split needs hi back in fp32 before the subtraction (a convert, a shift, a subtract
-    and half a pack per element: 4 instructions); this one costs 3. Error: |out - a @ b| <= (2^-16 + C 2^-24)
-    (|a| @ |b|), against _tl.py's 2^-18 + C 2^-24; both far below the bf16 outputs' 2^-9."""
-    if DOT == "bf16x2":
-        hi = (a.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
-        bb = b.to(tl.bfloat16)
-        return tl.dot((a - hi).to(tl.bfloat16), bb, tl.dot(hi.to(tl.bfloat16), bb))
-    else:
-        return replay_dot(a, b, DOT)
-
-
-@triton.jit
-def exact_lhs_dot(a, b, DOT: tl.constexpr):
-    """a [M, C] (stored in the activation dtype, exact in DOT's 16-bit type) @ b [C, N] fp32 -> [M, N] fp32:
-    `replay_dot` with the split on the right-hand side (the same error bound, _tl.py's docstring)."""
-    if DOT == "bf16x2":
-        hi, lo = split_bf16(b)
-        aa = a.to(tl.bfloat16)
-        return tl.dot(aa, lo, tl.dot(aa, hi))
-    elif DOT == "tf32x2":
-        hi, lo = split_tf32(b)
-        aa = a.to(tl.float32)
-        return tl.dot(aa, lo, tl.dot(aa, hi, input_precision="tf32"), input_precision="tf32")
-    else:
-        return tl.dot(a.to(tl.float32), b, input_precision=DOT)
+from replayssm.delta_rule._tl import replay_dot_rhs, state_dot
 
 
 @triton.jit
@@ -165,6 +132,6 @@ def m2_spec_verify_kernel(
                                        sbc_r, k, k_rows, h, 0, A, t, T, anc_ptr, b * sanc_b, IS_TREE)
     X = tl.load(ring_x_ptr + s * srx_s + head * srx_h + k_rows[None, :] * srx_r + m[:, None],
                 mask=m_mask[:, None] & (k < h + T)[None, :], other=0.0)                    # [BLOCK_M, BLOCK_K]
-    Y = SC * tl.exp(tl.minimum(A * cum_p, 0.0))[None, :] + exact_lhs_dot(X, W, DOT)
+    Y = SC * tl.exp(tl.minimum(A * cum_p, 0.0))[None, :] + replay_dot_rhs(X, W, DOT)
     gate_store(Y, x_ptr, z_ptr, D_ptr, out_ptr, b, head, m, m_mask, t, sx_b, sx_t, sx_h, sz_b, sz_t, sz_h,
                so_b, so_t, so_h, T, HAS_D, HAS_Z)

@@ -22,7 +22,7 @@ SMOKE = ["sweep=smoke", "sweep.on_cpu.backend=triton", "sweep.on_cpu.batch=[2]",
 def test_every_runtime_launch_is_declared_under_its_static_key(model, experiment):
     routes = "[output_only,state_and_output]" if model == "tiny_mamba2" else \
         "[output_only,state_and_output,output_only_fold]"
-    spec_routes = "[fused,verify_fold]" if model == "tiny_mamba2" else "[fused]"
+    spec_routes = "[fused,verify_fold]"
     ((plan, points),) = tune.plan_points([experiment], SMOKE + [f"sweep.models=[{model}]",
                                                                f"sweep.on_cpu.models=[{model}]",
                                                                f"sweep.routes={routes}",

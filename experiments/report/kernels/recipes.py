@@ -257,6 +257,9 @@ RECIPES = [
            replay_ar_recipe("gdn", "replayssm.gdn.cache", "output_only_fold"), ar=True),
     Recipe("gdn.replay_spec", "gdn",
            spec_recipe("gdn", ("replayssm.gdn.spec", "replayssm.gdn.ring"), "SpecRing"), ar=False),
+    # the ring verify's prep / verify / fold route (replayssm/delta_rule/spec_*.py): issue 35 item 1
+    Recipe("gdn.replay_spec[verify_fold]", "gdn",
+           spec_recipe("gdn", ("replayssm.gdn.spec", "replayssm.gdn.ring"), "SpecRing", "verify_fold"), ar=False),
     Recipe("gdn.recurrent", "gdn",
            baseline_ar_recipe("gdn", "baselines.gdn_recurrent", "fused_recurrent_step"), ar=True),
     Recipe("gdn.recurrent_spec", "gdn",
@@ -316,6 +319,8 @@ RECIPES += [
            replay_ar_recipe("kda", "replayssm.kda.cache", "output_only_fold"), ar=True),
     Recipe("kda.replay_spec", "kda", spec_recipe("kda", ("replayssm.kda.spec", "replayssm.kda.cache"), "SpecRing"),
            ar=False),
+    Recipe("kda.replay_spec[verify_fold]", "kda",
+           spec_recipe("kda", ("replayssm.kda.spec", "replayssm.kda.cache"), "SpecRing", "verify_fold"), ar=False),
     Recipe("kda.replay_tree", "kda", tree_recipe("kda"), ar=False),
     Recipe("kda.recurrent", "kda", baseline_ar_recipe("kda", "baselines.kda_recurrent", "fused_recurrent_step"),
            ar=True),

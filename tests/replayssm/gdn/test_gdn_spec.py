@@ -15,7 +15,7 @@ from replayssm.gdn.ref import l2norm, window_ref
 from replayssm.gdn.ring import SpecRing
 from replayssm.gdn.spec import spec_commit, spec_materialize, spec_reset, spec_verify
 from replayssm.geometry import GDNGeometry, get_geometry
-from replayssm.testing import assert_rel_close, nan_like, rel_err, tolerance
+from replayssm.testing import assert_rel_close, nan_like, rel_err, split_route, tolerance
 
 SMALL = GDNGeometry(H=2, HV=4, K=32, V=32)
 TINY = GDNGeometry(H=1, HV=2, K=16, V=16)
@@ -59,7 +59,8 @@ class SpecRun:
         outs = []
         for ring, backend in zip(self.rings, self.backends):
             out = nan_like(torch.empty(batch, T, gm.HV, gm.V, dtype=act, device=dev))
-            spec_verify(ring, **x_dev, use_qk_l2norm=self.l2, slots=slots, out=out, backend=backend)
+            name, route = split_route(backend)               # "triton:verify_fold": the route's Triton form
+            spec_verify(ring, **x_dev, use_qk_l2norm=self.l2, slots=slots, out=out, backend=name, **route)
             out = out.cpu()
             assert_rel_close(f"{backend} output", out[live], o_ref[live], tol, row_dims=3)   # [row, T, HV]
             assert out[~live].isnan().all(), f"{backend}: a NULL_SLOT row's output was written"
@@ -68,6 +69,7 @@ class SpecRun:
             accepted = torch.randint(1, T + 1, (batch,), generator=self.gen, dtype=torch.int32)
         self.truth = states[torch.arange(batch), accepted.long() - 1]
         for ring, backend in zip(self.rings, self.backends):
+            backend = split_route(backend)[0]
             spec_commit(ring, accepted.to(dev), slots=slots, backend=backend)
             committed = spec_materialize(ring, slots=slots, backend=backend).cpu()
             assert_rel_close(f"{backend} committed state", committed[live], self.truth[live], tol, row_dims=2)
@@ -134,6 +136,76 @@ def test_triton_matches_ground_truth_and_torch_cache(T, B, gm, act_dtype, state_
         assert torch.equal(getattr(ring, name)[1], getattr(untouched, name)[1]), f"slot 1 {name} touched"
 
 
+@pytest.mark.parametrize("T,B,gm,act_dtype,state_dtype,use_qk_l2norm", [
+    (4, 8, GDNGeometry(H=2, HV=4, K=32, V=16), torch.float32, torch.float32, True),
+    (2, 4, GDNGeometry(H=1, HV=2, K=24, V=40), torch.float16, torch.float32, False),   # K, V tails
+    (3, 8, GDNGeometry(H=2, HV=2, K=16, V=16), torch.float16, torch.float16, True),    # 2T = 6 of 8 rows
+])
+def test_verify_fold_route_matches_ground_truth_and_torch_cache(T, B, gm, act_dtype, state_dtype, use_qk_l2norm,
+                                                                gen):
+    """route="verify_fold" (replayssm/delta_rule/spec_*.py: prep, verify, fold) under the interpreter, random
+    accept counts: outputs and committed states vs the float64 serial ground truth, cache contents (checkpoint,
+    ring rows, cursors) vs the torch backend after every step, a NULL row untouched, windows across the ring's
+    end, early flushes folding non-empty histories."""
+    ring = make_ring(gm, 4, B, T, gen, state_dtype=state_dtype, act_dtype=act_dtype)
+    ring.origin[2] = ring.ring_len - 2                       # slot 2's first window crosses the ring's end
+    twin = ring.clone()
+    slots = torch.tensor([2, NULL_SLOT, 0, 3], dtype=torch.int32)
+    run = SpecRun([ring, twin], ["triton:verify_fold", "torch"], slots, gen, use_qk_l2norm)
+    untouched = ring.clone()
+    for _ in range(10):
+        run.step()
+        assert_same_cache(ring, twin, tolerance(act_dtype, state_dtype))
+    assert run.folds > 0 and run.wraps > 0
+    for name in ("state", "u", "k", "g", "write_pos", "origin", "is_flush"):
+        assert torch.equal(getattr(ring, name)[1], getattr(untouched, name)[1]), f"slot 1 {name} touched"
+
+
+@pytest.mark.parametrize("arch", ["90", "100"])
+def test_verify_fold_gpu_tiles_under_interpreter(arch, gen, monkeypatch):
+    """The route's GPU configs run by the interpreter (K = 80 in three 32-wide state chunks, the last masked;
+    V = 72 over BV 64 and the fold's BV 32 tiles, tails masked; two value heads per key head): outputs and
+    committed states vs the ground truth, the cache vs the torch backend, over early flushes."""
+    if not interpreter_active():
+        pytest.skip("the forced launch configs are an interpreter-only check")
+    monkeypatch.setenv("REPLAYSSM_TARGET_ARCH", arch)
+    from replayssm.delta_rule.spec_launch import default_config
+
+    gm, T, B = GDNGeometry(H=1, HV=2, K=80, V=72), 2, 4
+    cfg = default_config("gdn_ring_verify", gm.K, gm.V, int(arch))
+    assert (gm.K + cfg["BKT"] - 1) // cfg["BKT"] == 3 and (gm.V + cfg["BV"] - 1) // cfg["BV"] == 2
+    ring = make_ring(gm, 3, B, T, gen)
+    twin = ring.clone()
+    run = SpecRun([ring, twin], ["triton:verify_fold", "torch"], torch.tensor([2, 0], dtype=torch.int32), gen,
+                  use_qk_l2norm=True)
+    for step in range(4):
+        run.step(accepted=torch.tensor([T, 1 + step % 2], dtype=torch.int32))
+        assert_same_cache(ring, twin, tolerance(torch.float32))
+    assert run.folds > 0
+
+
+@pytest.mark.parametrize("backend", ["torch", "ref", "cpu", "triton"])
+def test_spec_route_accepted_and_checked(backend, gen):
+    """Every backend takes both routes and computes the same function; an unknown route raises before anything
+    is written, whatever the backend."""
+    T = 2
+    ring = make_ring(TINY, 2, 4, T, gen)
+    ring.write_pos.fill_(2)
+    ring.u.copy_(torch.randn(ring.u.shape, generator=gen) * 0.1)
+    ring.g.copy_(-torch.rand(ring.g.shape, generator=gen) * 0.1)
+    ring.is_flush.copy_(torch.tensor([1, 0], dtype=torch.int32))
+    x = random_step(TINY, 2, window=T, generator=gen)
+    before = ring.clone()
+    with pytest.raises(ValueError, match="spec route"):
+        spec_verify(ring, **x, backend=backend, route="fold_verify")
+    assert_same_cache(ring, before, 0.0)
+    twin = ring.clone()
+    o_vf = spec_verify(ring, **x, backend=backend, route="verify_fold")
+    o_fused = spec_verify(twin, **x, backend=backend, route="fused")
+    assert rel_err(o_vf, o_fused) <= tolerance(torch.float32)
+    assert_same_cache(ring, twin, tolerance(torch.float32))
+
+
 @pytest.mark.parametrize("T,gm", [
     (4, GDNGeometry(H=1, HV=2, K=24, V=5)),    # 2T = 8: 2-row x 8 tiles, then one tail row
     (3, GDNGeometry(H=1, HV=2, K=40, V=7)),    # 2T = 6: two spare tile vectors
@@ -150,14 +222,14 @@ def test_cpu_odd_row_tiles(T, gm, gen):
     assert run.folds > 0 and run.wraps > 0
 
 
-@pytest.mark.parametrize("backend", ["torch", "ref", "triton", "cpu"])
+@pytest.mark.parametrize("backend", ["torch", "ref", "triton", "triton:verify_fold", "cpu"])
 def test_ill_conditioned_window(backend, gen):
     """beta 0.999 and nearly parallel keys (k_s = normalize(k0 + 1e-3 noise)): the unit lower triangular
     solve stays as accurate as the serial recurrence (fp32 tolerance 1e-5, measured ~3e-7)."""
     T, batch = 4, 2
     ring = make_ring(SMALL, batch, 4, T, gen)
     run = SpecRun([ring], [backend], torch.arange(batch, dtype=torch.int32), gen)
-    for _ in range(3 if backend == "triton" else 12):
+    for _ in range(3 if backend.startswith("triton") else 12):
         x = random_step(SMALL, batch, window=T, generator=gen)
         k0 = torch.randn(batch, 1, SMALL.H, SMALL.K, generator=gen)
         x["k"] = l2norm(k0 + 1e-3 * torch.randn(batch, T, SMALL.H, SMALL.K, generator=gen)).float()
@@ -308,13 +380,15 @@ def test_bad_inputs_raise(gen):
                     reason="needs a CUDA GPU and compiled Triton (TRITON_INTERPRET=0)")
 @pytest.mark.parametrize("act_dtype,state_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.float32),
                                                    (torch.float16, torch.float16), (torch.float32, torch.bfloat16)])
-def test_gpu_production_geometry(act_dtype, state_dtype, gen):
-    """Real kernels at Qwen3.5-4B (H=16, HV=32, K=V=128), B=16, T=4, the GPU launch config (tf32x3 dots)."""
+@pytest.mark.parametrize("backend", ["triton", "triton:verify_fold"])
+def test_gpu_production_geometry(backend, act_dtype, state_dtype, gen):
+    """Real kernels at Qwen3.5-4B (H=16, HV=32, K=V=128), B=16, T=4, the GPU launch config (tf32x3 dots; the
+    verify_fold route: bf16x2 / tf32x2 splits of the state against the raw window rows)."""
     gm = get_geometry("qwen35_4b")
     ring = make_ring(gm, 9, 16, 4, gen, state_dtype=state_dtype, act_dtype=act_dtype, device="cuda")
     ring.origin[4] = ring.ring_len - 2                       # slot 4's first window crosses the ring's end
     slots = torch.tensor([4, NULL_SLOT, 0, 8, 2, 7, NULL_SLOT, 1], dtype=torch.int32)
-    run = SpecRun([ring], ["triton"], slots, gen, use_qk_l2norm=True)
+    run = SpecRun([ring], [backend], slots, gen, use_qk_l2norm=True)
     for _ in range(24):                                      # B - T + 2 = 14 steps force a fold
         run.step()
     assert run.folds > 0 and run.wraps > 0

@@ -8,14 +8,17 @@ Triton also against the torch backend's cache contents after every call.
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from replayssm.checks import NULL_SLOT, interpreter_active
 from replayssm.cpu.ops import supported_dtypes
+from replayssm.delta_rule._tl import split_bf16
 from replayssm.geometry import KDAGeometry, get_geometry
 from replayssm.kda import SpecRing, spec_commit, spec_materialize, spec_reset, spec_verify, tree_commit, tree_verify
 from replayssm.kda.inputs import random_state, random_step
 from replayssm.kda.ref import window_ref
-from replayssm.testing import assert_rel_close, nan_like, rel_err, tolerance
+from replayssm.testing import assert_rel_close, nan_like, rel_err, split_route, tolerance
 
 SMALL = KDAGeometry(H=2, HV=4, K=32, V=32)
 TINY = KDAGeometry(H=1, HV=2, K=16, V=16)
@@ -34,14 +37,17 @@ class SpecRun:
         self.rings, self.backends, self.slots, self.gen, self.l2 = rings, backends, slots, gen, use_qk_l2norm
         self.live = slots != NULL_SLOT
         self.truth = torch.zeros(len(slots), *rings[0].state.shape[1:], dtype=torch.float64)
-        self.truth[self.live] = rings[0].state[slots[self.live].long()].double()
+        self.truth[self.live] = rings[0].state[slots[self.live].long().to(rings[0].device)].double().cpu()
         self.folds = self.wraps = 0
 
     def step(self, inputs=None, accepted=None):
         ring0, T, live, batch = self.rings[0], self.rings[0].window, self.live, len(self.slots)
         gm, act = ring0.geometry, ring0.act_dtype
         x = inputs or random_step(gm, batch, act_dtype=act, window=T, use_qk_l2norm=self.l2, generator=self.gen)
-        sl = self.slots[live].long()
+        dev = ring0.device
+        x_dev = {name: t.to(dev) for name, t in x.items()}
+        slots = self.slots.to(dev)
+        sl = self.slots[live].long().to(dev)
         h, fl = ring0.write_pos[sl], ring0.is_flush[sl] != 0
         self.folds += int((fl & (h > 0)).sum())
         self.wraps += int((ring0.origin[sl] + h + T > ring0.ring_len).sum())
@@ -49,8 +55,10 @@ class SpecRun:
         tol = tolerance(act, ring0.state_dtype)
         outs = []
         for ring, backend in zip(self.rings, self.backends):
-            out = nan_like(torch.empty(batch, T, gm.HV, gm.V, dtype=act))
-            spec_verify(ring, **x, use_qk_l2norm=self.l2, slots=self.slots, out=out, backend=backend)
+            out = nan_like(torch.empty(batch, T, gm.HV, gm.V, dtype=act, device=dev))
+            name, route = split_route(backend)               # "triton:verify_fold": the route's Triton form
+            spec_verify(ring, **x_dev, use_qk_l2norm=self.l2, slots=slots, out=out, backend=name, **route)
+            out = out.cpu()
             assert_rel_close(f"{backend} output", out[live], o_ref[live], tol, row_dims=3)
             assert out[~live].isnan().all(), f"{backend}: a NULL_SLOT row's output was written"
             outs.append(out)
@@ -58,8 +66,9 @@ class SpecRun:
             accepted = torch.randint(1, T + 1, (batch,), generator=self.gen, dtype=torch.int32)
         self.truth = states[torch.arange(batch), accepted.long() - 1]
         for ring, backend in zip(self.rings, self.backends):
-            spec_commit(ring, accepted, slots=self.slots, backend=backend)
-            committed = spec_materialize(ring, slots=self.slots, backend=backend)
+            backend = split_route(backend)[0]
+            spec_commit(ring, accepted.to(dev), slots=slots, backend=backend)
+            committed = spec_materialize(ring, slots=slots, backend=backend).cpu()
             assert_rel_close(f"{backend} committed state", committed[live], self.truth[live], tol, row_dims=2)
             assert committed[~live].isnan().all()
         return outs
@@ -255,3 +264,96 @@ def test_ring_allocation_bytes():
     with pytest.raises(ValueError):
         SpecRing.allocate(SMALL, 2, 2, 4)
 
+
+@pytest.mark.parametrize("T,B,gm,act_dtype,state_dtype,use_qk_l2norm", [
+    (4, 8, KDAGeometry(H=2, HV=4, K=32, V=16), F32, F32, True),
+    (2, 4, KDAGeometry(H=1, HV=2, K=24, V=40), F16, F32, False),    # K, V tails
+    (3, 8, KDAGeometry(H=2, HV=2, K=16, V=16), F16, F16, True),     # 2T = 6 of 8 rows
+])
+def test_verify_fold_route_matches_ground_truth_and_torch_cache(T, B, gm, act_dtype, state_dtype, use_qk_l2norm,
+                                                                gen):
+    """route="verify_fold" (replayssm/delta_rule/spec_*.py, the per-channel prep) under the interpreter, random
+    accept counts: outputs and committed states vs the float64 serial ground truth, the cache vs the torch
+    backend after every step, a NULL row untouched, ring wrap, early flushes folding non-empty histories."""
+    ring = make_ring(gm, 4, B, T, gen, state_dtype=state_dtype, act_dtype=act_dtype)
+    ring.origin[2] = ring.ring_len - 2
+    twin = ring.clone()
+    slots = torch.tensor([2, NULL_SLOT, 0, 3], dtype=torch.int32)
+    run = SpecRun([ring, twin], ["triton:verify_fold", "torch"], slots, gen, use_qk_l2norm)
+    untouched = ring.clone()
+    for _ in range(10):
+        run.step()
+        assert_same_cache(ring, twin, tolerance(act_dtype, state_dtype))
+    assert run.folds > 0 and run.wraps > 0
+    for name in ("state", "u", "k", "g", "write_pos", "origin", "is_flush"):
+        assert torch.equal(getattr(ring, name)[1], getattr(untouched, name)[1]), f"slot 1 {name} touched"
+
+
+@pytest.mark.parametrize("backend", ["torch", "ref", "cpu", "triton"])
+def test_spec_route_accepted_and_checked(backend, gen):
+    """Both routes on every backend, the same function; an unknown route raises before anything is written."""
+    T = 2
+    ring = make_ring(TINY, 2, 4, T, gen)
+    ring.write_pos.fill_(2)
+    ring.u.copy_(torch.randn(ring.u.shape, generator=gen) * 0.1)
+    ring.g.copy_(-torch.rand(ring.g.shape, generator=gen) * 0.1)
+    ring.is_flush.copy_(torch.tensor([1, 0], dtype=torch.int32))
+    x = random_step(TINY, 2, window=T, generator=gen)
+    before = ring.clone()
+    with pytest.raises(ValueError, match="spec route"):
+        spec_verify(ring, **x, backend=backend, route="fold_verify")
+    assert_same_cache(ring, before, 0.0)
+    twin = ring.clone()
+    o_vf = spec_verify(ring, **x, backend=backend, route="verify_fold")
+    o_fused = spec_verify(twin, **x, backend=backend, route="fused")
+    assert rel_err(o_vf, o_fused) <= tolerance(F32)
+    assert_same_cache(ring, twin, tolerance(F32))
+
+
+@triton.jit
+def _split(a_ptr, hi_ptr, lo_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    hi, lo = split_bf16(tl.load(a_ptr + offs))
+    tl.store(hi_ptr + offs, hi.to(tl.float32))
+    tl.store(lo_ptr + offs, lo.to(tl.float32))
+
+
+def test_verify_fold_bf16x3_bound(gen):
+    """KDA's verify under 16-bit activations multiplies the state by the prep's decayed vectors, neither bf16-exact:
+    _tl.bf16x3_dot splits both (split_bf16, run here in Triton) and keeps ah bh + ah bl + al bh. Within
+    (3 * 2^-14 + C 2^-24) (|A| @ |B|) of A @ B in float64 (the interpreter truncates where the GPU rounds
+    to nearest: the bound covers both); the bf16 products are exact in fp32, so they are formed here in float64
+    (the interpreter's bf16 tl.dot is not emulated)."""
+    if not interpreter_active():
+        pytest.skip("interpreter check")
+    M, C, N = 64, 32, 16
+    parts = []
+    for shape in ((M, C), (C, N)):
+        X = torch.randn(*shape, generator=gen) * torch.exp(torch.randn(*shape, generator=gen) * 3)
+        hi, lo = torch.empty_like(X), torch.empty_like(X)
+        _split[(1,)](X.view(-1), hi.view(-1), lo.view(-1), N=X.numel())
+        assert torch.equal(hi.bfloat16().float(), hi) and torch.equal(lo.bfloat16().float(), lo)
+        parts.append((X.double(), hi.double(), lo.double()))
+    (A, ah, al), (B, bh, bl) = parts
+    exact = A @ B
+    split = sum((x @ y).float().double() for x, y in ((ah, bh), (ah, bl), (al, bh)))
+    bound = (3 * 2.0 ** -14 + C * 2.0 ** -24) * (A.abs() @ B.abs())
+    assert ((split - exact).abs() <= bound).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or interpreter_active(),
+                    reason="needs a CUDA GPU and compiled Triton (TRITON_INTERPRET=0)")
+@pytest.mark.parametrize("act_dtype,state_dtype", [(torch.bfloat16, F32), (F32, F32), (F16, F16)])
+@pytest.mark.parametrize("backend", ["triton", "triton:verify_fold"])
+def test_gpu_kimi_geometry(backend, act_dtype, state_dtype, gen):
+    """Real kernels at Kimi-Linear TP 8 (H = HV = 4, K = V = 128), B = 16, T = 4, the GPU launch configs (the
+    verify_fold route under bf16 / fp16 activations: bf16x3 state products, tf32x3 under fp32)."""
+    gm = get_geometry("kimi_linear_48b_a3b", tp=8)
+    ring = make_ring(gm, 9, 16, 4, gen, state_dtype=state_dtype, act_dtype=act_dtype, device="cuda")
+    ring.origin[4] = ring.ring_len - 2
+    slots = torch.tensor([4, NULL_SLOT, 0, 8, 2, 7, NULL_SLOT, 1], dtype=torch.int32)
+    run = SpecRun([ring], [backend], slots, gen, use_qk_l2norm=True)
+    for _ in range(24):
+        run.step()
+    assert run.folds > 0 and run.wraps > 0

@@ -1,0 +1,147 @@
+"""Launch configs, workspace and launcher of the ring verify's "verify_fold" route (spec_prep.py, spec_verify.py,
+spec_fold.py): replayssm.gdn.spec_verify(..., route="verify_fold").
+
+One verify is three launches, CUDA-graph capturable (no host sync, nothing allocated after a ring's first verify
+through this route):
+    1. spec_prep_kernel    (batch, H)                per key head: norms, Gram matrix, gates, (I + A)^-1, the
+                                                     coefficients; appends the window's k and g rows
+    2. spec_verify_kernel  (cdiv(V, BV), batch, HV)  every row's outputs and the window's u rows
+    3. spec_fold_kernel    (cdiv(V, BV), batch, HV)  the folding rows (the rest exit; the verify exits on
+                                                     these): their outputs and u rows, and S0 <- S_h
+Commit and reset stay the cursor moves of replayssm/ring_cursors.py. Each launch's config resolves through
+replayssm/launch_table.py under its own name ({gdn,kda}_ring_prep / _ring_verify / _ring_fold; key K, V, history,
+window) with the default rules below.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from replayssm import launch_registry, launch_table
+from replayssm.checks import NULL_SLOT, kernel_arch, next_pow2
+from replayssm.delta_rule._tl import key_dot
+from replayssm.delta_rule.spec_fold import spec_fold_kernel
+from replayssm.delta_rule.spec_prep import spec_prep_kda_kernel, spec_prep_kernel
+from replayssm.delta_rule.spec_verify import spec_verify_kernel
+
+ROUTE = "verify_fold"
+PHASES = ("ring_prep", "ring_verify", "ring_fold")
+
+
+def kernel_names(per_channel: bool) -> tuple[str, str, str]:
+    family = "kda" if per_channel else "gdn"
+    return tuple(f"{family}_{p}" for p in PHASES)
+
+
+def default_config(kernel: str, K: int, V: int, arch: int) -> dict:
+    """The hand rules. Interpreter (arch 0): whole tiles (it costs per program, not per FLOP). GPU (AOT at
+    Qwen3.5-122B, b512 T4 hist16, sm_90, Triton 3.7.1, scripts/kernels/kernel_report.py with each config forced):
+    prep: one warp (the tiles are [16, K] and [16, 16]; 8 KB-12 KB of layout-conversion smem).
+    verify: [64, 32] state chunks over 4 warps, one warpgroup: each warp owns 16 state rows of the MMA's A
+      operand (74 registers, 24 warps per SM, 989 SASS per warp: 327 us). [32, 32] over 4 warps puts two warps
+      on the same rows, splitting each state element twice (678 us before the truncating split); [32, 32] over
+      2 warps 350 us, [64, 64] 96 registers (395 us).
+    fold (the verify's work and the fold, on the folding rows): [64, 16] chunks over 4 warps (71 registers,
+      1,624 SASS: 538 us were every row folding; [64, 32] 106 registers 782 us, [32, 32] / 2 warps 1,009 us)."""
+    BK = max(16, next_pow2(K))
+    BV = max(16, next_pow2(V))
+    if kernel.endswith("_ring_prep"):
+        # one warp; KDA's prep walks K in 32-column chunks ([16, 32] tiles: its [16, K] ones held 255 registers
+        # and spilled under Triton 3.6.0), the interpreter in one
+        if kernel.startswith("kda_"):
+            return {"BV": 0, "BKT": BK if arch == 0 else min(32, BK), "num_warps": 1, "num_stages": 1}
+        return {"BV": 0, "BKT": BK, "num_warps": 1 if BK <= 128 else 2, "num_stages": 1}
+    if arch == 0:
+        return {"BV": BV, "BKT": BK, "num_warps": 4, "num_stages": 1}
+    # the fold specialization: the verify's [64, .] rows over one warpgroup, 16-column state chunks (32 columns:
+    # 106 registers and 16 warps per SM, the issue floor 1.4x)
+    return {"BV": min(64, BV), "BKT": min(16 if kernel.endswith("_ring_fold") else 32, BK), "num_warps": 4,
+            "num_stages": 1}
+
+
+def config(kernel: str, geometry, history_len: int, window: int, state_dtype, arch: int) -> dict:
+    """This device's tuned entry for `kernel`, else the default rule."""
+    key = launch_registry.key(kernel, geometry, history=history_len, window=window)
+    return launch_table.resolve(kernel, key, state_dtype, arch, default_config(kernel, geometry.K, geometry.V, arch))
+
+
+def _state_dot(act_dtype, fp32_dot: str, per_channel: bool) -> str:
+    """The verify's state-product split: GDN's raw window rows are exact in the activation dtype (key_dot's
+    split); KDA's decayed vectors are not, so 16-bit activations take bf16x3 (its error below their rounding)
+    and fp32 ones FP32_DOT."""
+    if not per_channel:
+        return key_dot(act_dtype, fp32_dot)
+    return "bf16x3" if fp32_dot != "ieee" and act_dtype in (torch.bfloat16, torch.float16) else fp32_dot
+
+
+def widths(window: int, history_len: int) -> tuple[int, int, int]:
+    """(TW, TW2, BC): the stacked window rows padded for tl.dot (>= 16), the workspace pitch (2T to a power of
+    two) and the history axis padded for tl.dot (>= 16)."""
+    TW2 = next_pow2(2 * window)
+    return max(16, TW2), TW2, max(16, next_pow2(history_len))
+
+
+def workspace(ring, TW2: int, BC: int, per_channel: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(coef [slots, HV, 2 TW2 + BC, TW2], x [slots, HV, TW2, K] or None) fp32 zeros, kept on the ring."""
+    gm, n, dev = ring.geometry, ring.num_slots, ring.state.device
+    ws = ring.__dict__.get("_verify_fold_workspace")
+    if ws is None or ws[0].shape[2:] != (2 * TW2 + BC, TW2) or ws[0].device != dev or (ws[1] is None) == per_channel:
+        coef = torch.zeros(n, gm.HV, 2 * TW2 + BC, TW2, device=dev)
+        x = torch.zeros(n, gm.HV, TW2, gm.K, device=dev) if per_channel else None
+        ws = (coef, x)
+        ring.__dict__["_verify_fold_workspace"] = ws
+    return ws
+
+
+def launch_verify_fold(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slots: torch.Tensor,
+                       out: torch.Tensor, per_channel: bool = False) -> torch.Tensor:
+    """Inputs already validated (replayssm/gdn/spec.py run_spec_verify); slots int32 [batch]."""
+    gm, T, batch = ring.geometry, ring.window, q.shape[0]
+    arch, sd = kernel_arch(q.device), ring.state.dtype
+    prep, verify, fold = (config(name, gm, ring.history_len, T, sd, arch) for name in kernel_names(per_channel))
+    TW, TW2, BC = widths(T, ring.history_len)
+    coef, x = workspace(ring, TW2, BC, per_channel)
+    fp32_dot = "tf32x3" if arch >= 80 else "ieee"
+    st, u, kr, gr = ring.state, ring.u, ring.k, ring.g
+    group, ring_mask = gm.value_heads_per_key_head, ring.ring_len - 1
+    common = dict(NULL_ID=NULL_SLOT, GROUP=group, K=gm.K, BC=BC, FP32_DOT=fp32_dot)
+    prep_args = dict(**common, T=T, TW=TW, TW2=TW2, BK=prep["BKT"], USE_L2NORM=bool(use_qk_l2norm),
+                     LOG2T=max(1, (T - 1).bit_length()), num_warps=prep["num_warps"], num_stages=prep["num_stages"])
+    if per_channel:
+        spec_prep_kda_kernel[(batch, gm.H)](
+            q, k, g, beta, slots, ring.write_pos, ring.origin, kr, gr, coef, x,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), g.stride(0), g.stride(1),
+            g.stride(2), beta.stride(0), beta.stride(1), kr.stride(0), kr.stride(1), kr.stride(2), gr.stride(0),
+            gr.stride(1), gr.stride(2), coef.stride(0), coef.stride(1), x.stride(0), x.stride(1),
+            float(scale), ring_mask, **prep_args,
+        )
+    else:
+        spec_prep_kernel[(batch, gm.H)](
+            q, k, g, beta, slots, ring.write_pos, ring.origin, kr, gr, coef,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), g.stride(0), g.stride(1),
+            beta.stride(0), beta.stride(1), kr.stride(0), kr.stride(1), kr.stride(2), gr.stride(0), gr.stride(1),
+            coef.stride(0), coef.stride(1),
+            float(scale), ring_mask, **prep_args,
+        )
+    xs = x if x is not None else coef
+    rows = (q, k, xs, v, out, slots, ring.write_pos, ring.origin, ring.is_flush, st, u, coef)
+    row_strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), xs.stride(0),
+                   xs.stride(1), v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+                   st.stride(0), st.stride(1), st.stride(2), u.stride(0), u.stride(1), u.stride(2),
+                   coef.stride(0), coef.stride(1))
+    dots = dict(DOT=_state_dot(q.dtype, fp32_dot, per_channel), UDOT=key_dot(u.dtype, fp32_dot))
+    spec_verify_kernel[(triton.cdiv(gm.V, verify["BV"]), batch, gm.HV)](
+        *rows, *row_strides, ring_mask,
+        **common, V=gm.V, T=T, TW=TW, TW2=TW2, BV=verify["BV"], BKT=verify["BKT"], **dots, PRE_X=per_channel,
+        num_warps=verify["num_warps"], num_stages=verify["num_stages"],
+    )
+    spec_fold_kernel[(triton.cdiv(gm.V, fold["BV"]), batch, gm.HV)](
+        *rows, kr, gr, *row_strides,
+        kr.stride(0), kr.stride(1), kr.stride(2), gr.stride(0), gr.stride(1), gr.stride(2),
+        ring_mask,
+        **common, V=gm.V, T=T, TW=TW, TW2=TW2, BV=fold["BV"], BKT=fold["BKT"], **dots,
+        KDOT=key_dot(kr.dtype, fp32_dot), PRE_X=per_channel, num_warps=fold["num_warps"],
+        num_stages=fold["num_stages"],
+    )
+    return out
