@@ -19,10 +19,18 @@ Rows: <run dir>/accuracy.csv (experiments/harness/store.RunTable), beside the ke
 same run directory, with the same env.json / config.yaml provenance. A failing series is one row with
 status=error and the sweep goes on; `resume=` skips series already recorded.
 
-state_dtype float8_e4m3fn is the experimental fp8 checkpoint (e4m3 + per-head scale,
-replayssm/fp8_checkpoint.py): planned for replay_ar only (the other methods refuse it), torch / ref backends
-only, rows marked experimental=True. Its initial state is quantised too (set_state writes it like a flush),
-so unlike the other dtypes its error includes the prefill state's rounding.
+state_dtype is a state format of replayssm/state_format.py: float32, float16, bfloat16 for every method and
+backend; float16_sr, bfloat16_sr (stochastic rounding), int8 and float8_e4m3fn (per-(slot, head) scale) for
+baseline_ar and replay_ar on the torch / ref backends only (a sweep asking another backend for them is refused
+before any work, naming what the backend stores; the other methods skip them at planning). Their rows are
+marked experimental=True (no kernel writes them yet). The harness's set_state writes the initial state through
+the format's writer (experiments/harness/methods.py), so it is quantised like any write (int8 / fp8: the error
+includes the prefill state's rounding; S0 is bf16-exact, so the half formats round nothing there) and the SR
+write counter restarts; the SR seed is the sweep's seed. Where the state is rounded: replay_ar's checkpoint once
+per flush (every L steps), baseline_ar's state once per step; experiments/report/accuracy.py fits the state error
+against both steps and state writes.
+sweep.formats_steps / formats_workloads (a CPU budget) run the non-plain formats over fewer tokens / workloads
+(rows carry their own `steps`).
 """
 
 from __future__ import annotations
@@ -49,8 +57,8 @@ from experiments.harness.methods import MethodUnavailable
 from experiments.harness.points import CONF_DIR, DTYPES, Point, _models, resolve_device
 from experiments.harness.store import RunStore, RunTable, failure, run_pending
 from experiments.harness.sweeps import AccuracySweepSchema, check_sweep, register_schemas
+from replayssm import state_format as sf
 from replayssm.checks import interpreter_active
-from replayssm.fp8_checkpoint import FP8_STATE_DTYPE, is_fp8
 
 COLUMNS = [
     "experiment", "family", "model", "heads", "workload", "method", "route", "backend", "buffer_len", "spec_T",
@@ -60,7 +68,8 @@ COLUMNS = [
 ]
 BACKENDS = ("torch", "ref", "triton")
 FP8_NAME = "float8_e4m3fn"
-STATE_DTYPES = {**DTYPES, FP8_NAME: FP8_STATE_DTYPE}   # + the experimental fp8 checkpoint (replay_ar only)
+# state format names (replayssm/state_format.py) and the dtype aliases of the harness (fp32, bf16, ...)
+STATE_DTYPES = {**{k: str(v).removeprefix("torch.") for k, v in DTYPES.items()}, **{n: n for n in sf.FORMAT_NAMES}}
 
 
 @dataclass(frozen=True)
@@ -77,8 +86,16 @@ class Series:
         """Identifies the series across resumes: its own fields plus everything that shapes its inputs."""
         shared = {k: sweep[k] for k in ("heads", "rows", "steps", "checkpoints", "spec_T", "history_len",
                                         "acceptance", "backend")}
+        if self.steps(sweep) != sweep["steps"]:
+            shared["series_steps"] = self.steps(sweep)      # only then: older runs' keys stay valid
         blob = json.dumps({**self.__dict__, **shared, "seed": seed}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def steps(self, sweep: dict) -> int:
+        """Tokens this series decodes: sweep.formats_steps for a non-plain format when set, else sweep.steps."""
+        if sweep.get("formats_steps") and not sf.state_format(self.state_dtype).plain:
+            return min(sweep["formats_steps"], sweep["steps"])
+        return sweep["steps"]
 
 
 # ------------------------------------------------------------------------------------------- validation
@@ -117,17 +134,15 @@ def validate(data: dict) -> dict:
     parse_acceptance(sweep.get("acceptance"), "sweep.acceptance")
     for key, allowed in (("state_dtype", STATE_DTYPES), ("act_dtype", DTYPES)):
         names = _subset(key, sweep.get(key), allowed)
-        sweep[key] = [str(allowed[n]).removeprefix("torch.") for n in names]
+        sweep[key] = list(dict.fromkeys(str(allowed[n]).removeprefix("torch.") for n in names))
     backend = sweep.get("backend")
     if backend not in BACKENDS:
         raise ValueError(f"sweep.backend: unknown backend {backend!r}; expected one of {list(BACKENDS)}")
-    if FP8_NAME in sweep["state_dtype"]:
-        if backend == "triton":
-            raise ValueError("sweep.state_dtype: the experimental fp8 checkpoint (float8_e4m3fn) has no Triton "
-                             "kernels; use backend=torch or ref, or drop it from state_dtype")
-        if "replay_ar" not in sweep["methods"]:
-            raise ValueError("sweep.state_dtype: float8_e4m3fn is the ReplaySSM AR checkpoint option; "
-                             "sweep.methods has no replay_ar")
+    _check_formats(sweep, backend)
+    if sweep.get("formats_steps") is not None:
+        _positive("formats_steps", sweep["formats_steps"])
+    if sweep.get("formats_workloads") is not None:
+        _subset("formats_workloads", sweep["formats_workloads"], acs.WORKLOADS)
     device = resolve_device(data.get("device", "auto"))
     if backend == "triton" and device == "cpu":
         if not interpreter_active():
@@ -139,6 +154,27 @@ def validate(data: dict) -> dict:
         raise ValueError("sweep.buffer_len: replay_ar needs at least one buffer length")
     sweep["device"] = device
     return sweep
+
+
+def _check_formats(sweep: dict, backend: str) -> None:
+    """Refuse a state format the backend cannot store (naming those it can), or one no swept method runs."""
+    allowed = sf.BACKEND_FORMATS[backend]
+    lacking = [n for n in sweep["state_dtype"] if n not in allowed]
+    if lacking:
+        raise ValueError(f"sweep.state_dtype: {', '.join(lacking)} has no {backend.capitalize()} kernels "
+                         f"(backend={backend} stores {', '.join(allowed)}); use backend=torch or ref, or drop it "
+                         "from state_dtype")
+    for name in sweep["state_dtype"]:
+        runners = [m for m, am in acs.METHODS.items() if name in am.formats]
+        if not set(runners) & set(sweep["methods"]):
+            raise ValueError(f"sweep.state_dtype: {name} is a state format of {', '.join(runners)} only; "
+                             f"sweep.methods has none of them")
+
+
+def format_workloads(sweep: dict) -> list[str]:
+    """The workloads the non-plain formats run: those of sweep.formats_workloads the sweep has, or every workload
+    of the sweep when it has none of them (a narrowed sweep, e.g. workloads=[realistic]) or the key is null."""
+    return [w for w in sweep["workloads"] if w in (sweep.get("formats_workloads") or ())] or sweep["workloads"]
 
 
 def plan_series(sweep: dict, specs) -> list[Series]:
@@ -153,8 +189,10 @@ def plan_series(sweep: dict, specs) -> list[Series]:
                     lens = sweep["buffer_len"] if entry.uses_buffer else [None]
                     route = entry.route_for(spec.family, sweep["backend"], sweep["route"])
                     for sd in sweep["state_dtype"]:
-                        if sd == FP8_NAME and not acs.METHODS[name].fp8_checkpoint:
-                            continue            # the other methods refuse an fp8 state
+                        if sd not in acs.METHODS[name].formats:
+                            continue            # a format this method's cache does not store
+                        if not sf.state_format(sd).plain and workload not in format_workloads(sweep):
+                            continue
                         out += [Series(spec.key, workload, ad, name, sd, L, route) for L in lens]
     return out
 
@@ -188,7 +226,9 @@ class Group:
         self.acc = parse_acceptance(sweep["acceptance"])
         self.windows = math.ceil(self.steps / self.acc.expected(self.T))
         self.counts = self.acc.sample(self.T, sweep["rows"], self.windows, gen)
-        self.ar_ckpts = acs.checkpoints(self.steps, sweep["checkpoints"])
+        # + formats_steps: the last step of the non-plain formats' shorter series is a checkpoint too
+        extra = {min(sweep["formats_steps"], self.steps)} if sweep.get("formats_steps") else set()
+        self.ar_ckpts = sorted(set(acs.checkpoints(self.steps, sweep["checkpoints"])) | extra)
         self.spec_ckpts = acs.checkpoints(self.windows, sweep["checkpoints"])
         self._ar = self._spec = None
 
@@ -218,8 +258,8 @@ def run_series(s: Series, group: Group, sweep: dict, seed: int) -> list[dict]:
     p = _point(spec, s, sweep, seed)
     rows, device, backend = sweep["rows"], sweep["device"], sweep["backend"]
     fns = method.api(spec.family)
-    # fp8: set_state quantises the float32 state with its per-head scale (a cast alone would drop the scale)
-    S0_dtype = torch.float32 if is_fp8(wl.state_dtype) else wl.state_dtype
+    # int8 / fp8 / SR: set_state writes the float32 state by the format's rule (a cast would drop the scale)
+    S0_dtype = wl.state_dtype if sf.state_format(s.state_dtype).plain else torch.float32
     # the harness's fixture builds the cache (the series' own trajectory brings the inputs: none drawn here)
     cache = PointFixture.build(method, fns, wl, p, rows, state=group.S0.to(device=device, dtype=S0_dtype),
                                with_inputs=False).caches[0]
@@ -227,7 +267,7 @@ def run_series(s: Series, group: Group, sweep: dict, seed: int) -> list[dict]:
     out_rows, pending = [], []
     if method.kind == "ar":
         traj = group.ar
-        for t in range(1, group.steps + 1):
+        for t in range(1, s.steps(sweep) + 1):
             y = method.step(fns, cache, p, traj.kwargs[t - 1], None, wl.out(rows))
             pending.append(acs.per_head_err(y, traj.y[t - 1]))
             if t in traj.states:
@@ -260,8 +300,9 @@ def _base_row(s: Series, spec, sweep: dict, key: str, run_id: str) -> dict:
                spec_T=sweep["spec_T"] if spec_kind else None,
                history_len=sweep["history_len"] if spec_kind and entry.uses_history else None,
                acceptance=sweep["acceptance"] if spec_kind else None, state_dtype=s.state_dtype,
-               act_dtype=s.act_dtype, rows=sweep["rows"], steps=sweep["steps"], status="ok", message="",
-               series_hash=key, run_id=run_id, experimental=s.state_dtype == FP8_NAME)
+               act_dtype=s.act_dtype, rows=sweep["rows"], steps=s.steps(sweep), status="ok", message="",
+               series_hash=key, run_id=run_id,
+               experimental=s.state_dtype not in sf.BACKEND_FORMATS["triton"])
     return row
 
 

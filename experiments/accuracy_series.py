@@ -34,6 +34,7 @@ from experiments.harness.methods import REGISTRY
 from experiments.harness.points import ModelSpec, Point
 from experiments.harness.sweeps import ACCURACY_WORKLOADS
 from experiments.harness.workload import Workload
+from replayssm import state_format as sf
 from replayssm.geometry import Mamba2Geometry
 
 WORKLOADS = ACCURACY_WORKLOADS    # the sweep schema's vocabulary (experiments/harness/sweeps.py)
@@ -42,6 +43,8 @@ WORKLOADS = ACCURACY_WORKLOADS    # the sweep schema's vocabulary (experiments/h
 # ------------------------------------------------------------------------------------------ method table
 
 def _tensor_state(cache, family, backend, A):
+    if isinstance(cache, sf.FormattedState):          # int8 / fp8 / SR: dequantised (float64: exactly)
+        return cache.read(dtype=torch.float64)
     return cache                                      # the baseline's pool is the state itself
 
 
@@ -85,7 +88,9 @@ class AccuracyMethod:
 
     harness: str
     committed_state: Callable
-    fp8_checkpoint: bool = False    # implements the experimental fp8 checkpoint (replayssm/fp8_checkpoint.py)
+    # state formats it runs (replayssm/state_format.py); the plain ones for every method, all of them for the AR
+    # methods whose caches store them (torch / ref backends: experiments/accuracy.py checks the backend)
+    formats: tuple[str, ...] = sf.PLAIN_FORMATS
 
     @property
     def entry(self):
@@ -94,8 +99,8 @@ class AccuracyMethod:
 
 # name -> entry. Tests add a deliberately wrong method here (and its harness entry) to check detection.
 METHODS: dict[str, AccuracyMethod] = {
-    "baseline_ar": AccuracyMethod("baseline_ar", _tensor_state),
-    "replay_ar": AccuracyMethod("replay_ar", _replay_state, fp8_checkpoint=True),
+    "baseline_ar": AccuracyMethod("baseline_ar", _tensor_state, formats=sf.FORMAT_NAMES),
+    "replay_ar": AccuracyMethod("replay_ar", _replay_state, formats=sf.FORMAT_NAMES),
     "baseline_spec": AccuracyMethod("baseline_spec", _snapshot_state),
     "commit_replay_spec": AccuracyMethod("commit_replay_spec", _checkpoint_state),
     "replay_spec": AccuracyMethod("replay_spec", _ring_state),
@@ -157,10 +162,13 @@ def draw(wl: Workload, workload: str, rows: int, window: int | None = None) -> d
     return inp
 
 
-def with_state_dtype(wl: Workload, dtype: torch.dtype) -> Workload:
-    """The same workload (inputs, parameters, generator) allocating caches in another state dtype."""
+def with_state_dtype(wl: Workload, dtype) -> Workload:
+    """The same workload (inputs, parameters, generator) allocating caches in another state format: a torch
+    dtype or a replayssm/state_format.py name (`state_format` carries it to the harness's allocate; `state_dtype`
+    is its storage dtype)."""
+    fmt = sf.state_format(dtype)
     out = copy.copy(wl)
-    out.state_dtype = dtype
+    out.state_dtype, out.state_format = fmt.storage, fmt.name
     return out
 
 

@@ -216,7 +216,8 @@ fi
 
 # ------------------------------------------------------- accuracy study (experiments/accuracy.py), same run
 # Joins the kernel sweeps' run directory (resume=): accuracy.csv beside rows.csv, its own env/config copy.
-# GPU: sweep=accuracy_paper (10,000 steps, Triton); CPU: sweep=accuracy_cpu (2,000 steps, torch; ~2-3 min on
+# GPU: sweep=accuracy_paper (10,000 steps, Triton); CPU: sweep=accuracy_cpu (2,000 steps, torch, every state
+# format, the new ones over 1,000 long_memory steps; ~5 min on
 # 2 cores). ACC_SWEEP overrides the sweep name. EXTRA is not passed: its keys are the kernel sweeps'.
 if have_module "experiments.accuracy"; then
     if [[ "$GPU" == "True" ]]; then ACC_SWEEP="${ACC_SWEEP:-accuracy_paper}"; else ACC_SWEEP="${ACC_SWEEP:-accuracy_cpu}"; fi

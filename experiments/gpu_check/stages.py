@@ -164,7 +164,9 @@ GATE_TESTS = (
     "tests/replayssm/mamba2/test_decode.py::test_cuda_graph_capture",
     "tests/replayssm/mamba2/test_spec.py::test_triton_bf16_matches_torch_on_gpu",
     "tests/replayssm/mamba2/test_spec_verify_fold.py::test_bf16_matches_torch_on_gpu",
-    "tests/replayssm/gdn/test_gdn_spec.py::test_gpu_production_geometry[act_dtype0-state_dtype0]",
+    "tests/replayssm/gdn/test_gdn_spec.py::test_gpu_production_geometry[triton-act_dtype0-state_dtype0]",
+    "tests/replayssm/gdn/test_gdn_spec.py::test_gpu_production_geometry[triton:verify_fold-act_dtype0-state_dtype0]",
+    "tests/replayssm/kda/test_kda_spec.py::test_gpu_kimi_geometry[triton:verify_fold-act_dtype0-state_dtype0]",
     "tests/baselines/test_gdn_spec_baselines.py::test_gpu_production_geometry[native-act_dtype0-state_dtype0]",
     "tests/baselines/test_gdn_spec_baselines.py::test_gpu_production_geometry[commit_replay-act_dtype0-state_dtype0]",
 )
@@ -268,12 +270,14 @@ KERNEL_CHECK = [
           "(x route / T), in parallel",
           steps=_KERNEL_TUNE, dry=_KERNEL_TUNE, dry_limit_s=150),
     Stage("decode", 40, "kernel_decode tuned, b256/512 L16, the three models: baseline_ar, replay_ar output_only "
-          "and output_only_fold (conf/sweep/gpu_kernel_decode.yaml)", steps=_KERNEL_DECODE, dry=_KERNEL_DECODE, dry_limit_s=120),
+          "and output_only_fold (conf/sweep/gpu_kernel_decode.yaml)",
+          steps=_KERNEL_DECODE, dry=_KERNEL_DECODE, dry_limit_s=120),
     Stage("spec", 65, "kernel_spec tuned, b256/512 T4/T8 (B 16, rate 0.8), the three models: baseline_spec, "
-          "replay_spec fused and verify_fold (conf/sweep/gpu_kernel_spec.yaml)", steps=_KERNEL_SPEC, dry=_KERNEL_SPEC, dry_limit_s=120),
-    Stage("ncu", 50, "ncu on the ReplaySSM steps (replay_ar output_only_fold, replay_spec T4) at Qwen3.5-122B b256: DRAM "
-          "bytes and sections (occupancy, registers, instructions)", steps=(dram("dram.csv", *_NCU,
-                                                                                  extra="NCU_ARGS"),)),
+          "replay_spec fused and verify_fold (conf/sweep/gpu_kernel_spec.yaml)",
+          steps=_KERNEL_SPEC, dry=_KERNEL_SPEC, dry_limit_s=120),
+    Stage("ncu", 50, "ncu on the ReplaySSM steps (replay_ar output_only_fold, replay_spec T4) at Qwen3.5-122B b256: "
+          "DRAM bytes and sections (occupancy, registers, instructions)",
+          steps=(dram("dram.csv", *_NCU, extra="NCU_ARGS"),)),
     Stage("table", 5, "the kernel table: tuned us, default us, vs baseline, byte model, ncu -> kernel_table.md",
           steps=_TABLE, dry=_TABLE, dry_limit_s=60),
 ]

@@ -30,8 +30,8 @@ from collections.abc import Callable
 
 import torch
 
+from replayssm import state_format as sf
 from replayssm.checks import SPEC_ROUTES, interpreter_active
-from replayssm.fp8_checkpoint import write_checkpoint
 
 REGISTRY: dict[str, Method] = {}
 
@@ -153,6 +153,17 @@ def _bytes(dtype: torch.dtype) -> int:
     return torch.empty(0, dtype=dtype).element_size()
 
 
+def state_spec(wl):
+    """The state format a workload allocates: its `state_format` name (replayssm/state_format.py; the accuracy
+    study sets it for the formats a dtype cannot name, e.g. float16_sr), else its state dtype."""
+    return getattr(wl, "state_format", None) or wl.state_dtype
+
+
+def sr_seed(p) -> int:
+    """The stochastic-rounding seed of a point's caches: its seed, as a 32-bit unsigned int."""
+    return int(getattr(p, "seed", 0) or 0) & sf.U32
+
+
 def _tr_args(wl) -> dict:
     return {"state_bytes": _bytes(wl.state_dtype), "act_bytes": _bytes(wl.act_dtype)}
 
@@ -173,12 +184,23 @@ class BaselineAR(Method):
         return {"step": mod.selective_state_update if family == "mamba2" else mod.fused_recurrent_step}
 
     def allocate(self, p, wl, num_slots, device):
+        """A bare tensor for a plain format; a FormattedState (scale / SR counters, torch and ref backends) for
+        the others, which the baseline steps accept in place of the tensor."""
+        fmt = sf.state_format(state_spec(wl))
+        if not fmt.plain:
+            return sf.FormattedState.allocate((num_slots, *wl.state_shape), fmt.name, device=device,
+                                              sr_seed=sr_seed(p))
         return torch.zeros(num_slots, *wl.state_shape, dtype=wl.state_dtype, device=device)
 
     def set_state(self, cache, state):
-        cache.copy_(state)
+        if isinstance(cache, sf.FormattedState):
+            sf.set_state(cache, state)        # quantised like a step's write; the SR counters restart
+        else:
+            cache.copy_(state)
 
     def footprint(self, cache):
+        if isinstance(cache, sf.FormattedState):
+            return int(cache.nbytes())
         return cache.numel() * cache.element_size()
 
     def step(self, fns, cache, p, kw, slots, out):
@@ -208,11 +230,11 @@ class ReplayAR(Method):
 
     def allocate(self, p, wl, num_slots, device):
         cls = import_module(f"replayssm.{wl.family}.cache").ReplayCache
-        return cls.allocate(wl.geometry, num_slots, p.buffer_len, state_dtype=wl.state_dtype,
-                            act_dtype=wl.act_dtype, device=device)
+        return cls.allocate(wl.geometry, num_slots, p.buffer_len, state_dtype=state_spec(wl),
+                            act_dtype=wl.act_dtype, device=device, sr_seed=sr_seed(p))
 
     def set_state(self, cache, state):
-        write_checkpoint(cache, slice(None), state)   # an fp8 checkpoint is quantised like a flush writes it
+        sf.set_state(cache, state)      # the checkpoint is quantised like a flush writes it; SR counters restart
         cache.write_pos.zero_()
 
     def gate_steps(self, p, default):

@@ -92,6 +92,12 @@ class AccuracySweepSchema:
     state_dtype: list[str] = field(default_factory=lambda: ["float32", "bfloat16", "float16"])
     act_dtype: list[str] = field(default_factory=lambda: ["float32"])
     backend: str = "torch"
+    # the non-plain state formats (float16_sr, bfloat16_sr, int8, float8_e4m3fn: torch / ref only) may run a
+    # shorter decode and fewer workloads than the plain ones (a CPU budget: the baseline's SR write per step is
+    # the slow part); null: `steps` / every workload
+    formats_steps: int | None = None
+    formats_workloads: list[str] | None = None
+
 
 def register_schemas() -> None:
     """Store every sweep schema in Hydra's ConfigStore (idempotent: a name stored again is replaced)."""

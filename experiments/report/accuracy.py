@@ -4,7 +4,12 @@ bf16-state table and the verdict on the fork's claim. Used by tables.py, plots.p
 Growth exponent: per series, the least-squares slope of log(error median) against log(step) over the
 checkpoints with step >= FIT_FROM (the first tokens show the start-up: a replay cache rounds nothing before
 its first flush). 0 means the error stays flat, 0.5 a random walk (rounding errors that add up
-independently), 1 a linear drift.
+independently), 1 a linear drift. Beside it, the exponent of the state error against the number of state
+writes (state_writes): replay_ar rounds its checkpoint once per flush (writes = step // L), baseline_ar its
+state once per step (writes = step); fitted over the same checkpoints plus writes >= MIN_WRITES. Flushes are
+proportional to steps, so the two exponents of one series differ only by the flooring; what differs between
+the methods at one dtype is how many writes reach a given error (the drift table, drift_table: ReplaySSM vs
+baseline per state format, the median state error at the last common checkpoint and both exponents).
 
 The fork's claim (a test docstring of the official fork Johnny-Liou/ReplaySSM): "with bf16 state, ReplaySSM is *more*
 accurate than baseline (baseline downcasts every step)". Verdict from the rows: for every (family, workload,
@@ -68,16 +73,98 @@ def _slope(steps: pd.Series, errs: pd.Series) -> float:
     return float(np.polyfit(np.log(steps[keep]), np.log(errs[keep]), 1)[0])
 
 
+MIN_WRITES = 4
+WRITES_PER = {"baseline_ar": "step", "replay_ar": "flush"}   # what rounds the state once (the AR methods)
+
+
+def state_writes(g: pd.DataFrame) -> pd.Series:
+    """Rounding writes of the state up to each row's step: replay_ar step // L (flushes), baseline_ar step;
+    NaN for the methods whose writes are not one per step or flush (spec)."""
+    step = g["step"].astype(float)
+    if "buffer_len" not in g:
+        return step.where(g["method"] == "baseline_ar")
+    flushes = (step // g["buffer_len"].astype(float)).where(g["method"] == "replay_ar")
+    return flushes.fillna(step.where(g["method"] == "baseline_ar"))
+
+
+def fit_exponent(x, errs, mask=None) -> float:
+    """Least-squares slope of log(err) on log(x) over the points with x > 0, err > 0 finite (and `mask`)."""
+    x, errs = np.asarray(x, dtype=float), np.asarray(errs, dtype=float)
+    keep = (x > 0) & (errs > 0) & np.isfinite(errs) & np.isfinite(x)
+    if mask is not None:
+        keep &= np.asarray(mask, dtype=bool)
+    if keep.sum() < 2:
+        return float("nan")
+    return float(np.polyfit(np.log(x[keep]), np.log(errs[keep]), 1)[0])
+
+
+def _write_slope(g: pd.DataFrame, writes: pd.Series) -> float:
+    return fit_exponent(writes, g["state_err_median"], (g["step"] >= FIT_FROM) & (writes >= MIN_WRITES))
+
+
 def growth_exponents(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per series: the fitted exponents of the output and state error medians, and the last errors."""
+    """One row per series: the fitted exponents of the output and state error medians vs steps, of the state
+    error vs state writes (AR methods; NaN for spec), and the last errors."""
     rows = []
     for keys, g in ok_rows(df).groupby(SERIES_KEYS, sort=True):
         g = g.sort_values("step")
+        writes = state_writes(g)
         rows.append({**dict(zip(SERIES_KEYS, keys)), "last_step": int(g["step"].iloc[-1]),
                      "out_err_last": g["out_err_median"].iloc[-1], "state_err_last": g["state_err_median"].iloc[-1],
                      "out_exponent": _slope(g["step"], g["out_err_median"]),
-                     "state_exponent": _slope(g["step"], g["state_err_median"])})
+                     "state_exponent": _slope(g["step"], g["state_err_median"]),
+                     "writes_last": writes.iloc[-1], "state_vs_writes_exponent": _write_slope(g, writes)})
     return pd.DataFrame(rows)
+
+
+DRIFT_COLUMNS = ["family", "model", "workload", "act", "state_dtype", "L", "step", "writes base", "writes replay",
+                 "state err base", "state err replay", "base/replay", "exp steps base", "exp steps replay",
+                 "exp writes base", "exp writes replay"]
+SQRT_EXPONENT = 0.5     # the third-party FP8 study's "drift ~ 1% x sqrt(flushes)"
+
+
+def drift_table(df: pd.DataFrame) -> pd.DataFrame:
+    """ReplaySSM vs baseline per state format: for every (family, model, workload, act dtype, state format) with
+    a baseline_ar series and each replay_ar L, the median state error at their last common checkpoint, the
+    writes each made by then (baseline: steps, replay: flushes), and both series' exponents of state error vs
+    steps and vs writes."""
+    d = ok_rows(df)
+    d = d[d["method"].isin(list(WRITES_PER))]
+    rows = []
+    for (family, model, workload, act, sd), g in d.groupby(["family", "model", "workload", "act_dtype", "state_dtype"],
+                                                           sort=True):
+        base = g[g["method"] == "baseline_ar"].sort_values("step")
+        if base.empty:
+            continue
+        for L, rep in g[g["method"] == "replay_ar"].groupby("buffer_len"):
+            rep = rep.sort_values("step")
+            common = sorted(set(base["step"]) & set(rep["step"]))
+            if not common:
+                continue
+            step = common[-1]
+            b = float(base.loc[base["step"] == step, "state_err_median"].iloc[0])
+            r = float(rep.loc[rep["step"] == step, "state_err_median"].iloc[0])
+            rows.append({"family": family, "model": model, "workload": workload, "act": act, "state_dtype": sd,
+                         "L": int(L), "step": int(step), "writes base": int(step), "writes replay": int(step // L),
+                         "state err base": b, "state err replay": r, "base/replay": b / r if r > 0 else np.nan,
+                         "exp steps base": _slope(base["step"], base["state_err_median"]),
+                         "exp steps replay": _slope(rep["step"], rep["state_err_median"]),
+                         "exp writes base": _write_slope(base, state_writes(base)),
+                         "exp writes replay": _write_slope(rep, state_writes(rep))})
+    return pd.DataFrame(rows, columns=DRIFT_COLUMNS)
+
+
+def sqrt_note(drift: pd.DataFrame) -> str:
+    """The fitted replay_ar exponents vs flushes per state format, beside the third party's 0.5 (no verdict)."""
+    if drift.empty or drift["exp writes replay"].isna().all():
+        return f"Third-party FP8 study ({FP8_CLAIM_TEXT}, exponent {SQRT_EXPONENT}): {NOT_MEASURED}."
+    parts = []
+    for sd, g in drift.groupby("state_dtype", sort=True):
+        e = g["exp writes replay"].dropna()
+        if len(e):
+            parts.append(f"{sd} {e.min():.2f}..{e.max():.2f}" if len(e) > 1 else f"{sd} {e.iloc[0]:.2f}")
+    return (f"Third-party FP8 study: {FP8_CLAIM_TEXT}, i.e. exponent {SQRT_EXPONENT} vs flushes. Fitted replay_ar "
+            f"exponent of state error vs flushes (min..max over families, workloads, L): " + "; ".join(parts) + ".")
 
 
 def at_step(g: pd.DataFrame, target: int, column: str) -> float:
@@ -212,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
         print(bf16_table(df).to_string(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-"))
         print()
         print(growth_exponents(df).to_string(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-"))
+        drift = drift_table(df)
+        print("\nReplaySSM vs baseline per state format: state error vs state writes")
+        print(drift.to_string(index=False, float_format=lambda v: f"{v:.3g}", na_rep="-"))
+        print(sqrt_note(drift))
     v = claim_verdict(df)
     print(f"\nfork claim ({CLAIM_TEXT}): {v['verdict']}\n  {v['value']}\n  {v['rows']}")
     drift = fp8_drift(df)

@@ -27,7 +27,7 @@ from experiments.report import accuracy, record
 from experiments.report.engine import ENGINE_EXPERIMENT
 from experiments.report.hybrid import WHOLE_MODEL_EXPERIMENTS, concurrency_claim_rows, hybrid_ratios, whole_model_claim
 from experiments.report.runs import EXCLUDED_VERDICTS, SPEEDUP_METRICS, Run, describe_env, load_run, summarize
-from experiments.report.tables import bench_cpu_table, env_line, markdown_table
+from experiments.report.tables import accuracy_drift_tables, bench_cpu_table, env_line, markdown_table
 
 NOT_MEASURED = "not measured in this run"
 ROW_FILES = ("rows.csv", "e2e_rows.csv", "serving_rows.csv", "accuracy.csv")   # every table a run can hold
@@ -443,6 +443,9 @@ def render(runs: list[Run]) -> str:
         if e["rows"]:
             lines.append(f"   - rows: {e['rows']}")
         lines.append("")
+    drift = [t for run in runs for t in accuracy_drift_tables(run)]
+    if drift:
+        lines += ["## Accuracy drift per state format (experiments/accuracy.py)", "", *drift]
     for run in runs:
         bench = bench_cpu_table(run)
         if bench is not None:

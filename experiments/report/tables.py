@@ -342,8 +342,29 @@ def accuracy_tables(run: Run) -> list[str]:
         _section("Accuracy: growth exponent of the error vs steps (log-log least squares)", run,
                  markdown_table(growth, {c: ".3g" for c in growth.columns if c.endswith(("_last", "_exponent"))}),
                  f"Slope of log(error median) on log(step) over checkpoints with step >= {accuracy.FIT_FROM}: "
-                 "0 = flat, 0.5 = random-walk accumulation, 1 = linear drift."),
-    ] + fp8_drift_tables(run, df)
+                 "0 = flat, 0.5 = random-walk accumulation, 1 = linear drift. state_vs_writes_exponent: the "
+                 "state error against the state's rounding writes (replay_ar: flushes = step // L; baseline_ar: "
+                 f"steps), checkpoints with >= {accuracy.MIN_WRITES} writes."),
+    ] + accuracy_drift_tables(run, df) + fp8_drift_tables(run, df)
+
+
+def accuracy_drift_tables(run: Run, df: pd.DataFrame | None = None) -> list[str]:
+    """The drift table "ReplaySSM vs baseline per dtype" (report/accuracy.py drift_table), in TABLES.md and
+    REPORT.md; none without baseline_ar / replay_ar accuracy rows."""
+    df = accuracy.load_accuracy(run.path) if df is None else df
+    drift = accuracy.drift_table(df) if df is not None else pd.DataFrame()
+    if drift.empty:
+        return []
+    fmt = {c: ".3g" for c in drift.columns if c.startswith(("state err", "base/", "exp "))}
+    return [_section("Accuracy drift: ReplaySSM vs baseline per state format (state error vs state writes)", run,
+                     markdown_table(drift, fmt),
+                     "State error = median over rows x heads of the committed state's relative L2 error vs float64 "
+                     "at the last common checkpoint (`step`); ReplaySSM rounds its checkpoint once per flush "
+                     "(writes replay = step // L), the baseline its state once per step (writes base = step). "
+                     "base/replay > 1: ReplaySSM's state is closer. `exp steps` / `exp writes`: log-log slope of "
+                     f"the state error vs steps (step >= {accuracy.FIT_FROM}) / vs writes (also >= "
+                     f"{accuracy.MIN_WRITES} writes). Formats other than float32 / float16 / bfloat16 ran on the "
+                     "torch / ref backends only. " + accuracy.sqrt_note(drift))]
 
 
 def fp8_drift_tables(run: Run, df: pd.DataFrame) -> list[str]:

@@ -296,7 +296,7 @@ def test_dry_run_plans_the_launch_floor_and_times_it_on_the_cpu(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     stages = dict(line.split("\t")[:2] for line in (out / "stages.tsv").read_text().splitlines()[1:])
     assert stages == {"env": "ok", "launch": "ok"}
-    assert "gdn/peer:fla" in proc.stdout and "16 entries" in proc.stdout          # the plan: every entry
+    assert "gdn/peer:fla" in proc.stdout and "18 entries" in proc.stdout          # the plan: every entry
     with open(out / "launch_floor.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["name"], r["mode"], r["status"]) for r in rows] == [("minimal", "host", "ok"),
