@@ -11,7 +11,12 @@ reads key head hv // (HV / H). slots int32 [batch] maps rows to state slots (NUL
 Backends: "triton" (one kernel), "torch" (vectorised, one read + in-place update), "ref" (float64 loops).
 State formats (replayssm/state_format.py): a bare tensor is float32 / float16 / bfloat16, stored by a cast; a
 FormattedState carries any format (float16_sr, bfloat16_sr, int8, float8_e4m3fn on torch / ref: the step runs on
-a float working copy of the live rows and writes the state back by the format's rule, every step).
+a float working copy of the live rows and writes the state back by the format's rule, every step). On Triton the
+kernel writes float16_sr / bfloat16_sr itself: its store goes through stochastic_rounding.sr_round with key
+(sr_seed, sr_step[slot]) and counter (slot, the element's flat index in the slot's [HV, V, K] block), the bits of
+the torch / ref write, and a one-program launch after it advances the live rows' sr_step on the device (no host
+state per step: graph-capturable). int8 / e4m3 stay torch / ref: the per-(slot, head) scale is an absmax across
+the head's V-tile programs, a reduction the one-pass tile write cannot take.
 """
 
 from __future__ import annotations
@@ -34,10 +39,12 @@ from replayssm.checks import (
     kernel_arch,
     next_pow2,
 )
+from replayssm.delta_rule.ar_fold import launch_sr_advance
 from replayssm.gdn.decode import check_step_inputs
 from replayssm.gdn.decode_torch import fold_into_state_, prepare_qk_fp32, state_times
 from replayssm.gdn.ref import gdn_step_ref
 from replayssm.state_format import formatted_work, unwrap_state
+from replayssm.stochastic_rounding import sr_counter, sr_key, sr_round
 
 
 @dataclass(frozen=True)
@@ -70,17 +77,21 @@ def default_recurrent_config(K: int, V: int, state_dtype: torch.dtype, arch: int
     return RecurrentLaunchConfig(block_v, 4 if K >= 128 else 2, 1)
 
 
-@triton.jit
+@triton.heuristics({"SR": lambda a: a["sr_step_ptr"] is not None})
+@triton.jit(do_not_specialize=["sr_seed"])
 def _gdn_recurrent_step_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, slots_ptr, state_ptr,
     stride_q_b, stride_q_h, stride_k_b, stride_k_h, stride_v_b, stride_v_h,
     stride_g_b, stride_g_h, stride_beta_b, stride_beta_h, stride_o_b, stride_o_h,
     stride_s_slot, stride_s_h, stride_s_v,
-    scale,
+    scale, sr_step_ptr, sr_seed,
     NULL_ID: tl.constexpr, HV_PER_H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr, PER_CHANNEL: tl.constexpr = False,
+    SR: tl.constexpr = False,
 ):
-    """PER_CHANNEL (KDA, baselines/kda_recurrent.py): g [batch, HV, K] (unit stride on K), S <- S diag(exp(g))."""
+    """PER_CHANNEL (KDA, baselines/kda_recurrent.py): g [batch, HV, K] (unit stride on K), S <- S diag(exp(g)).
+    SR (sr_step_ptr given: a float16_sr / bfloat16_sr state): the store is stochastically rounded; o is read from
+    the unrounded S, as the torch / ref backends' formatted step does."""
     i_v = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2).to(tl.int64)
@@ -114,26 +125,37 @@ def _gdn_recurrent_step_kernel(
     u = beta * (v - tl.sum(S * k[None, :], 1))
     S = S + u[:, None] * k[None, :]
     o = tl.sum(S * q[None, :], 1)
-    tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)
+    if SR:                                      # the slot's element index: (hv, v, k) of its [HV, V, K] block
+        elem = i_hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
+        key = sr_key(sr_seed, tl.load(sr_step_ptr + slot))
+        tl.store(s_ptrs, sr_round(S, key, sr_counter(slot, elem), state_ptr.dtype.element_ty)
+                 .to(state_ptr.dtype.element_ty), mask=s_mask)
+    else:
+        tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)
     tl.store(o_ptr + i_b * stride_o_b + i_hv * stride_o_h + offs_v, o.to(o_ptr.dtype.element_ty), mask=mask_v)
 
 
-def _launch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, per_channel: bool = False) -> None:
-    """per_channel: KDA (g [batch, HV, K]); GDN passes nothing and launches what it did before."""
+def _launch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, per_channel: bool = False,
+            store=None) -> None:
+    """per_channel: KDA (g [batch, HV, K]); GDN passes nothing and launches what it did before. store: the
+    FormattedState of a float16_sr / bfloat16_sr state (its sr_step advanced after the step), else None."""
     batch, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     cfg = recurrent_launch_config(K, V, state.dtype, kernel_arch(q.device), per_channel)
     grid = (triton.cdiv(V, cfg.block_v), batch, HV)
+    sr_step = None if store is None else store.sr_step
     _gdn_recurrent_step_kernel[grid](
         q, k, v, g, beta, out, slots, state,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), out.stride(0), out.stride(1),
         state.stride(0), state.stride(1), state.stride(2),
-        scale,
+        scale, sr_step, 0 if store is None else store.sr_seed,
         NULL_ID=NULL_SLOT, HV_PER_H=HV // H, K=K, V=V, BK=max(16, next_pow2(K)), BV=cfg.block_v,
         USE_L2NORM=bool(use_qk_l2norm), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"PER_CHANNEL": True} if per_channel else {}),
     )
+    if sr_step is not None:           # every live row wrote its state: its counter moves, after every program read it
+        launch_sr_advance(slots, None, sr_step)
 
 
 def _step_torch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out) -> None:
@@ -195,7 +217,7 @@ def run_recurrent_step(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out
     """fused_recurrent_step for either decay shape: GDN, and KDA (baselines/kda_recurrent.py, per_channel:
     g [batch, HV, K]). `torch_step`: the family's torch form; the Triton kernel, the C kernel and the float64
     loops take either shape."""
-    store, state, formatted = unwrap_state(state, backend)
+    store, state, formatted = unwrap_state(state, backend, "kda.recurrent" if per_channel else "gdn.recurrent")
     check_backend(backend, q, k, v, out, state)
     if not isinstance(state, torch.Tensor) or state.dim() != 4:
         raise ValueError("state must be a tensor [num_slots, HV, V, K] or a FormattedState")
@@ -224,8 +246,9 @@ def run_recurrent_step(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out
             else:
                 _step_ref(work, q, k, v, g, beta, scale, use_qk_l2norm, work_slots, out)
         return out
-    if backend == "triton":
-        _launch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out, per_channel=per_channel)
+    if backend == "triton":          # a FormattedState here is float16_sr / bfloat16_sr (unwrap_state refused the rest)
+        sr = store if store is not None and store.sr_step is not None else None
+        _launch(state, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out, per_channel=per_channel, store=sr)
     elif backend == "torch":
         torch_step(state, q, k, v, g, beta, scale, use_qk_l2norm, None if slots is None else slots_i32, out)
     elif backend == "cpu":

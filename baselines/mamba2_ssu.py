@@ -11,7 +11,10 @@ per step, T x the state memory. Commit only moves the cursor: last = num_accepte
 Backends: "triton" (baselines/mamba2_ssu_kernels.py), "torch" (vectorised, in-place: the CPU timing
 backend), "ref" (float64 oracle via replayssm.mamba2.ref, rounding to the state dtype where it stores).
 selective_state_update also takes a FormattedState (replayssm/state_format.py): float16_sr, bfloat16_sr, int8 and
-float8_e4m3fn states on torch / ref, written back by the format's rule every step.
+float8_e4m3fn states on torch / ref, written back by the format's rule every step; float16_sr / bfloat16_sr on
+Triton too, where the kernel rounds its own store (mamba2_ssu_kernels.ssu_ar_kernel's SR, the same bits) and a
+one-program launch advances the live rows' sr_step on the device. int8 / e4m3 stay torch / ref: the per-(slot,
+head) scale is an absmax across the head's headdim-tile programs, a reduction the one-pass tile write cannot take.
 A row whose slot is the null slot (-1) is padding: skipped, its output left as is, its state untouched.
 """
 
@@ -136,7 +139,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     dt [batch, nheads] raw; A, D, dt_bias [nheads] fp32; B, C [batch, ngroups, dstate];
     slots int32 [batch] (default arange(batch); NULL_SLOT rows are skipped).
     """
-    store, state, formatted = unwrap_state(state, backend)
+    store, state, formatted = unwrap_state(state, backend, "mamba2.ssu")
     check_backend(backend, state, x, dt, B, C, z, out)
     if state.dim() != 4:
         raise ValueError(f"state must be [num_slots, nheads, headdim, dstate], got shape {tuple(state.shape)}")
@@ -158,8 +161,9 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
             else:
                 _ssu_ref(work, x, dt, A, B, C, D, z, dt_bias, dt_softplus, work_slots, out)
         return out
-    if backend == "triton":
-        _ssu_triton(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots_checked, out, ngroups)
+    if backend == "triton":          # a FormattedState here is float16_sr / bfloat16_sr (unwrap_state refused the rest)
+        sr = store if store is not None and store.sr_step is not None else None
+        _ssu_triton(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots_checked, out, ngroups, sr)
     elif backend == "torch":
         _ssu_torch(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out, ngroups)
     elif backend == "cpu":
@@ -170,21 +174,27 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     return out
 
 
-def _ssu_triton(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out, ngroups):
+def _ssu_triton(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out, ngroups, store=None):
+    """store: the FormattedState of a float16_sr / bfloat16_sr state (the kernel rounds its store; sr_step is
+    advanced after it), else None."""
     num_slots, nheads, headdim, dstate = state.shape
     batch = x.shape[0]
     block_m, block_n, warps = K.launch_config(headdim, dstate, state.dtype, state.device, "mamba2_ssu_ar")
     zz = x if z is None else z
     grid = (triton.cdiv(headdim, block_m), batch, nheads)
+    sr_step = None if store is None else store.sr_step
     K.ssu_ar_kernel[grid](
         state, x, dt, A, B, C, A if D is None else D, zz, A if dt_bias is None else dt_bias, slots, out,
         nheads // ngroups, NULL_SLOT,
         state.stride(0), state.stride(1), state.stride(2),
         x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
-        zz.stride(0), zz.stride(1), out.stride(0), out.stride(1),
+        zz.stride(0), zz.stride(1), out.stride(0), out.stride(1), sr_step, 0 if store is None else store.sr_seed,
         HEADDIM=headdim, DSTATE=dstate, HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=bool(dt_softplus), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
     )
+    if sr_step is not None:           # every live row wrote its state: its counter moves, after every program read it
+        from replayssm.delta_rule.ar_fold import launch_sr_advance
+        launch_sr_advance(slots, None, sr_step)
 
 
 def fp32_work(state: torch.Tensor, slot_index: torch.Tensor | None) -> tuple[torch.Tensor, bool]:

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from replayssm import launch_registry, launch_table
 from replayssm.checks import kernel_arch, next_pow2
+from replayssm.stochastic_rounding import sr_counter, sr_key, sr_round
 
 MAX_DSTATE = 256  # dstate is held whole in one tile row; beyond this the tile would spill
 
@@ -101,20 +102,26 @@ def gate_output(y, x, D_ptr, z_ptrs, h, mask_m, HAS_D: tl.constexpr, HAS_Z: tl.c
     return y
 
 
-@triton.jit
+@triton.heuristics({"SR": lambda a: a["sr_step_ptr"] is not None})
+@triton.jit(do_not_specialize=["sr_seed"])
 def ssu_ar_kernel(
     state_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dt_bias_ptr, slots_ptr, out_ptr,
     heads_per_group, null_slot,
     s_slot, s_head, s_dim,
     x_batch, x_head, dt_batch, dt_head, B_batch, B_group, C_batch, C_group, z_batch, z_head, o_batch, o_head,
+    sr_step_ptr, sr_seed,
     HEADDIM: tl.constexpr, DSTATE: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SR: tl.constexpr = False,
 ):
     """One decode token: S = exp(A dt') S + dt' x B^T (stored), y = S C + D x, * silu(z).
 
     state [num_slots, nheads, headdim, dstate]; x, z, out [batch, nheads, headdim]; dt [batch, nheads];
-    B, C [batch, ngroups, dstate]; A, D, dt_bias [nheads]; slots [batch] int32."""
+    B, C [batch, ngroups, dstate]; A, D, dt_bias [nheads]; slots [batch] int32.
+    SR (sr_step_ptr given: a float16_sr / bfloat16_sr state): the store goes through stochastic_rounding.sr_round
+    with key (sr_seed, sr_step[slot]) and counter (slot, the element's flat index in the slot's [nheads, headdim,
+    dstate] block), the torch / ref write's bits; y is read from the unrounded S, as there. The caller advances
+    sr_step after the launch (delta_rule/ar_fold.py's sr_advance_kernel)."""
     pid_m = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
@@ -138,7 +145,13 @@ def ssu_ar_kernel(
     decay = tl.exp(tl.load(A_ptr + h).to(tl.float32) * dt)
 
     S = S * decay + (dt * x)[:, None] * Bv[None, :]
-    tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=mask)
+    if SR:
+        elem = h * (HEADDIM * DSTATE) + offs_m[:, None] * DSTATE + offs_n[None, :]
+        key = sr_key(sr_seed, tl.load(sr_step_ptr + slot))
+        tl.store(s_ptrs, sr_round(S, key, sr_counter(slot, elem), state_ptr.dtype.element_ty)
+                 .to(state_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=mask)
     y = tl.sum(S * Cv[None, :], axis=1)
     y = gate_output(y, x, D_ptr, z_ptr + b * z_batch + h * z_head + offs_m, h, mask_m, HAS_D, HAS_Z)
     tl.store(out_ptr + b * o_batch + h * o_head + offs_m, y.to(out_ptr.dtype.element_ty), mask=mask_m)

@@ -30,8 +30,12 @@ on (seed, slot, its own writes), never on what the slot's previous request did.
 Non-finite guard (TensorRT-LLM #14509: a NaN or inf that reaches a stored low-precision state poisons every later
 step, and for a scaled format the whole head through its absmax): scaled writes take the absmax over the finite
 elements only, map NaN to 0 and saturate +-inf / overflow to +-qmax; SR writes inherit stochastic_rounding's guard
-(NaN -> 0, saturate). The plain formats round as a cast does, exactly like the Triton and C kernels, which
-support only them.
+(NaN -> 0, saturate). The plain formats round as a cast does, exactly like the Triton and C kernels.
+
+Backends: torch and ref store every format; the C kernels the plain ones; Triton the plain ones everywhere and the
+SR formats in the kernels of TRITON_SR_KERNELS (ReplaySSM's AR fold routes and the baselines' AR steps), which
+draw the same bits as sr_round_torch for the same (seed, slot, sr_step, element) and advance sr_step on the device.
+int8 / e4m3 stay off Triton: a head's scale is an absmax across its V-tile programs (see SCALED_ON_TRITON).
 
 The float64 oracle ("ref" backend) quantises with the same rules in float64 (the scale rounded to its float32
 storage first), and for SR draws the same bits through sr_round_torch, so it models the rounding rather than
@@ -80,8 +84,22 @@ FORMATS: dict[str, StateFormat] = {f.name: f for f in (
 )}
 FORMAT_NAMES = tuple(FORMATS)
 PLAIN_FORMATS = tuple(n for n, f in FORMATS.items() if f.plain)
-# What each backend can store. The new formats are torch / ref only in this step (no kernel writes them yet).
+SR_FORMATS = tuple(n for n, f in FORMATS.items() if f.stochastic)
+# What each backend can store in every kernel. Triton adds the stochastic-rounding formats in the kernels of
+# TRITON_SR_KERNELS only (check_backend_format's `kernel`).
 BACKEND_FORMATS = {"triton": PLAIN_FORMATS, "cpu": PLAIN_FORMATS, "torch": FORMAT_NAMES, "ref": FORMAT_NAMES}
+# The Triton kernels that write float16_sr / bfloat16_sr (named as the AOT report's recipes): ReplaySSM's AR flush
+# on its fold routes (the checkpoint written once per L steps) and the baselines' AR steps (the state written every
+# step), each drawing sr_round's bits in the kernel, keyed by the slot's device counter sr_step (read in the
+# kernel, advanced by a one-program launch after it: graph-capturable). The "*.materialize" entries only read the
+# state (a plain load of its storage dtype). Every other Triton kernel stores the plain formats only: the shipped
+# GDN / KDA routes (output_only, state_and_output), Mamba-2's state_and_output, the spec rings and trees.
+TRITON_SR_WRITERS = ("gdn.replay[output_only_fold]", "kda.replay[output_only_fold]", "mamba2.replay[output_only]",
+                     "gdn.recurrent", "kda.recurrent", "mamba2.ssu")
+TRITON_SR_KERNELS = TRITON_SR_WRITERS + ("gdn.materialize", "kda.materialize", "mamba2.materialize")
+SCALED_ON_TRITON = ("int8 / float8_e4m3fn have no Triton kernels: their per-(slot, head) scale is the absmax of the "
+                    "whole head, a reduction across the head's V-tile programs (each program writes one tile), so a "
+                    "one-pass tile write cannot compute it")
 _BY_DTYPE = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
              torch.int8: "int8", torch.float8_e4m3fn: "float8_e4m3fn"}
 
@@ -105,13 +123,27 @@ def format_of(holder) -> StateFormat:
     return FORMATS[name] if name else state_format(holder.state.dtype)
 
 
-def check_backend_format(backend: str, fmt) -> None:
-    """Refuse, before any launch, a format the backend cannot store, naming what it can."""
+def check_backend_format(backend: str, fmt, kernel: str | None = None) -> None:
+    """Refuse, before any launch, a format the backend cannot store, naming what it can. `kernel`: the Triton
+    kernel about to write the state (a TRITON_SR_KERNELS name; None: one without stochastic rounding)."""
     f = state_format(fmt)
     allowed = BACKEND_FORMATS.get(backend, FORMAT_NAMES)
-    if f.name not in allowed:
-        raise ValueError(f"backend={backend!r} has no kernels for state format {f.name!r}: it supports "
-                         f"{', '.join(allowed)}; {f.name} is implemented on backends 'torch' and 'ref' only")
+    if f.name in allowed:
+        return
+    if backend == "triton" and f.stochastic:
+        if kernel in TRITON_SR_KERNELS:
+            return
+        raise ValueError(f"backend='triton' has no kernel writing state format {f.name!r} in "
+                         f"{kernel or 'this kernel'}: {', '.join(SR_FORMATS)} are written on Triton by "
+                         f"{', '.join(TRITON_SR_WRITERS)} only (ReplaySSM: replay_step route='output_only_fold' "
+                         "for GDN / KDA, route='output_only' for Mamba-2; the baselines' AR steps); the shipped "
+                         "GDN / KDA output_only / state_and_output routes, Mamba-2 state_and_output and the spec "
+                         f"rings store {', '.join(PLAIN_FORMATS)}; every kernel runs it on backends 'torch' and "
+                         "'ref'")
+    why = f" ({SCALED_ON_TRITON})" if backend == "triton" and f.scaled else ""
+    sr = (f" (and {', '.join(SR_FORMATS)} in {', '.join(TRITON_SR_WRITERS)})" if backend == "triton" else "")
+    raise ValueError(f"backend={backend!r} has no kernels for state format {f.name!r}: it supports "
+                     f"{', '.join(allowed)}{sr}; {f.name} is implemented on backends 'torch' and 'ref' only{why}")
 
 
 # ------------------------------------------------------------------------------------------ quantisation
@@ -275,11 +307,12 @@ class formatted_work:
             write_state(self.store, self.ids, self.work)
 
 
-def unwrap_state(state, backend: str) -> tuple[FormattedState | None, torch.Tensor, bool]:
+def unwrap_state(state, backend: str, kernel: str | None = None) -> tuple[FormattedState | None, torch.Tensor, bool]:
     """A baseline's `state` argument -> (its FormattedState or None, the storage tensor, whether the format needs
-    formatted_work). A format the backend lacks is refused here, before any launch."""
+    formatted_work). A format the backend lacks is refused here, before any launch. `kernel`: the baseline's
+    TRITON_SR_KERNELS name (its Triton step writes an SR format itself: no formatted_work on Triton)."""
     if not isinstance(state, FormattedState):
         return None, state, False
     f = format_of(state)
-    check_backend_format(backend, f)
-    return state, state.state, not f.plain
+    check_backend_format(backend, f, kernel)
+    return state, state.state, not f.plain and not (backend == "triton" and f.stochastic)

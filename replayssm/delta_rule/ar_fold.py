@@ -27,6 +27,15 @@ The u and k of the current token enter the fold rounded to the buffer's dtype, e
 does (the shipped route folds the current token's fp32 u and k): one more rounding of the kind every
 replayed entry already has.
 
+Stochastic-rounding state formats (float16_sr / bfloat16_sr, replayssm/state_format.py; SR, a heuristic: the
+launcher passes the cache's sr_step counter, None for every other format, whose build is unchanged): each stored
+chunk goes through stochastic_rounding.sr_round with key (sr_seed, sr_step[slot]) and counter (slot, the element's
+flat index in the slot's [HV, V, K] block), the bits sr_round_torch draws for the torch / ref backends' write, with
+its non-finite guard (NaN -> 0, saturation at the format's max). Every program of the row reads the same counter;
+sr_advance_kernel (below, launched after the fold) advances it on the device, so no host state changes per step.
+int8 / e4m3 are not here: their per-(slot, head) scale is an absmax over the whole head, a reduction across the
+head's V-tile programs that this one-pass tile write cannot take.
+
 The dot is `replay_dot_rhs` (_tl.py): the u rows stay in their stored dtype (exact in a 16-bit MMA) and the fp32
 weighted keys W * k are split: bf16x2 for bf16 buffers, tf32x2 for fp16, FP32_DOT (tf32x3; ieee in the
 interpreter) for fp32, chosen by a heuristic on the buffer's dtype, with the error bound stated there.
@@ -38,16 +47,19 @@ import triton
 import triton.language as tl
 
 from replayssm.delta_rule._tl import key_dot, replay_dot_rhs, replay_weights
+from replayssm.stochastic_rounding import sr_counter, sr_key, sr_round
 
 
-@triton.heuristics({"DOT": lambda a: key_dot(a["ubuf_ptr"].dtype, a["FP32_DOT"])})
-@triton.jit
+@triton.heuristics({"DOT": lambda a: key_dot(a["ubuf_ptr"].dtype, a["FP32_DOT"]),
+                    "SR": lambda a: a["sr_step_ptr"] is not None})
+@triton.jit(do_not_specialize=["sr_seed"])
 def ar_fold_kernel(
-    slots_ptr, wpos_ptr, state_ptr, ubuf_ptr, kbuf_ptr, gbuf_ptr,
+    slots_ptr, wpos_ptr, state_ptr, ubuf_ptr, kbuf_ptr, gbuf_ptr, sr_step_ptr, sr_seed,
     stride_s_slot, stride_s_h, stride_s_v, stride_u_slot, stride_u_h, stride_u_l,
     stride_kb_slot, stride_kb_h, stride_kb_l, stride_gb_slot, stride_gb_h, stride_gb_l, stride_gb_k,
     NULL_ID: tl.constexpr, HV_PER_H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BV: tl.constexpr, BKT: tl.constexpr, BC: tl.constexpr, FP32_DOT: tl.constexpr, DOT: tl.constexpr,
+    SR: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
@@ -67,6 +79,8 @@ def ar_fold_kernel(
     mask_c = offs_c < L
     U = tl.load(ubuf_ptr + offs_c[None, :] * stride_u_l + offs_v[:, None],
                 mask=mask_v[:, None] & mask_c[None, :], other=0.0)                                  # [BV, BC]
+    if SR:
+        key = sr_key(sr_seed, tl.load(sr_step_ptr + slot))                    # this write's draws
     for kt in tl.range(0, (K + BKT - 1) // BKT):        # constexpr bound: a loop, not unrolled
         offs_k = kt * BKT + tl.arange(0, BKT)
         mask_k = offs_k < K
@@ -80,4 +94,33 @@ def ar_fold_kernel(
                     other=0.0)
         decay0, W = replay_weights(g, ck_mask, 0)                                                  # [BKT], [BC, BKT]
         S = decay0[None, :] * S0 + replay_dot_rhs(U, W * kb, DOT)
+        if SR:                                  # the slot's element index: (hv, v, k) of its [HV, V, K] block
+            elem = i_hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
+            S = sr_round(S, key, sr_counter(slot, elem), state_ptr.dtype.element_ty)
         tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)
+
+
+@triton.heuristics({"AT_FLUSH": lambda a: a["wpos_ptr"] is not None})
+@triton.jit
+def sr_advance_kernel(slots_ptr, wpos_ptr, sr_step_ptr, batch, L: tl.constexpr, BLOCK: tl.constexpr,
+                      AT_FLUSH: tl.constexpr):
+    """sr_step[slot] += 1 for every live row (slot >= 0; NULL_SLOT rows skipped) of a launch that wrote an SR
+    state: AT_FLUSH (a cursor given), only the rows at their flush step (cursor >= L-1, read before the cursor
+    advance); without a cursor (a baseline step writes every live row), all of them. Grid (cdiv(batch, BLOCK),).
+    Launched after the write, so every program of the write read the counter before it moves; on the device, so a
+    captured graph replays with fresh draws. Used by ReplaySSM's folds (GDN / KDA here, Mamba-2's ar_kernels.py)
+    and the baselines' AR steps."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = offs < batch
+    slot = tl.load(slots_ptr + offs, mask=live, other=-1)
+    live = live & (slot >= 0)
+    if AT_FLUSH:
+        live = live & (tl.load(wpos_ptr + slot, mask=live, other=0) >= L - 1)
+    tl.store(sr_step_ptr + slot, tl.load(sr_step_ptr + slot, mask=live, other=0) + 1, mask=live)
+
+
+def launch_sr_advance(slots, wpos, sr_step, L: int = 1) -> None:
+    """sr_advance_kernel over slots int32 [batch] (wpos None: every live row; else its flush rows)."""
+    batch = slots.shape[0]
+    block = min(1024, max(16, triton.next_power_of_2(batch)))
+    sr_advance_kernel[(triton.cdiv(batch, block),)](slots, wpos, sr_step, batch, L=L, BLOCK=block, num_warps=1)

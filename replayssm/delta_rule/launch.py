@@ -8,6 +8,7 @@ first step):
                                                   applied to the vectors and the buffered keys
     2. ar_step_kernel  (cdiv(V, BV), batch, HV)   the readout of every row; appends u; writes o
     3. ar_fold_kernel  (cdiv(V, BVF), batch, HV)  flush rows only (the rest exit): the K-chunked fold
+       sr_advance_kernel (cdiv(batch, 1024),)     float16_sr / bfloat16_sr only: the flush rows' sr_step += 1
     4. the cursor advance (replayssm/gdn/decode_kernels.py's), unless the cache shares a DecodeCursor
 Each launch's config resolves through replayssm/launch_table.py under its own name (gdn_replay_ar_prep,
 gdn_replay_ar_step, gdn_replay_ar_fold, and KDA's kda_replay_ar_*; key K, V, L) with the default rules below.
@@ -25,9 +26,10 @@ import triton
 
 from replayssm import launch_registry, launch_table
 from replayssm.checks import NULL_SLOT, kernel_arch, next_pow2
-from replayssm.delta_rule.ar_fold import ar_fold_kernel
+from replayssm.delta_rule.ar_fold import ar_fold_kernel, launch_sr_advance
 from replayssm.delta_rule.ar_prep import ar_prep_channel_kernel, ar_prep_kernel
 from replayssm.delta_rule.ar_step import ar_step_kernel
+from replayssm.state_format import format_of
 
 ROUTE = "output_only_fold"
 KERNELS = ("gdn_replay_ar_prep", "gdn_replay_ar_step", "gdn_replay_ar_fold")
@@ -140,14 +142,17 @@ def launch_output_only_fold(cache, q, k, v, g, beta, scale: float, use_qk_l2norm
         BL=next_pow2(L),
         num_warps=step.num_warps, num_stages=step.num_stages,
     )
+    sr_step = cache.sr_step if format_of(cache).stochastic else None     # float16_sr / bfloat16_sr
     ar_fold_kernel[(triton.cdiv(gm.V, fold.block_v), batch, gm.HV)](
-        slots, cache.write_pos, st, u, kb, gb,
+        slots, cache.write_pos, st, u, kb, gb, sr_step, cache.sr_seed if sr_step is not None else 0,
         st.stride(0), st.stride(1), st.stride(2), u.stride(0), u.stride(1), u.stride(2),
         kb.stride(0), kb.stride(1), kb.stride(2), gb.stride(0), gb.stride(1), gb.stride(2),
         gb.stride(3) if per_channel else 0,              # GDN: one decay per entry, broadcast along K
         **common, HV_PER_H=hv_per_h, V=gm.V, BV=fold.block_v, BKT=fold.block_k, BC=max(16, next_pow2(L)),
         FP32_DOT="tf32x3" if arch >= 80 else "ieee", num_warps=fold.num_warps, num_stages=fold.num_stages,
     )
+    if sr_step is not None:           # after the fold (its programs read the counter), before the cursor moves
+        launch_sr_advance(slots, cache.write_pos, sr_step, L)
     if cache.shared_cursor:
         return                        # a DecodeCursor shared by every layer advances once per step
     block = min(1024, max(16, next_pow2(batch)))

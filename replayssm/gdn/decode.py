@@ -133,9 +133,10 @@ def run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, b
     replay_step_torch); the Triton kernels, the C kernels and the float64 loops take either shape."""
     gm = cache.geometry
     per_channel = gm.PER_CHANNEL_DECAY
-    check_route(route, "kda" if per_channel else "gdn")
+    family = "kda" if per_channel else "gdn"
+    check_route(route, family)
     check_backend(backend, q, k, v, out, cache.state)
-    check_backend_format(backend, format_of(cache))
+    check_backend_format(backend, format_of(cache), f"{family}.replay[{route}]")   # SR: output_only_fold only
     batch = check_step_inputs(q, k, v, g, beta, out, H=gm.H, HV=gm.HV, K=gm.K, V=gm.V, act_dtype=cache.act_dtype,
                               scale=scale, use_qk_l2norm=use_qk_l2norm, per_channel_g=per_channel)
     device = check_same_device(q=q, k=k, v=v, g=g, beta=beta, out=out, state=cache.state)
@@ -196,7 +197,7 @@ def run_materialize(cache, slots, backend: str, out, torch_forms) -> torch.Tenso
     """materialize after the family's cache check, for either decay shape (as run_replay_step)."""
     gm = cache.geometry
     check_backend(backend, cache.state, out)
-    check_backend_format(backend, format_of(cache))
+    check_backend_format(backend, format_of(cache), f"{'kda' if gm.PER_CHANNEL_DECAY else 'gdn'}.materialize")
     if gm.K > MAX_K:
         raise ValueError(f"K={gm.K} > {MAX_K}: the delta-rule decode kernels cannot tile K")
     batch = cache.num_slots if slots is None else (slots.shape[0] if slots.dim() == 1 else -1)

@@ -32,6 +32,12 @@ side (X * s) is split into bf16 hi + lo (two bf16 MMAs, error <= (2^-14 + BLOCK_
 fp16 activations, tf32x3 for fp32 ones (ieee in the interpreter). The fold does not depend on the step (the step
 writes neither the checkpoint nor a buffer row the fold reads); it runs after it so the checkpoint it re-reads is
 L2-hot, and before the cursor advance, which both read.
+
+Stochastic-rounding state formats (float16_sr / bfloat16_sr; SR, a heuristic on sr_step_ptr, None for every other
+format, whose build is unchanged): each stored chunk goes through stochastic_rounding.sr_round with key (sr_seed,
+sr_step[slot]) and counter (slot, the element's flat index in the slot's [nheads, headdim, dstate] block): the bits
+the torch / ref backends' write draws (sr_round_torch), with its non-finite guard. The counter is advanced on the
+device after the fold (delta_rule/ar_fold.py's sr_advance_kernel, flush rows only).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import triton.language as tl
 
 from replayssm.delta_rule._tl import key_dot, replay_dot
 from replayssm.mamba2.decode_kernels import _process_dt
+from replayssm.stochastic_rounding import sr_counter, sr_key, sr_round
 
 
 @triton.heuristics({"EVEN_M": lambda a: a["headdim"] % a["BLOCK_M"] == 0,
@@ -128,10 +135,12 @@ def mamba2_ar_step_kernel(
              mask=mask_m)
 
 
-@triton.heuristics({"DOT": lambda a: key_dot(a["Bbuf_ptr"].dtype, a["FP32_DOT"])})
-@triton.jit
+@triton.heuristics({"DOT": lambda a: key_dot(a["Bbuf_ptr"].dtype, a["FP32_DOT"]),
+                    "SR": lambda a: a["sr_step_ptr"] is not None})
+@triton.jit(do_not_specialize=["sr_seed"])
 def mamba2_ar_fold_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, dt_bias_ptr, slots_ptr, state_ptr, xbuf_ptr, Bbuf_ptr, dtbuf_ptr, write_pos_ptr,
+    sr_step_ptr, sr_seed,
     stride_x_b, stride_x_h, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g,
     stride_state_s, stride_state_h, stride_state_p,
     stride_xbuf_s, stride_xbuf_h, stride_xbuf_l,
@@ -139,6 +148,7 @@ def mamba2_ar_fold_kernel(
     headdim: tl.constexpr, dstate: tl.constexpr, L: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, FP32_DOT: tl.constexpr, DOT: tl.constexpr,
+    SR: tl.constexpr,
 ):
     """Flush rows only: the checkpoint of one [BLOCK_M] slice of one (row, head) <- the state after this token."""
     pid_m = tl.program_id(0)
@@ -174,6 +184,8 @@ def mamba2_ar_fold_kernel(
     bbuf = Bbuf_ptr + slot64 * stride_Bbuf_s + group * stride_Bbuf_g
     b_row = B_ptr + row * stride_B_b + group * stride_B_g
     state_ptr += slot64 * stride_state_s + head * stride_state_h
+    if SR:
+        key = sr_key(sr_seed, tl.load(sr_step_ptr + slot64))                  # this write's draws
     for kt in tl.range(0, (dstate + BLOCK_K - 1) // BLOCK_K):     # constexpr bound: a loop, one chunk live
         offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
         mask_k = offs_k < dstate
@@ -184,4 +196,7 @@ def mamba2_ar_fold_kernel(
         s_ptrs = state_ptr + offs_m[:, None] * stride_state_p + offs_k[None, :]
         s_mask = mask_m[:, None] & mask_k[None, :]
         S = abar * tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32) + replay_dot(xs, bt, DOT)
+        if SR:                                  # the slot's element index: (head, m, n) of its state block
+            elem = head * (headdim * dstate) + offs_m[:, None] * dstate + offs_k[None, :]
+            S = sr_round(S, key, sr_counter(slot64, elem), state_ptr.dtype.element_ty)
         tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)

@@ -109,21 +109,23 @@ def default_fold_config(geometry: Mamba2Geometry, buffer_len: int, route: str, a
     return LaunchConfig(32, block_n, block_l, 2, 1, "tf32x3", min(32, block_n))
 
 
-def _validate_common(cache: ReplayCache, backend: str) -> None:
+def _validate_common(cache: ReplayCache, backend: str, kernel: str = "mamba2.materialize") -> None:
+    """`kernel`: the TRITON_SR_KERNELS name of the launch (replayssm/state_format.py: which Triton kernels store a
+    stochastic-rounding format; materialize only reads the state)."""
     if not isinstance(cache, ReplayCache):
         raise ValueError(f"expected a replayssm.mamba2.ReplayCache, got {type(cache).__name__}")
     if backend == "triton" and cache.geometry.dstate > MAX_DSTATE:
         raise ValueError(f"cannot tile dstate={cache.geometry.dstate}: the Triton kernels hold dstate whole in one "
                          f"tile (at most {MAX_DSTATE}); use backend='torch' or 'ref'")
     check_backend(backend, cache.state, cache.x)
-    check_backend_format(backend, format_of(cache))
+    check_backend_format(backend, format_of(cache), kernel)
     for name in ("state", "x", "B", "dt", "bc"):  # kernels take outer strides only
         check_last_dim_contiguous(f"cache.{name}", getattr(cache, name))
 
 
 def _validate_step(cache, x, dt, A, B, C, D, z, dt_bias, slots, route, out, backend) -> torch.Tensor:
     """All checks of replay_step; returns int32 slots [batch]."""
-    _validate_common(cache, backend)
+    _validate_common(cache, backend, f"mamba2.replay[{route}]")       # SR: the output_only route's fold only
     check_route(route, "mamba2")
     g = cache.geometry
     if x.dim() != 3:
@@ -315,9 +317,10 @@ def _launch_readout_and_fold(cache, x, dt, A, B, C, D, z_arg, dt_bias, dt_softpl
         num_warps=cfg.num_warps,
     )
     fcfg = launch_config(g, L, "output_only", kernel_arch(x.device), cache.state.dtype, "mamba2_replay_ar_fold")
+    sr_step = cache.sr_step if format_of(cache).stochastic else None     # float16_sr / bfloat16_sr
     k.mamba2_ar_fold_kernel[(_cdiv(g.headdim, fcfg.block_m), batch, g.nheads)](
         x, dt, A, B, dt_bias if dt_bias is not None else A, slots, cache.state, cache.x, cache.B, cache.dt,
-        cache.write_pos,
+        cache.write_pos, sr_step, cache.sr_seed if sr_step is not None else 0,
         x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), B.stride(0), B.stride(1),
         cache.state.stride(0), cache.state.stride(1), cache.state.stride(2),
         cache.x.stride(0), cache.x.stride(1), cache.x.stride(2),
@@ -327,6 +330,9 @@ def _launch_readout_and_fold(cache, x, dt, A, B, C, D, z_arg, dt_bias, dt_softpl
         BLOCK_M=fcfg.block_m, BLOCK_K=min(fcfg.block_k, fcfg.block_n), BLOCK_L=fcfg.block_l,
         FP32_DOT=fcfg.dot_precision, num_warps=fcfg.num_warps,
     )
+    if sr_step is not None:           # after the fold (its programs read the counter), before the cursor moves
+        from replayssm.delta_rule.ar_fold import launch_sr_advance
+        launch_sr_advance(slots, cache.write_pos, sr_step, L)
 
 
 def _launch_rebuild(cache, x, dt, A, B, C, D, z_arg, dt_bias, dt_softplus, slots, out, cfg, has_z) -> None:
