@@ -250,9 +250,9 @@ TUNE_CHECK = [
 # --------------------------------------------------------------------------------------- kernel_check
 # The kernel-redesign issues' call: <= 480 s with the wheels. The tune is the long pole: 26 jobs (3 models x
 # (baseline_ar, replay_ar output_only) + GDN and KDA's output_only_fold + 3 models x 2 T x (baseline_spec,
-# replay_spec fused and verify_fold)), about 12-24 candidates
-# each at ~5 s (compiles), side by side on the box's 16 cores with their timing windows serialized; a job cut by
-# the limit leaves its kernels at their defaults (rows say launch_source=default).
+# replay_spec fused and verify_fold)), about 12-24 candidates each at ~5 s (compiles), side by side on the box's
+# 16 cores with their timing windows serialized; a job cut by the limit leaves its kernels at their defaults
+# (rows say launch_source=default).
 _KERNEL_DECODE = (sweep("kernel_decode", "gpu_kernel_decode", *SHORT_TIMING, "method.names=[baseline_ar,replay_ar]"),)
 _KERNEL_SPEC = (sweep("kernel_spec", "gpu_kernel_spec", *SHORT_TIMING, "method.names=[baseline_spec,replay_spec]"),)
 _KERNEL_TUNE = (tune("kernel_decode:gpu_kernel_decode:baseline_ar,replay_ar",
@@ -283,6 +283,42 @@ KERNEL_CHECK = [
 ]
 
 
+# ----------------------------------------------------------------------------------------- spec_check
+# The ring-verify issue's call (issue 35): the spec GPU tests of both forms, the spec kernels tuned at T 4 (12 jobs,
+# one wave), kernel_spec at the headline (both forms, native spec, commit-replay; b256/512, T4/T8, aligned and
+# staggered cursors) and the whole-model serving step at b512 T4 (Qwen3.5-122B and Super-120B at TP4, native vs
+# ReplaySSM's verify_fold). Plan 475 s of the 480.
+SPEC_GATE_TESTS = (
+    "tests/replayssm/gdn/test_gdn_spec.py::test_gpu_production_geometry",
+    "tests/replayssm/kda/test_kda_spec.py::test_gpu_kimi_geometry",
+    "tests/replayssm/mamba2/test_spec.py::test_triton_bf16_matches_torch_on_gpu",
+    "tests/replayssm/mamba2/test_spec_verify_fold.py::test_bf16_matches_torch_on_gpu",
+    "tests/replayssm/mamba2/test_tree_verify_fold.py",
+    "tests/baselines/test_gdn_spec_baselines.py::test_gpu_production_geometry",
+)
+_SPEC_TUNE = (tune("kernel_spec:gpu_tune_spec:baseline_spec,replay_spec,commit_replay_spec"),)
+_SPEC_SWEEP = (sweep("kernel_spec", "gpu_kernel_spec", *SHORT_TIMING,
+                     "method.names=[baseline_spec,replay_spec,commit_replay_spec]"),)
+_SERVING = (sweep("serving", "gpu_serving_spec", *SHORT_TIMING, extra="E2E_ARGS"),)
+SPEC_CHECK = [
+    ENV, WHEELS,
+    tests_stage("gate", 45, "correctness on the GPU: the spec kernels of both forms (bf16, production geometry, "
+                "trees)", "GATE_TESTS", SPEC_GATE_TESTS),
+    Stage("tune", 120, "experiments.tune at b256 T4: baseline_spec, replay_spec fused and verify_fold, "
+          "commit_replay_spec, Qwen3.5-122B, Kimi-Linear, Super-120B, in parallel (conf/sweep/gpu_tune_spec.yaml)",
+          steps=_SPEC_TUNE, dry=_SPEC_TUNE, dry_limit_s=150),
+    Stage("spec", 90, "kernel_spec tuned, b256/512 T4/T8 (B 16, rate 0.8), the three models: baseline_spec, "
+          "replay_spec both forms, commit_replay_spec, aligned and staggered (conf/sweep/gpu_kernel_spec.yaml)",
+          steps=_SPEC_SWEEP, dry=_SPEC_SWEEP, dry_limit_s=150),
+    Stage("serving", 100, "serving b512 T4: Qwen3.5-122B and Super-120B at TP4, native vs ReplaySSM verify_fold, "
+          "the SSM layers' share of the step (conf/sweep/gpu_serving_spec.yaml)", steps=_SERVING,
+          dry=(sweep("serving", "serving_cpu", "sweep.models=[tiny_gdn]", "sweep.batch=[1]",
+                     "sweep.modes=[native,replayssm]", extra="E2E_ARGS"),), dry_limit_s=240),
+    Stage("table", 5, "the kernel table: tuned us, default us, vs baseline, byte model -> kernel_table.md",
+          steps=_TABLE, dry=_TABLE, dry_limit_s=60),
+]
+
+
 @dataclass(frozen=True)
 class StageSet:
     name: str
@@ -298,6 +334,7 @@ SETS = {s.name: s for s in (
     StageSet("tune_check", TUNE_CHECK, ("env.json", "launch_table.json"), launch_tables="{work}/tables"),
     # the table's JSON travels in results.tar.gz (tables/): OUT holds 8 files with tests.log
     StageSet("kernel_check", KERNEL_CHECK, ("env.json", "dram.csv", "kernel_table.md"), launch_tables="{work}/tables"),
+    StageSet("spec_check", SPEC_CHECK, ("env.json", "kernel_table.md"), launch_tables="{work}/tables"),
 )}
 
 

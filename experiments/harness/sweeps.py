@@ -49,6 +49,7 @@ class HybridSweepSchema:
     acceptance: list[Any] = field(default_factory=lambda: [{"kind": "rate", "p": 0.8}])
     spec_steps: int = 8                     # verify+commit steps per timed cycle (raised to pass >= 3 flushes)
     route: str = "output_only"              # replay_ar route (GDN / KDA off Triton: output_only only)
+    spec_route: str = "fused"               # serving, mode replayssm: the ring verify's Triton form (SPEC_ROUTES)
     state_dtype: str = "float32"
     act_dtype: str = "float32"
     backend: str = "torch"

@@ -34,6 +34,7 @@ from experiments.harness.sweeps import E2E_METHODS, HybridSweepSchema
 from experiments.harness.sweeps import SERVING_MODES as MODES
 from experiments.hybrid import footprint as fpm
 from experiments.hybrid.spec import HybridSpec, hybrid_spec
+from replayssm.checks import SPEC_ROUTES
 
 _MODEL_ENTRY = re.compile(r"^([A-Za-z0-9_]+)(?:@tp(\d+))?$")
 
@@ -147,6 +148,7 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
     build = _choice("sweep.build", sweep.get("build", "auto"), ("auto", "full", "block"))
     _choice("sweep.moe_impl", sweep.get("moe_impl", "auto"), ("auto", "grouped_mm", "loop"))
     route = _choice("sweep.route", sweep.get("route"), ("output_only", "state_and_output"))
+    spec_route = _choice("sweep.spec_route", sweep.get("spec_route", "fused"), SPEC_ROUTES)
     over_capacity = _choice("sweep.over_capacity", sweep.get("over_capacity", "refuse"), ("refuse", "skip"))
     skipped: list[str] = []
     for key, allowed in (("state_dtype", ("float32", "float16")), ("act_dtype", ("float32", "float16", "bfloat16"))):
@@ -234,7 +236,8 @@ def expand(cfg: dict, experiment: str, hardware: dict | None = None) -> HybridPl
                                     mode=mode, batch=b, context_len=ctx,
                                     buffer_len=None, history_len=spec.history_len if mode == "replayssm" else None,
                                     spec_T=T if mode != "ar" else None, acceptance=acc.label if mode != "ar" else None,
-                                    route=None, build=_build(spec, build, sweep, ad), at_max_concurrency=at_cap,
+                                    route=_route(spec, method, spec_route, on(spec)["backend"]),
+                                    build=_build(spec, build, sweep, ad), at_max_concurrency=at_cap,
                                     **_residency(spec, _build(spec, build, sweep, ad), method, b, T, device,
                                                  hardware, timing, sd, ad)))
         points = list(dict.fromkeys(points))          # `ar` rows repeat across T: keep one

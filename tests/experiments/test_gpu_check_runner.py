@@ -139,7 +139,8 @@ def test_each_gpu_sweep_expands_to_its_points_on_the_gpu_and_to_a_tiny_sweep_on_
         == {1} and {p.backend for p in cpu.points} == {"torch"} and len(cpu.points) <= 8
 
 
-@pytest.mark.parametrize("experiment, name", [("e2e_decode", "gpu_e2e"), ("serving", "gpu_serving")])
+@pytest.mark.parametrize("experiment, name", [("e2e_decode", "gpu_e2e"), ("serving", "gpu_serving"),
+                                              ("serving", "gpu_serving_spec")])
 def test_the_hybrid_gpu_sweeps_compose_for_their_experiment(experiment, name):
     from experiments.harness.entry import config_dict, load_config
     from experiments.harness.sweeps import check_sweep
@@ -209,3 +210,23 @@ def test_concat_joins_the_per_route_dram_tables(tmp_path):
     args = type("A", (), {"work": tmp_path})
     assert programs.concat(args, "dram.csv", ["a.csv", "missing.csv", "b.csv"]) == 0
     assert (tmp_path / "dram.csv").read_text() == "method,route\nbaseline_ar,\nreplay_ar,state_and_output\n"
+
+
+def test_the_spec_serving_sweep_runs_the_redesigned_ring_beside_native_spec():
+    """spec_check's serving stage: b512 T4 at TP4 on an H200; replay_spec on the verify_fold form (sweep.spec_route),
+    native spec without a form; off Triton the ring keeps its default form (route None)."""
+    from omegaconf import OmegaConf
+
+    from experiments.harness.entry import config_dict, load_config
+    from experiments.hybrid.sweep import expand
+
+    hw = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "hardware" / "h200.yaml"))
+    cfg = config_dict(load_config("serving", ["sweep=gpu_serving_spec"]))
+    with mock.patch.object(torch.cuda, "is_available", return_value=True):
+        plan = expand(cfg, "serving", hw)
+    assert {(p.model, p.tp, p.batch, p.spec_T) for p in plan.points} == {
+        ("qwen35_122b_a10b", 4, 512, 4), ("nemotron3_super_120b", 4, 512, 4)} and not plan.over_capacity
+    assert {(p.method, p.route) for p in plan.points} == {("baseline_spec", None), ("replay_spec", "verify_fold")}
+    cpu = config_dict(load_config("serving", ["sweep=serving_cpu", "sweep.models=[tiny_gdn]", "sweep.batch=[1]",
+                                              "sweep.spec_route=verify_fold"]))
+    assert {p.route for p in expand(cpu, "serving").points} == {None}       # torch: one algebra, no form named

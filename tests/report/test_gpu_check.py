@@ -26,7 +26,8 @@ SCRIPT = ROOT / "scripts" / "gpu" / "gpu_check.sh"
 SETS = {"gpu_check": ["env", "wheels", "launch", "tests", "headline", "e2e", "dram", "report"],
         "route_check": ["env", "wheels", "sweep", "ncu"],
         "tune_check": ["env", "wheels", "tune", "sweep"],
-        "kernel_check": ["env", "wheels", "gate", "tune", "decode", "spec", "ncu", "table"]}
+        "kernel_check": ["env", "wheels", "gate", "tune", "decode", "spec", "ncu", "table"],
+        "spec_check": ["env", "wheels", "gate", "tune", "spec", "serving", "table"]}
 
 
 def _wheel(directory: Path, dist: str, version: str, tag: str, module: str, body: str) -> Path:
@@ -153,7 +154,8 @@ def test_the_plan_of_every_set_lists_its_stages_within_eight_minutes(name):
 
 def test_the_wrappers_run_their_set():
     for script, name in (("gpu_check.sh", "gpu_check"), ("route_check.sh", "route_check"),
-                         ("tune_check.sh", "tune_check"), ("kernel_check.sh", "kernel_check")):
+                         ("tune_check.sh", "tune_check"), ("kernel_check.sh", "kernel_check"),
+                         ("spec_check.sh", "spec_check")):
         proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / script), "--plan"], cwd=ROOT,
                               env=dict(os.environ, PY=sys.executable), capture_output=True, text=True, timeout=30)
         assert proc.returncode == 0 and [r[0] for r in _plan_rows(proc.stdout)] == SETS[name], proc.stderr
