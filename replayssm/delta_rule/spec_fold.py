@@ -14,11 +14,15 @@ overwritten, and the row's outputs and u rows follow from P exactly as in the ve
 checkpoint is read once and written once, and a row that does not fold never sees this kernel's registers.
 The window's rows (written by the prep and by this kernel) are not history rows, which is all the fold reads.
 
-Dots: the state product as the verify's (state_dot); the fold's, GDN: the fp32 weights on the u rows, the keys
-exact (_tl.replay_dot: bf16x2 / tf32x2 by the ring's dtype, KDOT); KDA: its weights vary along K, so they go on
-the keys and the u rows stay exact (_tl.replay_dot_rhs, UDOT).
-Cost: the verify's product plus a [BV, BC] x [BC, BKT] fold dot per chunk. 16-column chunks keep it at 71
-registers (32 columns: 106, 16 warps per SM, 1.4x the issue time), kernel_report at Qwen3.5-122B.
+The fold's weights come from the prep (wt, spec_launch.workspace): row 0 exp(G_tot), rows 1 + j w_j, at a K
+stride that is 0 when they do not vary along K (GDN). W_ALONG_K is that stride's test, a @triton.heuristics
+layout fact of the arguments (the launcher passes no family flag).
+Dots: the state product as the verify's (state_dot); the fold's, weights constant along K: on the u rows once,
+the keys exact (_tl.replay_dot: bf16x2 / tf32x2 by the ring's key dtype, KDOT; the split hoisted out of the
+chunks); weights along K: on the keys per chunk, the u rows exact (_tl.replay_dot_rhs, UDOT).
+Cost: the verify's product plus a [BV, BC] x [BC, BKT] fold dot per chunk, 16-column chunks (32 columns: 106
+registers, 1.4x the issue time). kernel_report, Qwen3.5-122B b512 T4, sm_90, Triton 3.7.1: 82 registers, 618 us
+(the in-kernel replay weights of 3a0e645: 71, 538 us; the weights on the keys in every chunk: 84, 784 us).
 """
 
 from __future__ import annotations
@@ -26,22 +30,24 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from replayssm.delta_rule._tl import bf16x3_dot, replay_dot, replay_dot_rhs, replay_weights, state_dot
+from replayssm.delta_rule._tl import bf16x3_dot, replay_dot, replay_dot_rhs, state_dot
 from replayssm.delta_rule.spec_verify import window_outputs
 
 
+# a layout fact of the weights the prep wrote, derived from their K stride (not passed by the launcher)
+@triton.heuristics({"W_ALONG_K": lambda args: args["stride_w_k"] != 0})
 @triton.jit
 def spec_fold_kernel(
-    q_ptr, k_ptr, x_ptr, v_ptr, out_ptr, slots_ptr, wpos_ptr, origin_ptr, flush_ptr, state_ptr, ubuf_ptr, coef_ptr,
-    kring_ptr, gring_ptr,
-    stride_q_b, stride_q_t, stride_q_h, stride_k_b, stride_k_t, stride_k_h, stride_x_slot, stride_x_h,
+    x_ptr, v_ptr, out_ptr, slots_ptr, wpos_ptr, origin_ptr, flush_ptr, state_ptr, ubuf_ptr, coef_ptr,
+    kring_ptr, wt_ptr,
+    stride_x_slot, stride_x_h, stride_x_r,
     stride_v_b, stride_v_t, stride_v_h, stride_o_b, stride_o_t, stride_o_h,
     stride_s_slot, stride_s_h, stride_s_v, stride_u_slot, stride_u_h, stride_u_l, stride_c_slot, stride_c_h,
-    stride_kr_slot, stride_kr_h, stride_kr_l, stride_gr_slot, stride_gr_h, stride_gr_l,
+    stride_kr_slot, stride_kr_h, stride_kr_l, stride_w_slot, stride_w_h, stride_w_l, stride_w_k,
     ring_mask,
-    NULL_ID: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
-    TW: tl.constexpr, TW2: tl.constexpr, BC: tl.constexpr, BV: tl.constexpr, BKT: tl.constexpr,
-    FP32_DOT: tl.constexpr, DOT: tl.constexpr, UDOT: tl.constexpr, KDOT: tl.constexpr, PRE_X: tl.constexpr,
+    NULL_ID: tl.constexpr, GROUP: tl.constexpr, X_GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    T: tl.constexpr, TW: tl.constexpr, TW2: tl.constexpr, BC: tl.constexpr, BV: tl.constexpr, BKT: tl.constexpr,
+    FP32_DOT: tl.constexpr, DOT: tl.constexpr, UDOT: tl.constexpr, KDOT: tl.constexpr, W_ALONG_K: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
@@ -60,26 +66,20 @@ def spec_fold_kernel(
     ubuf_ptr += slot * stride_u_slot + i_hv * stride_u_h
     coef_ptr += slot * stride_c_slot + i_hv * stride_c_h
     kring_ptr += slot * stride_kr_slot + kh * stride_kr_h
-    gring_ptr += slot * stride_gr_slot + i_hv * stride_gr_h
+    wt_ptr += slot * stride_w_slot + i_hv * stride_w_h
     offs_v = i_v * BV + tl.arange(0, BV)
     mask_v = offs_v < V
     offs_r = tl.arange(0, TW)
-    is_k = offs_r < T
-    is_q = (offs_r >= T) & (offs_r < 2 * T)
-    tok = tl.where(is_q, offs_r - T, offs_r)
-    if PRE_X:
-        x_ptrs = x_ptr + slot * stride_x_slot + i_hv * stride_x_h + offs_r * K        # [TW, K] fp32 rows
-    else:
-        x_ptrs = tl.where(is_q, q_ptr + i_b * stride_q_b + tok * stride_q_t + kh * stride_q_h,
-                          k_ptr + i_b * stride_k_b + tok * stride_k_t + kh * stride_k_h)
+    x_ptrs = x_ptr + slot * stride_x_slot + (i_hv // X_GROUP) * stride_x_h + offs_r * stride_x_r   # [TW, K]: 0 past 2T
     offs_c = tl.arange(0, BC)
     mask_c = offs_c < h
     rows = (origin + offs_c) & ring_mask
     U = tl.load(ubuf_ptr + rows[None, :] * stride_u_l + offs_v[:, None],
                 mask=mask_v[:, None] & mask_c[None, :], other=0.0)                               # [BV, BC]
-    if not PRE_X:
-        decay0, w = replay_weights(tl.load(gring_ptr + rows * stride_gr_l, mask=mask_c, other=0.0), mask_c, 0)
-        Uw = U.to(tl.float32) * w[None, :]
+    if not W_ALONG_K:
+        # one weight per history entry (K stride 0): applied to the u rows once, the keys stay exact
+        decay0 = tl.load(wt_ptr)
+        Uw = U.to(tl.float32) * tl.load(wt_ptr + (1 + offs_c) * stride_w_l, mask=mask_c, other=0.0)[None, :]
 
     P = tl.zeros([BV, TW], dtype=tl.float32)
     for kc in tl.static_range((K + BKT - 1) // BKT):
@@ -88,7 +88,7 @@ def spec_fold_kernel(
         s_ptrs = state_ptr + offs_v[:, None] * stride_s_v + offs_k[None, :]
         s_mask = mask_v[:, None] & mask_k[None, :]
         S0 = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)                            # [BV, BKT]
-        X = tl.load(x_ptrs[None, :] + offs_k[:, None], mask=mask_k[:, None] & (is_k | is_q)[None, :],
+        X = tl.load(x_ptrs[None, :] + offs_k[:, None], mask=mask_k[:, None],
                     other=0.0)                                                                   # [BKT, TW]
         if DOT == "bf16x3":
             P += bf16x3_dot(S0, X)
@@ -96,9 +96,11 @@ def spec_fold_kernel(
             P += state_dot(S0, X, DOT)
         cm = mask_c[:, None] & mask_k[None, :]
         kb = tl.load(kring_ptr + rows[:, None] * stride_kr_l + offs_k[None, :], mask=cm, other=0.0)   # [BC, BKT]
-        if PRE_X:
-            g_hist = tl.load(gring_ptr + rows[:, None] * stride_gr_l + offs_k[None, :], mask=cm, other=0.0)
-            decay_k, w_k = replay_weights(g_hist, cm, 0)                  # [BKT], [BC, BKT]
+        if W_ALONG_K:
+            # the prep's replay weights per key channel: row 0 exp(G_tot), rows 1 + j w_j (0 past h)
+            decay_k = tl.load(wt_ptr + offs_k * stride_w_k, mask=mask_k, other=0.0)               # [BKT]
+            w_k = tl.load(wt_ptr + (1 + offs_c[:, None]) * stride_w_l + offs_k[None, :] * stride_w_k, mask=cm,
+                          other=0.0)                                                             # [BC, BKT]
             S = S0 * decay_k[None, :] + replay_dot_rhs(U, kb.to(tl.float32) * w_k, UDOT)
         else:
             S = decay0 * S0 + replay_dot(Uw, kb, KDOT)

@@ -43,7 +43,8 @@ def default_config(kernel: str, K: int, V: int, arch: int) -> dict:
       on the same rows, splitting each state element twice (678 us before the truncating split); [32, 32] over
       2 warps 350 us, [64, 64] 96 registers (395 us).
     fold (the verify's work and the fold, on the folding rows): [64, 16] chunks over 4 warps (71 registers,
-      1,624 SASS: 538 us were every row folding; [64, 32] 106 registers 782 us, [32, 32] / 2 warps 1,009 us)."""
+      1,624 SASS: 538 us were every row folding with the weights recomputed in the kernel; reading the prep's:
+      82 registers, 618 us; [64, 32] 106 registers 782 us, [32, 32] / 2 warps 1,009 us)."""
     BK = max(16, next_pow2(K))
     BV = max(16, next_pow2(V))
     if kernel.endswith("_ring_prep"):
@@ -82,16 +83,32 @@ def widths(window: int, history_len: int) -> tuple[int, int, int]:
     return max(16, TW2), TW2, max(16, next_pow2(history_len))
 
 
-def workspace(ring, TW2: int, BC: int, per_channel: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(coef [slots, HV, 2 TW2 + BC, TW2], x [slots, HV, TW2, K] or None) fp32 zeros, kept on the ring."""
+def workspace(ring, TW: int, TW2: int, BC: int, per_channel: bool, x_dtype) -> tuple[torch.Tensor, torch.Tensor,
+                                                                               torch.Tensor]:
+    """The preps' outputs, kept on the ring (zeros at allocation), one layout for both families:
+        coef [slots, HV, 2 TW2 + BC, TW2] fp32   the window's coefficient tiles (spec_prep.py)
+        x    [slots, HX, TW, K]                  the state vectors: GDN the raw window rows in the activation
+                                                 dtype per key head (HX = H), KDA the decayed ones in fp32 per
+                                                 value head (HX = HV); read at head i_hv // (HV / HX). Rows
+                                                 [2T, TW) stay the allocation's zeros (no prep writes them, and a
+                                                 workspace serves one window length, part of its key): the
+                                                 verify and the fold load whole [BKT, TW] tiles unmasked along
+                                                 the rows (a row mask: 88 registers against 72, Triton 3.7.1)
+        wt   [slots, HV, 1 + BC, KW] fp32        the fold's replay weights, row 0 exp(G_tot), rows 1 + j w_j; per
+                                                 key channel for KDA (KW = K), one per head for GDN (KW = 1, read
+                                                 at K stride 0)
+    Bytes per slot at Kimi-Linear T 4 (HV 32, K 128, BC 16): coef 32 KB, x 256 KB, wt 272 KB (written on folding
+    rows only); at Qwen3.5-122B (H 16, HV 64): coef 64 KB, x 64 KB (bf16), wt 4.3 KB. Kept per ring and window."""
     gm, n, dev = ring.geometry, ring.num_slots, ring.state.device
-    ws = ring.__dict__.get("_verify_fold_workspace")
-    if ws is None or ws[0].shape[2:] != (2 * TW2 + BC, TW2) or ws[0].device != dev or (ws[1] is None) == per_channel:
-        coef = torch.zeros(n, gm.HV, 2 * TW2 + BC, TW2, device=dev)
-        x = torch.zeros(n, gm.HV, TW2, gm.K, device=dev) if per_channel else None
-        ws = (coef, x)
-        ring.__dict__["_verify_fold_workspace"] = ws
-    return ws
+    HX, KW = (gm.HV, gm.K) if per_channel else (gm.H, 1)
+    shapes = ((n, gm.HV, 2 * TW2 + BC, TW2), (n, HX, TW, gm.K), (n, gm.HV, 1 + BC, KW))
+    key = (shapes, dev, x_dtype, ring.window)
+    cached = ring.__dict__.get("_verify_fold_workspace")
+    if cached is None or cached[0] != key:
+        cached = (key, (torch.zeros(shapes[0], device=dev), torch.zeros(shapes[1], device=dev, dtype=x_dtype),
+                        torch.zeros(shapes[2], device=dev)))
+        ring.__dict__["_verify_fold_workspace"] = cached
+    return cached[1]
 
 
 def launch_verify_fold(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slots: torch.Tensor,
@@ -101,47 +118,49 @@ def launch_verify_fold(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool
     arch, sd = kernel_arch(q.device), ring.state.dtype
     prep, verify, fold = (config(name, gm, ring.history_len, T, sd, arch) for name in kernel_names(per_channel))
     TW, TW2, BC = widths(T, ring.history_len)
-    coef, x = workspace(ring, TW2, BC, per_channel)
+    x_dtype = torch.float32 if per_channel else q.dtype
+    coef, x, wt = workspace(ring, TW, TW2, BC, per_channel, x_dtype)
     fp32_dot = "tf32x3" if arch >= 80 else "ieee"
     st, u, kr, gr = ring.state, ring.u, ring.k, ring.g
     group, ring_mask = gm.value_heads_per_key_head, ring.ring_len - 1
-    common = dict(NULL_ID=NULL_SLOT, GROUP=group, K=gm.K, BC=BC, FP32_DOT=fp32_dot)
-    prep_args = dict(**common, T=T, TW=TW, TW2=TW2, BK=prep["BKT"], USE_L2NORM=bool(use_qk_l2norm),
+    common = dict(NULL_ID=NULL_SLOT, K=gm.K, BC=BC, FP32_DOT=fp32_dot)
+    prep_args = dict(**common, GROUP=group, T=T, TW=TW, TW2=TW2, BK=prep["BKT"], USE_L2NORM=bool(use_qk_l2norm),
                      LOG2T=max(1, (T - 1).bit_length()), num_warps=prep["num_warps"], num_stages=prep["num_stages"])
     if per_channel:
         spec_prep_kda_kernel[(batch, gm.H)](
-            q, k, g, beta, slots, ring.write_pos, ring.origin, kr, gr, coef, x,
+            q, k, g, beta, slots, ring.write_pos, ring.origin, ring.is_flush, kr, gr, coef, x, wt,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), g.stride(0), g.stride(1),
             g.stride(2), beta.stride(0), beta.stride(1), kr.stride(0), kr.stride(1), kr.stride(2), gr.stride(0),
-            gr.stride(1), gr.stride(2), coef.stride(0), coef.stride(1), x.stride(0), x.stride(1),
+            gr.stride(1), gr.stride(2), coef.stride(0), coef.stride(1), x.stride(0), x.stride(1), wt.stride(0),
+            wt.stride(1),
             float(scale), ring_mask, **prep_args,
         )
     else:
         spec_prep_kernel[(batch, gm.H)](
-            q, k, g, beta, slots, ring.write_pos, ring.origin, kr, gr, coef,
+            q, k, g, beta, slots, ring.write_pos, ring.origin, kr, gr, coef, x, wt,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1), kr.stride(0), kr.stride(1), kr.stride(2), gr.stride(0), gr.stride(1),
-            coef.stride(0), coef.stride(1),
+            coef.stride(0), coef.stride(1), x.stride(0), x.stride(1), x.stride(2), wt.stride(0), wt.stride(1),
             float(scale), ring_mask, **prep_args,
         )
-    xs = x if x is not None else coef
-    rows = (q, k, xs, v, out, slots, ring.write_pos, ring.origin, ring.is_flush, st, u, coef)
-    row_strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), xs.stride(0),
-                   xs.stride(1), v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-                   st.stride(0), st.stride(1), st.stride(2), u.stride(0), u.stride(1), u.stride(2),
-                   coef.stride(0), coef.stride(1))
+    # one verify and one fold for both families: what differs is in the workspace (x's head group, wt's K stride)
+    x_group = gm.HV // x.shape[1]
+    rows = (x, v, out, slots, ring.write_pos, ring.origin, ring.is_flush, st, u, coef)
+    row_strides = (x.stride(0), x.stride(1), x.stride(2), v.stride(0), v.stride(1), v.stride(2), out.stride(0),
+                   out.stride(1), out.stride(2), st.stride(0), st.stride(1), st.stride(2), u.stride(0), u.stride(1),
+                   u.stride(2), coef.stride(0), coef.stride(1))
     dots = dict(DOT=_state_dot(q.dtype, fp32_dot, per_channel), UDOT=key_dot(u.dtype, fp32_dot))
     spec_verify_kernel[(triton.cdiv(gm.V, verify["BV"]), batch, gm.HV)](
         *rows, *row_strides, ring_mask,
-        **common, V=gm.V, T=T, TW=TW, TW2=TW2, BV=verify["BV"], BKT=verify["BKT"], **dots, PRE_X=per_channel,
+        **common, X_GROUP=x_group, V=gm.V, T=T, TW=TW, TW2=TW2, BV=verify["BV"], BKT=verify["BKT"], **dots,
         num_warps=verify["num_warps"], num_stages=verify["num_stages"],
     )
     spec_fold_kernel[(triton.cdiv(gm.V, fold["BV"]), batch, gm.HV)](
-        *rows, kr, gr, *row_strides,
-        kr.stride(0), kr.stride(1), kr.stride(2), gr.stride(0), gr.stride(1), gr.stride(2),
+        *rows, kr, wt, *row_strides,
+        kr.stride(0), kr.stride(1), kr.stride(2), wt.stride(0), wt.stride(1), wt.stride(2),
+        wt.stride(3) if wt.shape[3] > 1 else 0,
         ring_mask,
-        **common, V=gm.V, T=T, TW=TW, TW2=TW2, BV=fold["BV"], BKT=fold["BKT"], **dots,
-        KDOT=key_dot(kr.dtype, fp32_dot), PRE_X=per_channel, num_warps=fold["num_warps"],
-        num_stages=fold["num_stages"],
+        **common, GROUP=group, X_GROUP=x_group, V=gm.V, T=T, TW=TW, TW2=TW2, BV=fold["BV"], BKT=fold["BKT"],
+        **dots, KDOT=key_dot(kr.dtype, fp32_dot), num_warps=fold["num_warps"], num_stages=fold["num_stages"],
     )
     return out

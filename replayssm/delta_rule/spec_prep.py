@@ -65,14 +65,14 @@ def _window_coefficients(WWd, beta_k, eG, strict, key_block, eye, q_diag, is_k, 
 
 @triton.jit
 def spec_prep_kernel(
-    q_ptr, k_ptr, g_ptr, beta_ptr, slots_ptr, wpos_ptr, origin_ptr, kring_ptr, gring_ptr, coef_ptr,
+    q_ptr, k_ptr, g_ptr, beta_ptr, slots_ptr, wpos_ptr, origin_ptr, kring_ptr, gring_ptr, coef_ptr, x_ptr, wt_ptr,
     stride_q_b, stride_q_t, stride_q_h, stride_k_b, stride_k_t, stride_k_h, stride_g_b, stride_g_t,
     stride_beta_b, stride_beta_t, stride_kr_slot, stride_kr_h, stride_kr_l, stride_gr_slot, stride_gr_h,
-    stride_c_slot, stride_c_h,
+    stride_c_slot, stride_c_h, stride_x_slot, stride_x_h, stride_x_r, stride_w_slot, stride_w_h,
     scale, ring_mask,
     NULL_ID: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, T: tl.constexpr, TW: tl.constexpr,
     TW2: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, USE_L2NORM: tl.constexpr, FP32_DOT: tl.constexpr,
-    LOG2T: tl.constexpr,
+    LOG2T: tl.constexpr, XK: tl.constexpr = 32,
 ):
     i_b = tl.program_id(0).to(tl.int64)
     i_kh = tl.program_id(1).to(tl.int64)
@@ -95,6 +95,14 @@ def spec_prep_kernel(
     hist_rows = (origin + offs_c) & ring_mask
     w_ptrs = tl.where(is_q, q_ptr + i_b * stride_q_b + tok * stride_q_t + i_kh * stride_q_h,
                       k_ptr + i_b * stride_k_b + tok * stride_k_t + i_kh * stride_k_h)
+    # the verify's and the fold's state vectors: the raw window rows, per key head (read at X_GROUP = HV / H),
+    # copied first in [TW, XK] chunks by loads of their own (stored from Raw, which stays live through the head
+    # loop: 168 registers and a 4 B spill at Qwen3.5-122B T 8, Triton 3.7.1)
+    for kc in tl.static_range((K + XK - 1) // XK):
+        offs_x = kc * XK + tl.arange(0, XK)
+        xm = live[:, None] & (offs_x < K)[None, :]
+        tl.store(x_ptr + slot * stride_x_slot + i_kh * stride_x_h + offs_r[:, None] * stride_x_r + offs_x[None, :],
+                 tl.load(w_ptrs[:, None] + offs_x[None, :], mask=xm, other=0.0).to(x_ptr.dtype.element_ty), mask=xm)
     # The raw window rows and the buffered keys as stored (both exact in the activation dtype): their dots are
     # exact products with fp32 accumulation, one MMA pass each under 16-bit activations; the norms and the scale
     # are applied to the [TW, TW] and [TW, BC] results, never to a [TW, K] operand.
@@ -155,14 +163,19 @@ def spec_prep_kernel(
         tl.store(c_base + (TW2 + offs_c[None, :]) * TW2 + offs_r[:, None], Cu, mask=out_i)
         tl.store(c_base + (TW2 + BC + offs_r[None, :]) * TW2 + offs_r[:, None], Cv, mask=blk)
         tl.store(gring_ptr + slot * stride_gr_slot + hv * stride_gr_h + win_rows, g_k, mask=is_k)
+        # the fold's replay weights (spec_fold.py reads them at K stride 0): exp(G_tot), then w_j
+        w_base = wt_ptr + slot * stride_w_slot + hv * stride_w_h
+        tl.store(w_base, decay0)
+        tl.store(w_base + 1 + offs_c, w)
 
 
 @triton.jit
 def spec_prep_kda_kernel(
-    q_ptr, k_ptr, g_ptr, beta_ptr, slots_ptr, wpos_ptr, origin_ptr, kring_ptr, gring_ptr, coef_ptr, x_ptr,
+    q_ptr, k_ptr, g_ptr, beta_ptr, slots_ptr, wpos_ptr, origin_ptr, flush_ptr, kring_ptr, gring_ptr, coef_ptr,
+    x_ptr, wt_ptr,
     stride_q_b, stride_q_t, stride_q_h, stride_k_b, stride_k_t, stride_k_h, stride_g_b, stride_g_t, stride_g_h,
     stride_beta_b, stride_beta_t, stride_kr_slot, stride_kr_h, stride_kr_l, stride_gr_slot, stride_gr_h,
-    stride_gr_l, stride_c_slot, stride_c_h, stride_x_slot, stride_x_h,
+    stride_gr_l, stride_c_slot, stride_c_h, stride_x_slot, stride_x_h, stride_w_slot, stride_w_h,
     scale, ring_mask,
     NULL_ID: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, T: tl.constexpr, TW: tl.constexpr,
     TW2: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, USE_L2NORM: tl.constexpr, FP32_DOT: tl.constexpr,
@@ -189,6 +202,7 @@ def spec_prep_kda_kernel(
         return
     h = tl.load(wpos_ptr + slot)
     origin = tl.load(origin_ptr + slot)
+    folds = (tl.load(flush_ptr + slot) != 0) & (h > 0)          # the fold reads this row's weights
     offs_r = tl.arange(0, TW)
     is_k = offs_r < T
     is_q = (offs_r >= T) & (offs_r < 2 * T)
@@ -247,6 +261,10 @@ def spec_prep_kda_kernel(
             hmask = valid_c[:, None] & mask_k[None, :]
             g_hist = tl.load(gr_base + hist_rows[:, None] * stride_gr_l + offs_k[None, :], mask=hmask, other=0.0)
             decay0, w = replay_weights(g_hist, hmask, 0)                       # [BK], [BC, BK]
+            if folds:                                   # the fold's weights: row 0 exp(G_tot), rows 1 + j w_j
+                w_base = wt_ptr + slot * stride_w_slot + hv * stride_w_h
+                tl.store(w_base + offs_k, decay0, mask=mask_k)
+                tl.store(w_base + (1 + offs_c[:, None]) * K + offs_k[None, :], w, mask=mask_k[None, :])
             WG = W * F
             tl.store(x_ptr + slot * stride_x_slot + hv * stride_x_h + offs_r[:, None] * K + offs_k[None, :],
                      WG * decay0[None, :], mask=live[:, None] & mask_k[None, :])

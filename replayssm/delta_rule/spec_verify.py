@@ -36,14 +36,14 @@ from replayssm.delta_rule._tl import bf16x3_dot, replay_dot_rhs, state_dot
 
 @triton.jit
 def spec_verify_kernel(
-    q_ptr, k_ptr, x_ptr, v_ptr, out_ptr, slots_ptr, wpos_ptr, origin_ptr, flush_ptr, state_ptr, ubuf_ptr, coef_ptr,
-    stride_q_b, stride_q_t, stride_q_h, stride_k_b, stride_k_t, stride_k_h, stride_x_slot, stride_x_h,
+    x_ptr, v_ptr, out_ptr, slots_ptr, wpos_ptr, origin_ptr, flush_ptr, state_ptr, ubuf_ptr, coef_ptr,
+    stride_x_slot, stride_x_h, stride_x_r,
     stride_v_b, stride_v_t, stride_v_h, stride_o_b, stride_o_t, stride_o_h,
     stride_s_slot, stride_s_h, stride_s_v, stride_u_slot, stride_u_h, stride_u_l, stride_c_slot, stride_c_h,
     ring_mask,
-    NULL_ID: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
+    NULL_ID: tl.constexpr, X_GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     TW: tl.constexpr, TW2: tl.constexpr, BC: tl.constexpr, BV: tl.constexpr, BKT: tl.constexpr,
-    FP32_DOT: tl.constexpr, DOT: tl.constexpr, UDOT: tl.constexpr, PRE_X: tl.constexpr,
+    FP32_DOT: tl.constexpr, DOT: tl.constexpr, UDOT: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
@@ -62,15 +62,7 @@ def spec_verify_kernel(
     offs_v = i_v * BV + tl.arange(0, BV)
     mask_v = offs_v < V
     offs_r = tl.arange(0, TW)
-    is_k = offs_r < T
-    is_q = (offs_r >= T) & (offs_r < 2 * T)
-    tok = tl.where(is_q, offs_r - T, offs_r)
-    if PRE_X:
-        x_ptrs = x_ptr + slot * stride_x_slot + i_hv * stride_x_h + offs_r * K        # [TW, K] fp32 rows
-    else:
-        kh = i_hv // GROUP
-        x_ptrs = tl.where(is_q, q_ptr + i_b * stride_q_b + tok * stride_q_t + kh * stride_q_h,
-                          k_ptr + i_b * stride_k_b + tok * stride_k_t + kh * stride_k_h)
+    x_ptrs = x_ptr + slot * stride_x_slot + (i_hv // X_GROUP) * stride_x_h + offs_r * stride_x_r   # [TW, K]: 0 past 2T
 
     # P = S0 X, the checkpoint as the A operand, K chunk by K chunk
     P = tl.zeros([BV, TW], dtype=tl.float32)
@@ -79,10 +71,10 @@ def spec_verify_kernel(
         mask_k = offs_k < K
         S0 = tl.load(state_ptr + offs_v[:, None] * stride_s_v + offs_k[None, :],
                      mask=mask_v[:, None] & mask_k[None, :], other=0.0).to(tl.float32)          # [BV, BKT]
-        X = tl.load(x_ptrs[None, :] + offs_k[:, None], mask=mask_k[:, None] & (is_k | is_q)[None, :],
+        X = tl.load(x_ptrs[None, :] + offs_k[:, None], mask=mask_k[:, None],
                     other=0.0)                                                                   # [BKT, TW]
         if DOT == "bf16x3":
-            P += bf16x3_dot(S0, X)                       # KDA's decayed vectors: neither side bf16-exact
+            P += bf16x3_dot(S0, X)                       # fp32 vectors (KDA's decayed ones): neither side exact
         else:
             P += state_dot(S0, X, DOT)
 

@@ -161,6 +161,29 @@ def test_verify_fold_route_matches_ground_truth_and_torch_cache(T, B, gm, act_dt
         assert torch.equal(getattr(ring, name)[1], getattr(untouched, name)[1]), f"slot 1 {name} touched"
 
 
+def test_verify_fold_main_kernels_have_no_family_flag():
+    """structure-review §4.1 rule 1 for the ring verify's route: the verify and the fold carry no family constexpr
+    (GDN and KDA launch the same two); what differs lives in the preps, which write one workspace layout (x read at
+    head i_hv // X_GROUP, the fold's weights at a K stride, 0 for GDN)."""
+    import inspect
+
+    from replayssm.delta_rule import spec_fold, spec_verify
+
+    for module, kernel in ((spec_verify, spec_verify.spec_verify_kernel), (spec_fold, spec_fold.spec_fold_kernel)):
+        src = inspect.getsource(module)
+        for flag in ("PRE_X", "PER_CHANNEL", "IS_KDA", "FAMILY"):
+            assert flag not in src, f"{module.__name__} names {flag}"
+        fn = kernel
+        while hasattr(fn, "fn"):                 # @triton.heuristics -> JITFunction -> the Python function
+            fn = fn.fn
+        names = [p.upper() for p in inspect.signature(fn).parameters]
+        assert "STATE_PTR" in names, names
+        assert not [n for n in names if "KDA" in n or "GDN" in n or "CHANNEL" in n or n.startswith("PRE")], names
+    # the fold's one layout constexpr is derived from an argument (the weights' K stride), never passed
+    assert set(spec_fold.spec_fold_kernel.values) == {"W_ALONG_K"}
+    assert spec_fold.spec_fold_kernel.values["W_ALONG_K"]({"stride_w_k": 0}) is False
+
+
 @pytest.mark.parametrize("arch", ["90", "100"])
 def test_verify_fold_gpu_tiles_under_interpreter(arch, gen, monkeypatch):
     """The route's GPU configs run by the interpreter (K = 80 in three 32-wide state chunks, the last masked;
