@@ -46,10 +46,16 @@ def _key(route: str | None = None) -> dict:
     return key if route is None else key | {"route": route}
 
 
+def _routes(kernel: str) -> list[str]:
+    """The routes whose step launches a route-keyed kernel (its declaration's launched_by), in FAMILY_ROUTES order."""
+    spec = launch_registry.spec(kernel)
+    return [r for r in FAMILY_ROUTES["kda"] if spec.launched("replay_ar", r)]
+
+
 def _names() -> list[tuple[str, str, dict]]:
     """(record name, kernel, tuner key) of every audited space: kernel, or kernel[route] per route."""
     return [(f"{k}[{r}]" if r else k, k, _key(r)) for k in KDA_KERNELS
-            for r in (FAMILY_ROUTES["kda"] if k in ROUTED else [None])]
+            for r in (_routes(k) if k in ROUTED else [None])]
 
 
 def _entries(version: str) -> dict:
