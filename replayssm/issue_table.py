@@ -7,6 +7,8 @@ Refresh (each command adds its entries to the table; a table of another Triton i
     python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json
     python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry qwen35_4b --geometry qwen35_122b_a10b --geometry nemotron3_super_120b --geometry kimi_linear_48b_a3b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay[output_only_fold] --method kda.replay --method kda.recurrent --method kda.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t90.json
     python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --method gdn.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json
+    python scripts/kernels/kernel_report.py --fp32-state-only --batch 512 --target 90 --geometry qwen35_122b_a10b --geometry kimi_linear_48b_a3b --geometry nemotron3_super_120b --spec-T 4 --method gdn.replay_spec --method gdn.replay_spec[verify_fold] --method gdn.recurrent_spec --method gdn.commit_replay --method kda.replay_spec --method kda.replay_spec[verify_fold] --method kda.recurrent_spec --method kda.commit_replay --method mamba2.replay_spec --method mamba2.replay_spec[verify_fold] --method mamba2.ssu_spec --method mamba2.commit_replay --issue-table replayssm/issue_table.py --json /tmp/kr/spec90.json
+    python scripts/kernels/kernel_report.py --fp32-state-only --batch 128 --target 100 --geometry qwen35_122b_a10b --spec-T 6 --method gdn.replay_spec[verify_fold] --method gdn.replay_spec --method gdn.recurrent_spec --issue-table replayssm/issue_table.py --json /tmp/kr/spec100.json
 
 Key: (arch, geometry, method, route, L, T, B_hist, state bytes) as step_time.issue_key names them.
 Value: (kernel, warps per program, resident warps per SM, programs per batch row, fixed programs,
@@ -15,9 +17,9 @@ instructions per warp on the shortest storing path, on the longest path) per lau
 """
 
 TRITON = '3.6.0'
-COMMIT = '50103de (dirty)'
+COMMIT = '55e5963 (dirty)'
 GENERATED = '2026-12-06'
-COMMAND = 'python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry qwen35_4b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --issue-table replayssm/issue_table.py --json /tmp/kr/t90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry qwen35_4b --geometry qwen35_122b_a10b --geometry nemotron3_super_120b --geometry kimi_linear_48b_a3b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay[output_only_fold] --method kda.replay --method kda.recurrent --method kda.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --method gdn.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json'
+COMMAND = 'python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry qwen35_4b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --issue-table replayssm/issue_table.py --json /tmp/kr/t90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry qwen35_4b --geometry qwen35_122b_a10b --geometry nemotron3_super_120b --geometry kimi_linear_48b_a3b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay[output_only_fold] --method kda.replay --method kda.recurrent --method kda.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --method gdn.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 512 --target 90 --geometry qwen35_122b_a10b --geometry kimi_linear_48b_a3b --geometry nemotron3_super_120b --spec-T 4 --method gdn.replay_spec --method gdn.replay_spec[verify_fold] --method gdn.recurrent_spec --method gdn.commit_replay --method kda.replay_spec --method kda.replay_spec[verify_fold] --method kda.recurrent_spec --method kda.commit_replay --method mamba2.replay_spec --method mamba2.replay_spec[verify_fold] --method mamba2.ssu_spec --method mamba2.commit_replay --issue-table replayssm/issue_table.py --json /tmp/kr/spec90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 128 --target 100 --geometry qwen35_122b_a10b --spec-T 6 --method gdn.replay_spec[verify_fold] --method gdn.replay_spec --method gdn.recurrent_spec --issue-table replayssm/issue_table.py --json /tmp/kr/spec100.json'
 STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
     (100, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'baseline_ar', '', 0, 0, 0, 4): (
         ('_gdn_recurrent_step_kernel', 4, 40, 512, 0, 478, 485),
@@ -68,6 +70,12 @@ STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
     ),
     (100, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'replay_spec', '', 0, 6, 16, 4): (
         ('_spec_verify_kernel', 2, 12, 256, 0, 2274, 2298),
+        ('_commit_kernel', 1, 32, 0, 1, 56, 58),
+    ),
+    (100, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'replay_spec', 'verify_fold', 0, 6, 16, 4): (
+        ('spec_prep_kernel', 1, 8, 16, 0, 6076, 6078),
+        ('spec_verify_kernel', 4, 20, 128, 0, 1216, 1539),
+        ('spec_fold_kernel', 4, 20, 128, 0, 0, 2661),
         ('_commit_kernel', 1, 32, 0, 1, 56, 58),
     ),
     (100, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'baseline_ar', '', 0, 0, 0, 4): (
@@ -170,6 +178,14 @@ STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
     (90, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'baseline_ar', '', 0, 0, 0, 4): (
         ('_gdn_recurrent_step_kernel', 4, 40, 512, 0, 480, 487),
     ),
+    (90, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'baseline_spec', '', 0, 4, 16, 4): (
+        ('_recurrent_spec_verify_kernel', 4, 32, 512, 0, 1514, 1538),
+        ('_set_last_kernel', 1, 32, 0, 1, 30, 30),
+    ),
+    (90, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'commit_replay_spec', '', 0, 4, 16, 4): (
+        ('_frozen_verify_kernel', 4, 36, 512, 0, 1652, 1747),
+        ('_replay_commit_kernel', 4, 40, 512, 0, 213, 777),
+    ),
     (90, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'replay_ar', 'output_only', 16, 0, 0, 4): (
         ('_gdn_replay_step_kernel', 4, 12, 256, 0, 1098, 1365),
         ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
@@ -210,8 +226,26 @@ STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
         ('ar_fold_kernel', 4, 20, 128, 0, 0, 560),
         ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
     ),
+    (90, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'replay_spec', '', 0, 4, 16, 4): (
+        ('_spec_verify_kernel', 2, 12, 256, 0, 2081, 2105),
+        ('_commit_kernel', 1, 32, 0, 1, 56, 58),
+    ),
+    (90, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'replay_spec', 'verify_fold', 0, 4, 16, 4): (
+        ('spec_prep_kernel', 1, 12, 16, 0, 4050, 4104),
+        ('spec_verify_kernel', 4, 24, 128, 0, 963, 965),
+        ('spec_fold_kernel', 4, 20, 128, 0, 0, 1614),
+        ('_commit_kernel', 1, 32, 0, 1, 56, 58),
+    ),
     (90, 'KDAGeometry(H=32, HV=32, K=128, V=128)', 'baseline_ar', '', 0, 0, 0, 4): (
         ('_gdn_recurrent_step_kernel', 4, 40, 256, 0, 512, 517),
+    ),
+    (90, 'KDAGeometry(H=32, HV=32, K=128, V=128)', 'baseline_spec', '', 0, 4, 16, 4): (
+        ('_recurrent_spec_verify_kernel', 4, 32, 256, 0, 1540, 1564),
+        ('_set_last_kernel', 1, 32, 0, 1, 30, 30),
+    ),
+    (90, 'KDAGeometry(H=32, HV=32, K=128, V=128)', 'commit_replay_spec', '', 0, 4, 16, 4): (
+        ('_frozen_verify_kernel', 4, 32, 256, 0, 1657, 1844),
+        ('_replay_commit_kernel', 4, 36, 256, 0, 220, 812),
     ),
     (90, 'KDAGeometry(H=32, HV=32, K=128, V=128)', 'replay_ar', 'output_only', 16, 0, 0, 4): (
         ('_gdn_replay_step_kernel', 4, 12, 128, 0, 1479, 1903),
@@ -253,8 +287,26 @@ STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
         ('ar_fold_kernel', 4, 28, 64, 0, 0, 515),
         ('_gdn_advance_cursor_kernel', 1, 32, 0, 1, 32, 34),
     ),
+    (90, 'KDAGeometry(H=32, HV=32, K=128, V=128)', 'replay_spec', '', 0, 4, 16, 4): (
+        ('_spec_verify_kernel', 4, 12, 128, 0, 1920, 1969),
+        ('_commit_kernel', 1, 32, 0, 1, 56, 58),
+    ),
+    (90, 'KDAGeometry(H=32, HV=32, K=128, V=128)', 'replay_spec', 'verify_fold', 0, 4, 16, 4): (
+        ('spec_prep_kda_kernel', 1, 12, 32, 0, 5662, 5942),
+        ('spec_verify_kernel', 4, 24, 64, 0, 1119, 1121),
+        ('spec_fold_kernel', 4, 28, 64, 0, 0, 1920),
+        ('_commit_kernel', 1, 32, 0, 1, 56, 58),
+    ),
     (90, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'baseline_ar', '', 0, 0, 0, 4): (
         ('ssu_ar_kernel', 4, 64, 2048, 0, 319, 324),
+    ),
+    (90, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'baseline_spec', '', 0, 4, 16, 4): (
+        ('ssu_spec_kernel', 4, 48, 2048, 0, 908, 911),
+        ('set_cursor_kernel', 4, 64, 0, 1, 28, 28),
+    ),
+    (90, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'commit_replay_spec', '', 0, 4, 16, 4): (
+        ('commit_replay_verify_kernel', 4, 48, 2048, 0, 978, 1078),
+        ('commit_replay_commit_kernel', 4, 64, 2048, 0, 56, 287),
     ),
     (90, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 16, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
@@ -279,6 +331,17 @@ STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
         ('mamba2_ar_step_kernel', 2, 48, 256, 0, 799, 829),
         ('mamba2_ar_fold_kernel', 2, 32, 256, 0, 0, 923),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
+    ),
+    (90, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_spec', '', 0, 4, 16, 4): (
+        ('_scatter_bc_kernel', 4, 36, 8, 0, 3335, 3337),
+        ('_verify_kernel', 4, 12, 256, 0, 2363, 4563),
+        ('_commit_kernel', 1, 32, 0, 1, 56, 58),
+    ),
+    (90, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_spec', 'verify_fold', 0, 4, 16, 4): (
+        ('m2_spec_prep_kernel', 4, 36, 8, 0, 525, 538),
+        ('m2_spec_verify_kernel', 4, 24, 128, 0, 922, 922),
+        ('m2_spec_fold_kernel', 4, 16, 128, 0, 0, 1467),
+        ('_commit_kernel', 1, 32, 0, 1, 56, 58),
     ),
     (90, 'Mamba2Geometry(nheads=96, headdim=80, dstate=128, ngroups=8)', 'baseline_ar', '', 0, 0, 0, 4): (
         ('ssu_ar_kernel', 4, 64, 1920, 0, 319, 324),
