@@ -20,8 +20,9 @@ warp), so the work per state element is cut to the bone:
     between them waits on the cursor (no branch on it at all);
   - S0 C is accumulated elementwise into one [BLOCK_M, BLOCK_K] tile over the dstate chunks (one FMA per state
     element), with one cross-lane row sum at the end instead of one per chunk;
-  - the buffer rows and the dt / bc vectors are loaded unmasked (up to L) and selected by the cursor afterwards:
-    the loads do not wait on it, and a stale row never reaches y (a select, not a zero weight: 0 * inf is NaN);
+  - the buffer rows and the dt / bc vectors are loaded masked by the cursor (the h live rows: the bytes the model
+    counts), after the state loads are in flight; a stale row never reaches y (masked to an exact 0, and the
+    weights selected, not multiplied by a zero: 0 * inf is NaN);
   - EVEN_M / EVEN_N (heuristics) drop the tile masks where the tiles divide the geometry.
 
 The fold rebuilds the state after the current token, S = abar S0 + (X * s) @ B over all L entries (rows j < L-1
@@ -93,27 +94,27 @@ def mamba2_ar_step_kernel(
             Ck = tl.load(C_row + offs_k, mask=offs_k < dstate, other=0.0)
         acc += S0.to(tl.float32) * Ck.to(tl.float32)[None, :]
 
-    # Buffer rows, dt and bc: loaded whole (up to L), selected by the cursor once it is known.
+    # The cursor, then the h live buffer rows, dt and bc: masked by it, so a step reads exactly the entries it
+    # replays (the byte model's count; loading all L rows unmasked read up to L-1 rows more on early steps). The
+    # state chunks above are already in flight: they never wait on the cursor. Clamped so a corrupted cursor
+    # cannot address past the buffer; h == L-1 is the flush step.
+    h = tl.minimum(tl.load(write_pos_ptr + slot64), L - 1)
     offs_l = tl.arange(0, BLOCK_L)
-    in_buf = offs_l < L
+    hist = offs_l < h
     dtbuf = dtbuf_ptr + slot64 * stride_dtbuf_s + head * stride_dtbuf_h
     bcrow = bc_ptr + slot64 * stride_bc_s + group * stride_bc_g
     xbuf = xbuf_ptr + slot64 * stride_xbuf_s + head * stride_xbuf_h
-    dt_hist = tl.load(dtbuf + offs_l, mask=in_buf, other=0.0)
-    bc = tl.load(bcrow + offs_l, mask=in_buf, other=0.0)
+    dt_hist = tl.load(dtbuf + offs_l, mask=hist, other=0.0)
+    bc = tl.load(bcrow + offs_l, mask=hist, other=0.0)
     if EVEN_M:
-        xt = tl.load(xbuf + offs_l[None, :] * stride_xbuf_l + offs_m[:, None], mask=in_buf[None, :], other=0.0)
+        xt = tl.load(xbuf + offs_l[None, :] * stride_xbuf_l + offs_m[:, None], mask=hist[None, :], other=0.0)
     else:
         xt = tl.load(xbuf + offs_l[None, :] * stride_xbuf_l + offs_m[:, None],
-                     mask=mask_m[:, None] & in_buf[None, :], other=0.0)
+                     mask=mask_m[:, None] & hist[None, :], other=0.0)
     A = tl.load(A_ptr + head).to(tl.float32)
     dt = _process_dt(dt_ptr + row * stride_dt_b + head * stride_dt_h, dt_bias_ptr, head, HAS_DT_BIAS, DT_SOFTPLUS)
     x_raw = tl.load(x_ptr + row * stride_x_b + head * stride_x_h + offs_m, mask=mask_m, other=0.0)
     x = x_raw.to(tl.float32)
-
-    # Clamped so a corrupted cursor cannot address past the buffer; h == L-1 is the flush step.
-    h = tl.minimum(tl.load(write_pos_ptr + slot64), L - 1)
-    hist = offs_l < h
     dt_j = tl.where(hist, dt_hist, tl.where(offs_l == h, dt, 0.0))
     c_j = tl.cumsum(dt_j, axis=0)
     c_tot = tl.sum(dt_j, axis=0)

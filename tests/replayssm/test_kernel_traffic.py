@@ -65,23 +65,29 @@ def _m2_args(window=None):
     return dict(x=x["x"], dt=x["dt"], A=p.A, B=x["B"], C=x["C"], D=p.D, z=x["z"], dt_bias=p.dt_bias, slots=SLOT)
 
 
-@pytest.mark.parametrize("family", ["gdn", "mamba2"])
-def test_replay_ar_stores_state_only_on_the_flush(family, arch):
+@pytest.mark.parametrize("family, route", [("gdn", "output_only"), ("gdn", "output_only_fold"),
+                                           ("mamba2", "output_only")])
+def test_replay_ar_stores_state_only_on_the_flush(family, route, arch):
+    """Every step reads the checkpoint once; a route whose flush is a kernel of its own (GDN's output_only_fold,
+    Mamba-2's output_only: the readout, then the fold of the flushing rows) reads it a second time on the flush
+    step only, in the fold right after the readout (L2-hot: experiments/report/kernels/traffic.py's L2 reuse)."""
     L = 3
     if family == "gdn":
         cache = gdn_decode.ReplayCache.allocate(GDN, 2, L, act_dtype=F16)
-        step = lambda: gdn_decode.replay_step(cache, **gdn_step(GDN, 1, act_dtype=F16), slots=SLOT)  # noqa: E731
+        step = lambda: gdn_decode.replay_step(cache, **gdn_step(GDN, 1, act_dtype=F16), slots=SLOT,  # noqa: E731
+                                              route=route)
         geom = GDN
     else:
         cache = M2Cache.allocate(M2, 2, L, act_dtype=F16)
-        step = lambda: m2_decode.replay_step(cache, **_m2_args(), route="output_only")  # noqa: E731
+        step = lambda: m2_decode.replay_step(cache, **_m2_args(), route=route)  # noqa: E731
         geom = M2
+    separate_fold = (family, route) in (("gdn", "output_only_fold"), ("mamba2", "output_only"))
     with TrafficCounter() as counter:
         for h in range(L):
             counter.clear()
             step()
             load, store = state_io(counter)
-            assert load == state_bytes(geom), h
+            assert load == state_bytes(geom) * (2 if separate_fold and h == L - 1 else 1), h
             assert store == (state_bytes(geom) if h == L - 1 else 0), h
 
 

@@ -328,7 +328,7 @@ def test_launch_config_table():
     sup = launch_config(get_geometry("nemotron3_super_120b", 1), 16, "output_only", 90)
     assert (sup.block_m, sup.num_warps, sup.block_k) == (32, 2, 16)
     fold = launch_config(g, 16, "output_only", 90, kernel="mamba2_replay_ar_fold")
-    assert (fold.block_m, fold.num_warps, fold.block_k, fold.dot_precision) == (32, 2, 32, "tf32x3")
+    assert (fold.block_m, fold.num_warps, fold.block_k, fold.dot_precision) == (32, 4, 32, "tf32x3")
     assert launch_config(g, 16, "state_and_output", 100).block_m == 32
     assert launch_config(g, 16, "state_and_output", 90).dot_precision == "tf32x3"
     interp = launch_config(g, 4, "output_only", 0)
