@@ -9,6 +9,8 @@ Refresh (each command adds its entries to the table; a table of another Triton i
     python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --method gdn.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json
     python scripts/kernels/kernel_report.py --fp32-state-only --batch 512 --target 90 --geometry qwen35_122b_a10b --geometry kimi_linear_48b_a3b --geometry nemotron3_super_120b --spec-T 4 --method gdn.replay_spec --method gdn.replay_spec[verify_fold] --method gdn.recurrent_spec --method gdn.commit_replay --method kda.replay_spec --method kda.replay_spec[verify_fold] --method kda.recurrent_spec --method kda.commit_replay --method mamba2.replay_spec --method mamba2.replay_spec[verify_fold] --method mamba2.ssu_spec --method mamba2.commit_replay --issue-table replayssm/issue_table.py --json /tmp/kr/spec90.json
     python scripts/kernels/kernel_report.py --fp32-state-only --batch 128 --target 100 --geometry qwen35_122b_a10b --spec-T 6 --method gdn.replay_spec[verify_fold] --method gdn.replay_spec --method gdn.recurrent_spec --issue-table replayssm/issue_table.py --json /tmp/kr/spec100.json
+    python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry nemotron3_super_120b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --issue-table replayssm/issue_table.py
+    python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --issue-table replayssm/issue_table.py
 
 Key: (arch, geometry, method, route, L, T, B_hist, state bytes) as step_time.issue_key names them.
 Value: (kernel, warps per program, resident warps per SM, programs per batch row, fixed programs,
@@ -17,9 +19,9 @@ instructions per warp on the shortest storing path, on the longest path) per lau
 """
 
 TRITON = '3.6.0'
-COMMIT = '55e5963 (dirty)'
+COMMIT = '5e3361b (dirty)'
 GENERATED = '2026-12-06'
-COMMAND = 'python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry qwen35_4b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --issue-table replayssm/issue_table.py --json /tmp/kr/t90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry qwen35_4b --geometry qwen35_122b_a10b --geometry nemotron3_super_120b --geometry kimi_linear_48b_a3b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay[output_only_fold] --method kda.replay --method kda.recurrent --method kda.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --method gdn.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 512 --target 90 --geometry qwen35_122b_a10b --geometry kimi_linear_48b_a3b --geometry nemotron3_super_120b --spec-T 4 --method gdn.replay_spec --method gdn.replay_spec[verify_fold] --method gdn.recurrent_spec --method gdn.commit_replay --method kda.replay_spec --method kda.replay_spec[verify_fold] --method kda.recurrent_spec --method kda.commit_replay --method mamba2.replay_spec --method mamba2.replay_spec[verify_fold] --method mamba2.ssu_spec --method mamba2.commit_replay --issue-table replayssm/issue_table.py --json /tmp/kr/spec90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 128 --target 100 --geometry qwen35_122b_a10b --spec-T 6 --method gdn.replay_spec[verify_fold] --method gdn.replay_spec --method gdn.recurrent_spec --issue-table replayssm/issue_table.py --json /tmp/kr/spec100.json'
+COMMAND = 'python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry qwen35_4b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --issue-table replayssm/issue_table.py --json /tmp/kr/t90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry qwen35_4b --geometry qwen35_122b_a10b --geometry nemotron3_super_120b --geometry kimi_linear_48b_a3b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay[output_only_fold] --method kda.replay --method kda.recurrent --method kda.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --method gdn.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 512 --target 90 --geometry qwen35_122b_a10b --geometry kimi_linear_48b_a3b --geometry nemotron3_super_120b --spec-T 4 --method gdn.replay_spec --method gdn.replay_spec[verify_fold] --method gdn.recurrent_spec --method gdn.commit_replay --method kda.replay_spec --method kda.replay_spec[verify_fold] --method kda.recurrent_spec --method kda.commit_replay --method mamba2.replay_spec --method mamba2.replay_spec[verify_fold] --method mamba2.ssu_spec --method mamba2.commit_replay --issue-table replayssm/issue_table.py --json /tmp/kr/spec90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 128 --target 100 --geometry qwen35_122b_a10b --spec-T 6 --method gdn.replay_spec[verify_fold] --method gdn.replay_spec --method gdn.recurrent_spec --issue-table replayssm/issue_table.py --json /tmp/kr/spec100.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry nemotron3_super_120b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --issue-table replayssm/issue_table.py; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --issue-table replayssm/issue_table.py'
 STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
     (100, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'baseline_ar', '', 0, 0, 0, 4): (
         ('_gdn_recurrent_step_kernel', 4, 40, 512, 0, 478, 485),
@@ -83,26 +85,26 @@ STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
     ),
     (100, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 16, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
-        ('mamba2_ar_step_kernel', 2, 40, 256, 0, 761, 793),
-        ('mamba2_ar_fold_kernel', 2, 36, 256, 0, 0, 897),
+        ('mamba2_ar_step_kernel', 2, 48, 256, 0, 772, 804),
+        ('mamba2_ar_fold_kernel', 4, 36, 256, 0, 0, 717),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (100, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 32, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 36, 8, 0, 530, 540),
-        ('mamba2_ar_step_kernel', 2, 40, 256, 0, 812, 842),
-        ('mamba2_ar_fold_kernel', 2, 20, 256, 0, 0, 1440),
+        ('mamba2_ar_step_kernel', 2, 36, 256, 0, 812, 844),
+        ('mamba2_ar_fold_kernel', 4, 20, 256, 0, 0, 949),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (100, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 4, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
-        ('mamba2_ar_step_kernel', 2, 48, 256, 0, 778, 808),
-        ('mamba2_ar_fold_kernel', 2, 36, 256, 0, 0, 897),
+        ('mamba2_ar_step_kernel', 2, 48, 256, 0, 772, 804),
+        ('mamba2_ar_fold_kernel', 4, 36, 256, 0, 0, 717),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (100, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 8, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
-        ('mamba2_ar_step_kernel', 2, 48, 256, 0, 778, 808),
-        ('mamba2_ar_fold_kernel', 2, 36, 256, 0, 0, 897),
+        ('mamba2_ar_step_kernel', 2, 48, 256, 0, 772, 804),
+        ('mamba2_ar_fold_kernel', 4, 36, 256, 0, 0, 717),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (100, 'Mamba2Geometry(nheads=256, headdim=64, dstate=128, ngroups=8)', 'baseline_ar', '', 0, 0, 0, 4): (
@@ -110,26 +112,26 @@ STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
     ),
     (100, 'Mamba2Geometry(nheads=256, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 16, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
-        ('mamba2_ar_step_kernel', 2, 40, 512, 0, 761, 793),
-        ('mamba2_ar_fold_kernel', 2, 36, 512, 0, 0, 897),
+        ('mamba2_ar_step_kernel', 2, 48, 512, 0, 772, 804),
+        ('mamba2_ar_fold_kernel', 4, 36, 512, 0, 0, 717),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (100, 'Mamba2Geometry(nheads=256, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 32, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 36, 8, 0, 530, 540),
-        ('mamba2_ar_step_kernel', 2, 40, 512, 0, 812, 842),
-        ('mamba2_ar_fold_kernel', 2, 20, 512, 0, 0, 1440),
+        ('mamba2_ar_step_kernel', 2, 36, 512, 0, 812, 844),
+        ('mamba2_ar_fold_kernel', 4, 20, 512, 0, 0, 949),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (100, 'Mamba2Geometry(nheads=256, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 4, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
-        ('mamba2_ar_step_kernel', 2, 48, 512, 0, 778, 808),
-        ('mamba2_ar_fold_kernel', 2, 36, 512, 0, 0, 897),
+        ('mamba2_ar_step_kernel', 2, 48, 512, 0, 772, 804),
+        ('mamba2_ar_fold_kernel', 4, 36, 512, 0, 0, 717),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (100, 'Mamba2Geometry(nheads=256, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 8, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
-        ('mamba2_ar_step_kernel', 2, 48, 512, 0, 778, 808),
-        ('mamba2_ar_fold_kernel', 2, 36, 512, 0, 0, 897),
+        ('mamba2_ar_step_kernel', 2, 48, 512, 0, 772, 804),
+        ('mamba2_ar_fold_kernel', 4, 36, 512, 0, 0, 717),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (90, 'GDNGeometry(H=16, HV=32, K=128, V=128)', 'baseline_ar', '', 0, 0, 0, 4): (
@@ -310,26 +312,26 @@ STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
     ),
     (90, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 16, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
-        ('mamba2_ar_step_kernel', 2, 40, 256, 0, 785, 817),
-        ('mamba2_ar_fold_kernel', 2, 32, 256, 0, 0, 923),
+        ('mamba2_ar_step_kernel', 2, 48, 256, 0, 796, 828),
+        ('mamba2_ar_fold_kernel', 4, 36, 256, 0, 0, 752),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (90, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 32, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 36, 8, 0, 526, 536),
-        ('mamba2_ar_step_kernel', 2, 40, 256, 0, 836, 866),
-        ('mamba2_ar_fold_kernel', 2, 20, 256, 0, 0, 1095),
+        ('mamba2_ar_step_kernel', 2, 36, 256, 0, 836, 868),
+        ('mamba2_ar_fold_kernel', 4, 24, 256, 0, 0, 885),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (90, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 4, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
-        ('mamba2_ar_step_kernel', 2, 48, 256, 0, 799, 829),
-        ('mamba2_ar_fold_kernel', 2, 32, 256, 0, 0, 923),
+        ('mamba2_ar_step_kernel', 2, 48, 256, 0, 796, 828),
+        ('mamba2_ar_fold_kernel', 4, 36, 256, 0, 0, 752),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (90, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 8, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
-        ('mamba2_ar_step_kernel', 2, 48, 256, 0, 799, 829),
-        ('mamba2_ar_fold_kernel', 2, 32, 256, 0, 0, 923),
+        ('mamba2_ar_step_kernel', 2, 48, 256, 0, 796, 828),
+        ('mamba2_ar_fold_kernel', 4, 36, 256, 0, 0, 752),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (90, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'replay_spec', '', 0, 4, 16, 4): (
@@ -348,26 +350,26 @@ STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
     ),
     (90, 'Mamba2Geometry(nheads=96, headdim=80, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 16, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
-        ('mamba2_ar_step_kernel', 2, 48, 480, 0, 612, 637),
-        ('mamba2_ar_fold_kernel', 2, 32, 288, 0, 0, 929),
+        ('mamba2_ar_step_kernel', 2, 48, 480, 0, 611, 638),
+        ('mamba2_ar_fold_kernel', 4, 36, 288, 0, 0, 744),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (90, 'Mamba2Geometry(nheads=96, headdim=80, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 32, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 36, 8, 0, 526, 536),
-        ('mamba2_ar_step_kernel', 2, 40, 480, 0, 774, 808),
-        ('mamba2_ar_fold_kernel', 2, 20, 288, 0, 0, 1103),
+        ('mamba2_ar_step_kernel', 2, 48, 480, 0, 776, 810),
+        ('mamba2_ar_fold_kernel', 4, 20, 288, 0, 0, 876),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (90, 'Mamba2Geometry(nheads=96, headdim=80, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 4, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
-        ('mamba2_ar_step_kernel', 2, 48, 480, 0, 618, 643),
-        ('mamba2_ar_fold_kernel', 2, 32, 288, 0, 0, 929),
+        ('mamba2_ar_step_kernel', 2, 48, 480, 0, 611, 638),
+        ('mamba2_ar_fold_kernel', 4, 36, 288, 0, 0, 744),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
     (90, 'Mamba2Geometry(nheads=96, headdim=80, dstate=128, ngroups=8)', 'replay_ar', 'output_only', 8, 0, 0, 4): (
         ('_bc_precompute_kernel', 2, 48, 8, 0, 336, 345),
-        ('mamba2_ar_step_kernel', 2, 48, 480, 0, 618, 643),
-        ('mamba2_ar_fold_kernel', 2, 32, 288, 0, 0, 929),
+        ('mamba2_ar_step_kernel', 2, 48, 480, 0, 611, 638),
+        ('mamba2_ar_fold_kernel', 4, 36, 288, 0, 0, 744),
         ('_advance_cursor_kernel', 1, 32, 0, 1, 32, 33),
     ),
 }
