@@ -44,6 +44,18 @@ from replayssm.delta_rule._tl import replay_weights
 
 
 @triton.jit
+def window_rows(origin, h, ring_mask, T: tl.constexpr, TW: tl.constexpr):
+    """The stacked window tile's rows ([TW]: the T keys, then the T queries, then padding) and the ring row of
+    each row's token (logical position h + token after the ring's origin): (offs_r, is_k, is_q, live, token,
+    ring row)."""
+    offs_r = tl.arange(0, TW)
+    is_k = offs_r < T
+    is_q = (offs_r >= T) & (offs_r < 2 * T)
+    tok = tl.where(is_q, offs_r - T, offs_r)
+    return offs_r, is_k, is_q, is_k | is_q, tok, (origin + h + tok) & ring_mask
+
+
+@triton.jit
 def _window_coefficients(WWd, beta_k, eG, strict, key_block, eye, q_diag, is_k, is_q, on_path,
                          FP32_DOT: tl.constexpr, LOG2T: tl.constexpr):
     """(Cz, Cv) [TW, TW] of one value head (module docstring) from the decayed Gram matrix WWd[r, c] =
@@ -82,12 +94,7 @@ def spec_prep_kernel(
     h = tl.load(wpos_ptr + slot)
     origin = tl.load(origin_ptr + slot)
 
-    offs_r = tl.arange(0, TW)
-    is_k = offs_r < T
-    is_q = (offs_r >= T) & (offs_r < 2 * T)
-    live = is_k | is_q
-    tok = tl.where(is_q, offs_r - T, offs_r)
-    win_rows = (origin + h + tok) & ring_mask
+    offs_r, is_k, is_q, live, tok, win_rows = window_rows(origin, h, ring_mask, T, TW)
     offs_k = tl.arange(0, BK)
     mask_k = offs_k < K
     offs_c = tl.arange(0, BC)
@@ -203,12 +210,7 @@ def spec_prep_kda_kernel(
     h = tl.load(wpos_ptr + slot)
     origin = tl.load(origin_ptr + slot)
     folds = (tl.load(flush_ptr + slot) != 0) & (h > 0)          # the fold reads this row's weights
-    offs_r = tl.arange(0, TW)
-    is_k = offs_r < T
-    is_q = (offs_r >= T) & (offs_r < 2 * T)
-    live = is_k | is_q
-    tok = tl.where(is_q, offs_r - T, offs_r)
-    win_rows = (origin + h + tok) & ring_mask
+    offs_r, is_k, is_q, live, tok, win_rows = window_rows(origin, h, ring_mask, T, TW)
     offs_c = tl.arange(0, BC)
     valid_c = offs_c < h
     hist_rows = (origin + offs_c) & ring_mask
