@@ -16,6 +16,10 @@ it raw and normalises again), so the commit needs no use_qk_l2norm flag.
     o = spec_verify(cache, q, k, v, g, beta)                          # o [batch, T, HV, V]
     spec_commit(cache, num_accepted)                                  # replay 1..T accepted tokens
 Per step and slot: verify reads 1 state, commit reads + writes 1 state (native: 1 read + T writes).
+
+State formats (replayssm/state_format.py): every format on the torch / ref backends (the checkpoint rounded once per
+commit by the format's rule: baselines/spec_formats.py), the plain ones on triton / cpu (the others refused before
+any launch). A request's state enters a slot through state_format.set_state(cache, S, slots).
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ import triton
 import triton.language as tl
 
 from baselines.gdn_recurrent_spec import MAX_K, delta_step_torch_, live_rows, serial_launch_config, window_qk_fp32
+from baselines.spec_formats import formatted_pool
 from replayssm.checks import (
     NULL_SLOT,
     check_backend,
     check_cache_type,
     check_pool_alloc,
+    check_ring_format,
     check_slots,
 )
 from replayssm.gdn.ref import gdn_step_ref, l2norm
@@ -40,6 +46,7 @@ from replayssm.gdn.spec import check_window
 from replayssm.geometry import GDNGeometry, KDAGeometry
 from replayssm.ring_cursors import check_live_counts
 from replayssm.slot_pool import SlotPool
+from replayssm.state_format import allocate_extras, check_seed
 
 
 @dataclass
@@ -52,6 +59,7 @@ class DeltaRuleCommitReplayCache(SlotPool):
     v     [num_slots, HV, T, V]  the window's raw values (act_dtype)
     g     [num_slots, HV, T]     the window's log decays (fp32); KDA: [num_slots, HV, T, K]
     beta  [num_slots, HV, T]     the window's betas (fp32)
+    state_scale [num_slots, HV] fp32, sr_step [num_slots] int32: as a ReplaySSM ring's (non-plain formats)
     """
 
     ACT_FIELD: ClassVar[str] = "k"
@@ -64,14 +72,21 @@ class DeltaRuleCommitReplayCache(SlotPool):
     g: torch.Tensor
     beta: torch.Tensor
     null_slot: int = NULL_SLOT
+    state_scale: torch.Tensor | None = None
+    sr_step: torch.Tensor | None = None
+    sr_seed: int = 0
+    state_format: str | None = None  # replayssm/state_format.py name (None: the state dtype's plain format)
 
     @classmethod
     def allocate(cls, geometry, num_slots: int, window: int, state_dtype=torch.float32,
-                 act_dtype=torch.float32, device="cpu"):
-        check_pool_alloc(geometry, cls.GEOMETRY, state_dtype, act_dtype, num_slots=num_slots, window=window)
+                 act_dtype=torch.float32, device="cpu", sr_seed: int = 0):
+        """`state_dtype`: a state format name or a torch dtype (every format on torch / ref); `sr_seed`: the 32-bit
+        seed of a stochastic-rounding format."""
+        storage = check_pool_alloc(geometry, cls.GEOMETRY, state_dtype, act_dtype, all_formats=True,
+                                   num_slots=num_slots, window=window)
         gm, n, T = geometry, num_slots, window
-        return cls(geometry=gm,
-                   state=torch.zeros(n, gm.HV, gm.V, gm.K, dtype=state_dtype, device=device),
+        state = torch.zeros(n, gm.HV, gm.V, gm.K, dtype=storage, device=device)
+        return cls(geometry=gm, state=state, sr_seed=check_seed(sr_seed), **allocate_extras(state, state_dtype),
                    k=torch.zeros(n, gm.H, T, gm.K, dtype=act_dtype, device=device),
                    v=torch.zeros(n, gm.HV, T, gm.V, dtype=act_dtype, device=device),
                    g=torch.zeros(n, gm.HV, T, *gm.decay_dims, dtype=torch.float32, device=device),
@@ -325,6 +340,7 @@ def run_spec_verify(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, b
     """spec_verify after the family's check, for either decay shape (cache.geometry.PER_CHANNEL_DECAY, KDA:
     g [batch, T, HV, K]): every backend here takes either shape."""
     per_channel = cache.geometry.PER_CHANNEL_DECAY
+    check_ring_format(cache, backend, f"{'kda' if per_channel else 'gdn'}.commit_replay")
     batch, scale = check_window(cache.geometry, cache.window, cache.act_dtype, q, k, v, g, beta, out, scale, backend,
                                 per_channel_g=per_channel)
     check_backend(backend, cache.state)
@@ -340,8 +356,11 @@ def run_spec_verify(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, b
         args = (cache, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out)
         if backend == "triton":
             _verify_triton(*args, per_channel=per_channel)
+        elif backend == "cpu":
+            _verify_cpu(*args)
         else:
-            {"torch": _verify_torch, "ref": _verify_ref, "cpu": _verify_cpu}[backend](*args)
+            with formatted_pool(cache, slots, batch, backend, writes=False) as work:   # reads the checkpoint only
+                {"torch": _verify_torch, "ref": _verify_ref}[backend](work, *args[1:])
     return out
 
 
@@ -354,6 +373,7 @@ def spec_commit(cache: CommitReplayCache, num_accepted: torch.Tensor, slots: tor
 
 def run_spec_commit(cache, num_accepted, slots, backend: str) -> None:
     """spec_commit after the family's check, for either decay shape."""
+    check_ring_format(cache, backend, f"{'kda' if cache.geometry.PER_CHANNEL_DECAY else 'gdn'}.commit_replay")
     check_backend(backend, cache.state)
     if not isinstance(num_accepted, torch.Tensor) or num_accepted.dim() != 1:
         raise ValueError("num_accepted must be a 1-D integer tensor [batch]")
@@ -368,5 +388,8 @@ def run_spec_commit(cache, num_accepted, slots, backend: str) -> None:
         raise ValueError(f"K={cache.geometry.K} > {MAX_K}: the kernel cannot tile a key dim this large")
     if backend == "triton":
         _commit_triton(cache, num_accepted, slots, per_channel=cache.geometry.PER_CHANNEL_DECAY)
-    else:
-        {"torch": _commit_torch, "ref": _commit_ref, "cpu": _commit_cpu}[backend](cache, num_accepted, slots)
+    elif backend == "cpu":
+        _commit_cpu(cache, num_accepted, slots)
+    else:                                       # the one state write: rounded by the format on the way out
+        with formatted_pool(cache, slots, batch, backend, writes=True) as work:
+            {"torch": _commit_torch, "ref": _commit_ref}[backend](work, num_accepted, slots)

@@ -253,7 +253,7 @@ def run_recurrent_step(state, q, k, v, g, beta, scale, use_qk_l2norm, slots, out
         torch_step(state, q, k, v, g, beta, scale, use_qk_l2norm, None if slots is None else slots_i32, out)
     elif backend == "cpu":
         from replayssm.cpu import ops
-        ops.gdn_step(state, q, k, v, g, beta, scale, use_qk_l2norm, out, slots_i32)
+        ops.gdn_step(state, q, k, v, g, beta, scale, use_qk_l2norm, out, slots_i32, store)   # store: SR counter
     else:
         _step_ref(state, q, k, v, g, beta, scale, use_qk_l2norm, slots_i32, out)
     return out

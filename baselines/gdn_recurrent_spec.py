@@ -12,6 +12,8 @@ drafts cost nothing more. Per step and slot: 1 state read + T state writes, and 
 Inputs as replayssm.gdn.spec: q, k [batch, T, H, K], v [batch, T, HV, V] in one act dtype, g and beta
 [batch, T, HV] fp32, value head hv reads key head hv // (HV // H); NULL_SLOT rows are skipped.
 Backends: "triton" (one kernel + tiny cursor kernels), "torch" (vectorised, serial over T), "ref" (float64).
+State formats (replayssm/state_format.py): every format on torch / ref (the T snapshots rounded once per verify by
+the format's rule, a scale per (slot, snapshot, head): baselines/spec_formats.py), the plain ones on triton / cpu.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from baselines.spec_formats import formatted_pool
 from replayssm import launch_registry, launch_table
 from replayssm.checks import (
     ACT_DTYPES,
@@ -31,6 +34,7 @@ from replayssm.checks import (
     check_cache_type,
     check_dtype,
     check_pool_alloc,
+    check_ring_format,
     check_slots,
     kernel_arch,
     next_pow2,
@@ -40,6 +44,7 @@ from replayssm.gdn.spec import check_window
 from replayssm.geometry import GDNGeometry, KDAGeometry
 from replayssm.ring_cursors import check_live_counts
 from replayssm.slot_pool import SlotPool
+from replayssm.state_format import allocate_extras, check_seed, format_of, read_state
 
 MAX_K = 256  # a program keeps a whole [BV, K] state row block: the rank-1 update needs all of K
 
@@ -51,6 +56,7 @@ class DeltaRuleSpecStates(SlotPool):
 
     state [num_slots, T, HV, V, K]  snapshot t = state after window token t of the last verify (state_dtype)
     last  [num_slots] int32         snapshot the next verify starts from (accepted - 1; 0 after reset)
+    state_scale [num_slots, T, HV] fp32, sr_step [num_slots] int32: non-plain formats (replayssm/state_format.py)
     """
 
     GEOMETRY: ClassVar[type] = GDNGeometry
@@ -59,13 +65,21 @@ class DeltaRuleSpecStates(SlotPool):
     state: torch.Tensor
     last: torch.Tensor
     null_slot: int = NULL_SLOT
+    state_scale: torch.Tensor | None = None
+    sr_step: torch.Tensor | None = None
+    sr_seed: int = 0
+    state_format: str | None = None  # replayssm/state_format.py name (None: the state dtype's plain format)
 
     @classmethod
-    def allocate(cls, geometry, num_slots: int, window: int, state_dtype=torch.float32, device="cpu"):
-        check_pool_alloc(geometry, cls.GEOMETRY, state_dtype, num_slots=num_slots, window=window)
+    def allocate(cls, geometry, num_slots: int, window: int, state_dtype=torch.float32, device="cpu",
+                 sr_seed: int = 0):
+        """`state_dtype`: a state format name or a torch dtype (every format on torch / ref); `sr_seed`: the 32-bit
+        seed of a stochastic-rounding format."""
+        storage = check_pool_alloc(geometry, cls.GEOMETRY, state_dtype, all_formats=True, num_slots=num_slots,
+                                   window=window)
         gm = geometry
-        return cls(geometry=gm,
-                   state=torch.zeros(num_slots, window, gm.HV, gm.V, gm.K, dtype=state_dtype, device=device),
+        state = torch.zeros(num_slots, window, gm.HV, gm.V, gm.K, dtype=storage, device=device)
+        return cls(geometry=gm, state=state, sr_seed=check_seed(sr_seed), **allocate_extras(state, state_dtype),
                    last=torch.zeros(num_slots, dtype=torch.int32, device=device))
 
     @property
@@ -73,8 +87,10 @@ class DeltaRuleSpecStates(SlotPool):
         return self.state.shape[1]
 
     def committed(self) -> torch.Tensor:
-        """The committed state of every slot [num_slots, HV, V, K] (a gather: snapshot last[slot])."""
-        return self.state[torch.arange(self.num_slots, device=self.device), self.last.long()]
+        """The committed state of every slot [num_slots, HV, V, K] (a gather: snapshot last[slot]; dequantised to
+        float32 for a non-plain format)."""
+        key = (torch.arange(self.num_slots, device=self.device), self.last.long())
+        return self.state[key] if format_of(self).plain else read_state(self, key)
 
 
 class SpecStates(DeltaRuleSpecStates):
@@ -276,6 +292,7 @@ def run_spec_verify(states, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, 
         raise ValueError("q must be a tensor")
     check_dtype("q", q, ACT_DTYPES)
     per_channel = states.geometry.PER_CHANNEL_DECAY
+    check_ring_format(states, backend, f"{'kda' if per_channel else 'gdn'}.recurrent_spec")
     batch, scale = check_window(states.geometry, states.window, q.dtype, q, k, v, g, beta, out, scale, backend,
                                 per_channel_g=per_channel)
     check_backend(backend, states.state)
@@ -291,8 +308,11 @@ def run_spec_verify(states, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, 
         args = (states, q, k, v, g, beta, scale, bool(use_qk_l2norm), slots, out)
         if backend == "triton":
             _verify_triton(*args, per_channel=per_channel)
-        else:
-            {"torch": _verify_torch, "ref": _verify_ref, "cpu": _verify_cpu}[backend](*args)
+        elif backend == "cpu":
+            _verify_cpu(*args)
+        else:                               # the T snapshots: rounded by the format on the way out
+            with formatted_pool(states, slots, batch, backend, writes=True, snapshot=states.last) as work:
+                {"torch": _verify_torch, "ref": _verify_ref}[backend](work, *args[1:])
     return out
 
 

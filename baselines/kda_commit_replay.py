@@ -26,7 +26,7 @@ from replayssm.geometry import KDAGeometry
 
 class CommitReplayCache(DeltaRuleCommitReplayCache):
     """Frozen KDA checkpoint + the last window's stash: `CommitReplayCache.allocate(KDAGeometry(...), num_slots,
-    window, state_dtype, act_dtype, device)`.
+    window, state_dtype, act_dtype, device, sr_seed)` (state formats: GDN's).
 
     state [num_slots, HV, V, K]; k [num_slots, H, T, K] (act); v [num_slots, HV, T, V] (act);
     g [num_slots, HV, T, K] fp32 (per key channel); beta [num_slots, HV, T] fp32.

@@ -26,7 +26,8 @@ from replayssm.geometry import KDAGeometry
 
 class SpecStates(DeltaRuleSpecStates):
     """T KDA state snapshots per slot: state [num_slots, T, HV, V, K]; last [num_slots] int32 (the snapshot the
-    next verify starts from). `SpecStates.allocate(KDAGeometry(...), num_slots, window, state_dtype, device)`."""
+    next verify starts from). `SpecStates.allocate(KDAGeometry(...), num_slots, window, state_dtype, device,
+    sr_seed)` (state formats: GDN's)."""
 
     GEOMETRY: ClassVar[type] = KDAGeometry
 

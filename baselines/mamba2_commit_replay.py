@@ -9,6 +9,10 @@ tokens of the replay stash"). No per-draft snapshots, no history ring (contrast:
 writes the checkpoint only on flush steps).
 
 Per step and slot: verify reads 1 state, commit reads + writes 1 state (vs native: 1 read + T writes).
+
+State formats (replayssm/state_format.py): every format on the torch / ref backends (the checkpoint rounded once per
+commit by the format's rule: baselines/spec_formats.py), the plain ones on triton / cpu (the others refused before
+any launch). A request's state enters a slot through state_format.set_state(cache, S, slots).
 """
 
 from __future__ import annotations
@@ -31,12 +35,14 @@ from baselines.mamba2_ssu import (
     process_dt_torch,
     write_back,
 )
+from baselines.spec_formats import formatted_pool
 from replayssm.checks import (
     NULL_SLOT,
     check_backend,
     check_dtype,
     check_num_accepted,
     check_pool_alloc,
+    check_ring_format,
     check_same_device,
     check_shape,
     check_slots,
@@ -44,6 +50,7 @@ from replayssm.checks import (
 from replayssm.geometry import Mamba2Geometry
 from replayssm.mamba2.ref import process_dt, ssm_step_ref, window_ref
 from replayssm.slot_pool import SlotPool
+from replayssm.state_format import allocate_extras, check_seed
 
 
 @dataclass
@@ -54,6 +61,7 @@ class CommitReplayCache(SlotPool):
     x     [num_slots, nheads, T, headdim]        the window's x (act_dtype)
     B     [num_slots, ngroups, T, dstate]        the window's B (act_dtype)
     dt    [num_slots, nheads, T]                 the window's processed dt (fp32, after bias + softplus)
+    state_scale [num_slots, nheads] fp32, sr_step [num_slots] int32: as a ReplaySSM ring's (non-plain formats)
     """
 
     ACT_FIELD: ClassVar[str] = "x"
@@ -65,19 +73,27 @@ class CommitReplayCache(SlotPool):
     B: torch.Tensor
     dt: torch.Tensor
     null_slot: int = NULL_SLOT
+    state_scale: torch.Tensor | None = None
+    sr_step: torch.Tensor | None = None
+    sr_seed: int = 0
+    state_format: str | None = None  # replayssm/state_format.py name (None: the state dtype's plain format)
 
     @classmethod
     def allocate(cls, geometry: Mamba2Geometry, num_slots: int, window: int, state_dtype=torch.float32,
-                 act_dtype=torch.float32, device="cpu") -> CommitReplayCache:
-        check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, num_slots=num_slots, window=window)
+                 act_dtype=torch.float32, device="cpu", sr_seed: int = 0) -> CommitReplayCache:
+        """`state_dtype`: a state format name or a torch dtype (every format on torch / ref); `sr_seed`: the 32-bit
+        seed of a stochastic-rounding format."""
+        storage = check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, all_formats=True,
+                                   num_slots=num_slots, window=window)
         if window > MAX_WINDOW:
             raise ValueError(f"window must be an int in 1..{MAX_WINDOW}, got {window!r}")
         if geometry.dstate > K.MAX_DSTATE:
             raise ValueError(f"dstate={geometry.dstate} > {K.MAX_DSTATE}: the kernels keep a whole dstate row in "
                              "one tile")
         g, n, T = geometry, num_slots, window
-        return cls(geometry=g, window=T,
-                   state=torch.zeros(n, g.nheads, g.headdim, g.dstate, dtype=state_dtype, device=device),
+        state = torch.zeros(n, g.nheads, g.headdim, g.dstate, dtype=storage, device=device)
+        return cls(geometry=g, window=T, state=state, sr_seed=check_seed(sr_seed),
+                   **allocate_extras(state, state_dtype),
                    x=torch.zeros(n, g.nheads, T, g.headdim, dtype=act_dtype, device=device),
                    B=torch.zeros(n, g.ngroups, T, g.dstate, dtype=act_dtype, device=device),
                    dt=torch.zeros(n, g.nheads, T, dtype=torch.float32, device=device))
@@ -198,6 +214,7 @@ def spec_verify(cache, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus
     = cache.act_dtype). No state is written; the window's x, B and processed dt are stashed for the commit.
     """
     _check_cache(cache)
+    check_ring_format(cache, backend, "mamba2.commit_replay")
     check_backend(backend, cache.state, x, dt, B, C, z, out)
     g, T = cache.geometry, cache.window
     batch, _ = check_step_inputs(g.nheads, g.headdim, g.dstate, x, dt, A, B, C, D, z, dt_bias, out, window=T,
@@ -210,19 +227,20 @@ def spec_verify(cache, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus
         return out
     if backend == "triton":
         _verify_triton(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots_checked, out)
-    elif backend == "torch":
-        _verify_torch(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out)
     elif backend == "cpu":
         from replayssm.cpu import ops
         ops.mamba2_cr_verify(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, slots_checked)
     else:
-        _verify_ref(cache, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out)
+        with formatted_pool(cache, slots, batch, backend, writes=False) as work:      # reads the checkpoint only
+            verify = _verify_torch if backend == "torch" else _verify_ref
+            verify(work, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out)
     return out
 
 
 def spec_commit(cache, num_accepted, A, slots=None, backend="triton"):
     """Replay the first num_accepted [batch] (1..T, bonus included) stashed tokens into the checkpoint."""
     _check_cache(cache)
+    check_ring_format(cache, backend, "mamba2.commit_replay")
     check_backend(backend, cache.state, num_accepted, A)
     batch = num_accepted.shape[0] if num_accepted.dim() == 1 else -1
     num_accepted = check_num_accepted(num_accepted, batch, cache.window)
@@ -234,19 +252,18 @@ def spec_commit(cache, num_accepted, A, slots=None, backend="triton"):
         return
     if backend == "triton":
         _commit_triton(cache, num_accepted, A, slots_checked)
-    elif backend == "torch":
-        _commit_torch(cache, num_accepted, A, slots)
     elif backend == "cpu":
         from replayssm.cpu import ops
         ops.mamba2_cr_commit(cache, num_accepted, A, slots_checked)
-    else:
-        _commit_ref(cache, num_accepted, A, slots)
+    else:                                       # the one state write: rounded by the format on the way out
+        with formatted_pool(cache, slots, batch, backend, writes=True) as work:
+            (_commit_torch if backend == "torch" else _commit_ref)(work, num_accepted, A, slots)
 
 
 def spec_reset(cache, slots=None, backend="triton"):
     """A new request enters `slots`: nothing to do (there are no cursors: every verify overwrites the whole
     stash and every commit names its own accepted count). Kept so a harness can treat all methods alike;
-    the caller writes the prefill state into `cache.state`."""
+    the caller writes the prefill state into the slot (state_format.set_state for any format)."""
     _check_cache(cache)
     check_backend(backend, cache.state)
     if slots is not None:

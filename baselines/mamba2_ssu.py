@@ -36,6 +36,7 @@ from replayssm.checks import (
     check_last_dim_contiguous,
     check_num_accepted,
     check_pool_alloc,
+    check_ring_format,
     check_same_device,
     check_shape,
     check_slots,
@@ -44,7 +45,7 @@ from replayssm.checks import (
 from replayssm.geometry import Mamba2Geometry
 from replayssm.mamba2.ref import SOFTPLUS_THRESHOLD, ssm_step_ref, window_ref
 from replayssm.slot_pool import SlotPool
-from replayssm.state_format import formatted_work, unwrap_state
+from replayssm.state_format import allocate_extras, check_seed, format_of, formatted_work, read_state, unwrap_state
 
 MAX_WINDOW = 16  # T is unrolled in the spec kernels
 
@@ -168,7 +169,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         _ssu_torch(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out, ngroups)
     elif backend == "cpu":
         from replayssm.cpu import ops
-        ops.mamba2_ssu(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, slots_checked)
+        ops.mamba2_ssu(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, slots_checked, store)  # SR counter
     else:
         _ssu_ref(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out)
     return out
@@ -275,6 +276,8 @@ class SpecStates(SlotPool):
 
     state [num_slots, T, nheads, headdim, dstate]  snapshot t = state after window token t of the last verify
     last  [num_slots] int32                         which snapshot holds the committed state
+    state_scale [num_slots, T, nheads] fp32, sr_step [num_slots] int32: non-plain formats (torch / ref backends:
+    the T snapshots rounded once per verify by the format's rule, baselines/spec_formats.py)
     """
 
     geometry: Mamba2Geometry
@@ -282,26 +285,33 @@ class SpecStates(SlotPool):
     state: torch.Tensor
     last: torch.Tensor
     null_slot: int = NULL_SLOT
+    state_scale: torch.Tensor | None = None
+    sr_step: torch.Tensor | None = None
+    sr_seed: int = 0
+    state_format: str | None = None  # replayssm/state_format.py name (None: the state dtype's plain format)
 
     @classmethod
     def allocate(cls, geometry: Mamba2Geometry, num_slots: int, window: int, state_dtype=torch.float32,
-                 device="cpu") -> SpecStates:
-        check_pool_alloc(geometry, Mamba2Geometry, state_dtype, num_slots=num_slots, window=window)
+                 device="cpu", sr_seed: int = 0) -> SpecStates:
+        """`state_dtype`: a state format name or a torch dtype (every format on torch / ref); `sr_seed`: the 32-bit
+        seed of a stochastic-rounding format."""
+        storage = check_pool_alloc(geometry, Mamba2Geometry, state_dtype, all_formats=True, num_slots=num_slots,
+                                   window=window)
         if window > MAX_WINDOW:
             raise ValueError(f"window must be an int in 1..{MAX_WINDOW}, got {window!r}")
         if geometry.dstate > K.MAX_DSTATE:
             raise ValueError(f"dstate={geometry.dstate} > {K.MAX_DSTATE}: the kernels keep a whole dstate row in "
                              "one tile")
         g = geometry
-        return cls(geometry=g, window=window,
-                   state=torch.zeros(num_slots, window, g.nheads, g.headdim, g.dstate, dtype=state_dtype,
-                                     device=device),
-                   last=torch.zeros(num_slots, dtype=torch.int32, device=device))
+        state = torch.zeros(num_slots, window, g.nheads, g.headdim, g.dstate, dtype=storage, device=device)
+        return cls(geometry=g, window=window, state=state, sr_seed=check_seed(sr_seed),
+                   **allocate_extras(state, state_dtype), last=torch.zeros(num_slots, dtype=torch.int32, device=device))
 
     def committed(self, slots: torch.Tensor | None = None) -> torch.Tensor:
         """The committed state of `slots` (default all): [batch, nheads, headdim, dstate] (a gathered copy)."""
         idx = torch.arange(self.num_slots, device=self.device) if slots is None else slots.long()
-        return self.state[idx, self.last[idx].long()]
+        key = (idx, self.last[idx].long())
+        return self.state[key] if format_of(self).plain else read_state(self, key)    # dequantised
 
 
 def _check_spec_states(states) -> None:
@@ -317,6 +327,7 @@ def spec_verify(states, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplu
     Loads snapshot last[slot], runs the T tokens serially, stores the state after token t into snapshot t.
     """
     _check_spec_states(states)
+    check_ring_format(states, backend, "mamba2.ssu_spec")
     check_backend(backend, states.state, x, dt, B, C, z, out)
     g, T = states.geometry, states.window
     batch, _ = check_step_inputs(g.nheads, g.headdim, g.dstate, x, dt, A, B, C, D, z, dt_bias, out, window=T,
@@ -329,13 +340,14 @@ def spec_verify(states, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplu
         return out
     if backend == "triton":
         _spec_triton(states, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots_checked, out)
-    elif backend == "torch":
-        _spec_torch(states, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out)
     elif backend == "cpu":
         from replayssm.cpu import ops
         ops.mamba2_spec_native(states, x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, slots_checked)
-    else:
-        _spec_ref(states, x, dt, A, B, C, D, z, dt_bias, dt_softplus, slots, out)
+    else:                                   # the T snapshots: rounded by the format on the way out
+        from baselines.spec_formats import formatted_pool
+        with formatted_pool(states, slots, batch, backend, writes=True, snapshot=states.last) as work:
+            (_spec_torch if backend == "torch" else _spec_ref)(work, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                                                                slots, out)
     return out
 
 

@@ -21,16 +21,17 @@ status=error and the sweep goes on; `resume=` skips series already recorded.
 
 state_dtype is a state format of replayssm/state_format.py: float32, float16, bfloat16 for every method and
 backend; float16_sr, bfloat16_sr (stochastic rounding), int8 and float8_e4m3fn (per-(slot, head) scale) for
-baseline_ar and replay_ar on the torch / ref backends only (a sweep asking another backend for them is refused
-before any work, naming what the backend stores; the other methods skip them at planning). Their rows are
-marked experimental=True (no kernel writes them yet). The harness's set_state writes the initial state through
-the format's writer (experiments/harness/methods.py), so it is quantised like any write (int8 / fp8: the error
-includes the prefill state's rounding; S0 is bf16-exact, so the half formats round nothing there) and the SR
-write counter restarts; the SR seed is the sweep's seed. Where the state is rounded: replay_ar's checkpoint once
-per flush (every L steps), baseline_ar's state once per step; experiments/report/accuracy.py fits the state error
-against both steps and state writes.
-sweep.formats_steps / formats_workloads (a CPU budget) run the non-plain formats over fewer tokens / workloads
-(rows carry their own `steps`).
+every method on the torch / ref backends only (a sweep asking another backend for them is refused before any work,
+naming what the backend stores; a method without them would skip them at planning).
+Their rows are marked experimental=True (no kernel writes them yet). The harness's set_state writes the initial
+state through the format's writer (experiments/harness/methods.py), so it is quantised like any write (int8 / fp8:
+the error includes the prefill state's rounding; S0 is bf16-exact, so the half formats round nothing there) and the
+SR write counter restarts; the SR seed is the sweep's seed. Where the state is rounded: replay_ar's checkpoint once
+per flush (every L steps), replay_spec's once per ring flush with history, commit_replay_spec's once per commit,
+baseline_spec's T snapshots once per verify, baseline_ar's state once per step; experiments/report/accuracy.py
+fits the state error against both steps and state writes.
+sweep.formats_steps / formats_workloads (a CPU budget) run the non-plain formats over fewer tokens (a spec series:
+the windows whose expected accepted tokens cover them) / workloads (rows carry their own `steps`).
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ class Series:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def steps(self, sweep: dict) -> int:
-        """Tokens this series decodes: sweep.formats_steps for a non-plain format when set, else sweep.steps."""
+        """Tokens this series decodes: sweep.formats_steps for a non-plain format when set, else sweep.steps (a
+        spec series: the windows whose expected accepted tokens cover them, Group.spec_windows)."""
         if sweep.get("formats_steps") and not sf.state_format(self.state_dtype).plain:
             return min(sweep["formats_steps"], sweep["steps"])
         return sweep["steps"]
@@ -229,8 +231,15 @@ class Group:
         # + formats_steps: the last step of the non-plain formats' shorter series is a checkpoint too
         extra = {min(sweep["formats_steps"], self.steps)} if sweep.get("formats_steps") else set()
         self.ar_ckpts = sorted(set(acs.checkpoints(self.steps, sweep["checkpoints"])) | extra)
-        self.spec_ckpts = acs.checkpoints(self.windows, sweep["checkpoints"])
+        # the non-plain formats' spec series stop at their last window (a checkpoint too)
+        spec_extra = {self.spec_windows(min(sweep["formats_steps"], self.steps))} if sweep.get("formats_steps") \
+            else set()
+        self.spec_ckpts = sorted(set(acs.checkpoints(self.windows, sweep["checkpoints"])) | spec_extra)
         self._ar = self._spec = None
+
+    def spec_windows(self, steps: int) -> int:
+        """The verify windows a spec series of `steps` tokens runs (as many as their expected accepted counts)."""
+        return min(self.windows, math.ceil(steps / self.acc.expected(self.T)))
 
     @property
     def ar(self) -> acs.ARTrajectory:
@@ -278,7 +287,7 @@ def run_series(s: Series, group: Group, sweep: dict, seed: int) -> list[dict]:
     else:
         traj = group.spec_traj
         counts = traj.counts.to(device)
-        for w in range(1, group.windows + 1):
+        for w in range(1, group.spec_windows(s.steps(sweep)) + 1):
             y = method.verify(fns, cache, p, traj.kwargs[w - 1], None, wl.out(rows, window=group.T))
             method.commit(fns, cache, p, counts[w - 1], None, A)
             pending.append(acs.per_head_err(y.transpose(1, 2), traj.y[w - 1].transpose(1, 2)))

@@ -62,12 +62,11 @@ def _replay_state(cache, family, backend, A):
 
 
 def _snapshot_state(cache, family, backend, A):
-    rows = torch.arange(cache.num_slots, device=cache.state.device)
-    return cache.state[rows, cache.last.long()]      # snapshot `last` holds the committed state
+    return cache.committed()                         # snapshot `last` holds the committed state (dequantised)
 
 
 def _checkpoint_state(cache, family, backend, A):
-    return cache.state                                # commit replay folds the accepted prefix into it
+    return sf.read_state(cache, slice(None))          # commit replay folds the accepted prefix into it
 
 
 def _ring_state(cache, family, backend, A):
@@ -88,8 +87,8 @@ class AccuracyMethod:
 
     harness: str
     committed_state: Callable
-    # state formats it runs (replayssm/state_format.py); the plain ones for every method, all of them for the AR
-    # methods whose caches store them (torch / ref backends: experiments/accuracy.py checks the backend)
+    # state formats it runs (replayssm/state_format.py); every method's cache stores all of them on the torch / ref
+    # backends (experiments/accuracy.py checks the backend), a new method may take the plain ones only
     formats: tuple[str, ...] = sf.PLAIN_FORMATS
 
     @property
@@ -101,9 +100,9 @@ class AccuracyMethod:
 METHODS: dict[str, AccuracyMethod] = {
     "baseline_ar": AccuracyMethod("baseline_ar", _tensor_state, formats=sf.FORMAT_NAMES),
     "replay_ar": AccuracyMethod("replay_ar", _replay_state, formats=sf.FORMAT_NAMES),
-    "baseline_spec": AccuracyMethod("baseline_spec", _snapshot_state),
-    "commit_replay_spec": AccuracyMethod("commit_replay_spec", _checkpoint_state),
-    "replay_spec": AccuracyMethod("replay_spec", _ring_state),
+    "baseline_spec": AccuracyMethod("baseline_spec", _snapshot_state, formats=sf.FORMAT_NAMES),
+    "commit_replay_spec": AccuracyMethod("commit_replay_spec", _checkpoint_state, formats=sf.FORMAT_NAMES),
+    "replay_spec": AccuracyMethod("replay_spec", _ring_state, formats=sf.FORMAT_NAMES),
 }
 
 

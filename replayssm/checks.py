@@ -22,14 +22,16 @@ ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # bf16 state: kernels load the state, compute in fp32 and store with .to(state_ptr.dtype.element_ty), so a
 # bf16 pool is one more storage format (the Triton interpreter cannot run it: check_backend refuses).
 STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Experimental fp8 checkpoint (replayssm/fp8_checkpoint.py): only the ReplaySSM AR caches, torch/ref backends.
+# Experimental fp8 checkpoint (replayssm/fp8_checkpoint.py): the ReplaySSM caches, torch/ref backends.
 FP8_STATE_DTYPES = (torch.float8_e4m3fn,)
-FP8_SCOPE = ("an fp8 (float8_e4m3fn) state is experimental and exists only for the ReplaySSM AR caches "
-             "(replayssm.mamba2 / replayssm.gdn / replayssm.kda ReplayCache) and a baseline's FormattedState "
-             "on backend 'torch' or 'ref'")
+FP8_SCOPE = ("an fp8 (float8_e4m3fn) state is experimental and exists only for the ReplaySSM caches "
+             "(replayssm.mamba2 / replayssm.gdn / replayssm.kda ReplayCache and SpecRing) and a baseline's "
+             "FormattedState on backend 'torch' or 'ref'")
 # The other non-plain state formats (float16_sr, bfloat16_sr, int8; replayssm/state_format.py): the same scope.
-STATE_FORMAT_SCOPE = ("the quantised and stochastic-rounding state formats exist only for the ReplaySSM AR caches "
-                      "and a baseline's FormattedState (replayssm/state_format.py), on backend 'torch' or 'ref'")
+STATE_FORMAT_SCOPE = ("the quantised and stochastic-rounding state formats exist only for the ReplaySSM caches "
+                      "(AR ReplayCache and SpecRing) and a baseline's FormattedState (replayssm/state_format.py), "
+                      "on backend 'torch' or 'ref' (Triton also writes float16_sr / bfloat16_sr in the AR kernels "
+                      "of state_format.TRITON_SR_WRITERS)")
 
 
 # The normal-step forms of a ReplaySSM AR step. "output_only_fold" (GDN and KDA, replayssm/delta_rule/): the
@@ -121,19 +123,19 @@ def check_dtype(name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]) ->
 
 
 def check_pool_alloc(geometry, geometry_type: type, state_dtype, act_dtype: torch.dtype | None = None,
-                     allow_fp8: bool = False, **sizes: int) -> torch.dtype:
+                     all_formats: bool = False, allow_fp8: bool = False, **sizes: int) -> torch.dtype:
     """The arguments every cache allocation shares: the geometry's type, its sizes (num_slots, buffer_len,
     history_len, window, ...: ints >= 1, bools refused) and the state / activation dtypes. `state_dtype`: a state
-    format name (replayssm/state_format.py) or a torch dtype naming one. `allow_fp8`: the cache implements every
-    state format (the ReplaySSM AR caches); other caches take the plain ones (float32 / float16 / bfloat16).
-    Returns the format's storage dtype."""
+    format name (replayssm/state_format.py) or a torch dtype naming one. `all_formats`: the cache implements every
+    state format (the ReplaySSM AR caches and spec rings); other caches take the plain ones (float32 / float16 /
+    bfloat16). `allow_fp8`: its former name, same meaning. Returns the format's storage dtype."""
     from replayssm.state_format import FORMAT_NAMES, PLAIN_FORMATS, state_format
     if not isinstance(geometry, geometry_type):
         raise ValueError(f"expected a {geometry_type.__name__}, got {type(geometry).__name__}")
     for name, value in sizes.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    allowed = FORMAT_NAMES if allow_fp8 else PLAIN_FORMATS
+    allowed = FORMAT_NAMES if all_formats or allow_fp8 else PLAIN_FORMATS
     try:
         fmt = state_format(state_dtype)
     except ValueError:
@@ -145,6 +147,28 @@ def check_pool_alloc(geometry, geometry_type: type, state_dtype, act_dtype: torc
     if act_dtype is not None:
         check_dtype("act_dtype", torch.empty(0, dtype=act_dtype), ACT_DTYPES)
     return fmt.storage
+
+
+def check_ring_format(ring, backend: str, kernel: str) -> None:
+    """A speculative cache's state format on `backend`, before any launch (a ReplaySSM spec ring, a commit-replay
+    baseline's checkpoint): every format on torch / ref, the plain ones on triton / cpu. `kernel`: the kernel about
+    to run, named as the AOT report's recipes (e.g. "gdn.replay_spec[verify_fold]"). state_format.
+    check_backend_format words the refusal where it refuses (a format the backend has in no kernel, or a Triton
+    kernel outside its SR / scaled lists); a format the backend stores in its AR kernels only (the C backend's SR
+    formats) is refused here, naming the same alternatives."""
+    from replayssm.state_format import PLAIN_FORMATS, check_backend_format, format_of
+    fmt = format_of(ring)
+    check_backend_format(backend, fmt, kernel)
+    if backend == "cpu" and not fmt.plain:
+        raise ValueError(f"backend='cpu' has no kernel writing state format {fmt.name!r} in {kernel}: its C "
+                         f"kernels store {', '.join(PLAIN_FORMATS)} (the C kernels write the stochastic-rounding "
+                         f"formats in the AR steps only); {fmt.name} runs {kernel} on backends 'torch' and 'ref'")
+
+
+def spec_kernel(family: str, what: str, route: str | None = None) -> str:
+    """The name check_ring_format gives a spec ring's Triton kernel: "<family>.<what>[<route>]" ("fused" is the
+    bare name, as the AOT recipes spell it)."""
+    return f"{family}.{what}" + (f"[{route}]" if route not in (None, "fused") else "")
 
 
 def check_ring_lengths(history_len: int, window: int) -> None:

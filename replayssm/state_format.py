@@ -32,10 +32,13 @@ step, and for a scaled format the whole head through its absmax): scaled writes 
 elements only, map NaN to 0 and saturate +-inf / overflow to +-qmax; SR writes inherit stochastic_rounding's guard
 (NaN -> 0, saturate). The plain formats round as a cast does, exactly like the Triton and C kernels.
 
-Backends: torch and ref store every format; the C kernels the plain ones; Triton the plain ones everywhere and the
-SR formats in the kernels of TRITON_SR_KERNELS (ReplaySSM's AR fold routes and the baselines' AR steps), which
-draw the same bits as sr_round_torch for the same (seed, slot, sr_step, element) and advance sr_step on the device.
-int8 / e4m3 stay off Triton: a head's scale is an absmax across its V-tile programs (see SCALED_ON_TRITON).
+Backends: torch and ref store every format; Triton the plain ones everywhere and the SR formats in the kernels of
+TRITON_SR_KERNELS (ReplaySSM's AR fold routes and the baselines' AR steps); the C kernels (cpu) the plain ones and
+the SR formats (float16_sr where the compiler has _Float16, as float16): the only holders of an SR state are the
+ReplaySSM AR caches and the baselines' FormattedState, and each C AR kernel (every route's flush, the baselines'
+steps) stores SR itself. Both draw the same bits as sr_round_torch for the same (seed, slot, sr_step, element) and
+advance sr_step in the kernel. int8 / e4m3 stay off Triton (a head's scale is an absmax across its V-tile programs,
+see SCALED_ON_TRITON) and off the C kernels.
 
 The float64 oracle ("ref" backend) quantises with the same rules in float64 (the scale rounded to its float32
 storage first), and for SR draws the same bits through sr_round_torch, so it models the rounding rather than
@@ -86,8 +89,10 @@ FORMAT_NAMES = tuple(FORMATS)
 PLAIN_FORMATS = tuple(n for n, f in FORMATS.items() if f.plain)
 SR_FORMATS = tuple(n for n, f in FORMATS.items() if f.stochastic)
 # What each backend can store in every kernel. Triton adds the stochastic-rounding formats in the kernels of
-# TRITON_SR_KERNELS only (check_backend_format's `kernel`).
-BACKEND_FORMATS = {"triton": PLAIN_FORMATS, "cpu": PLAIN_FORMATS, "torch": FORMAT_NAMES, "ref": FORMAT_NAMES}
+# TRITON_SR_KERNELS only (check_backend_format's `kernel`); the C backend's four AR kernels (mamba2 ssu / replay,
+# gdn step / replay, KDA through the gdn ones) all write them (replayssm/cpu/kernels.c).
+BACKEND_FORMATS = {"triton": PLAIN_FORMATS, "cpu": PLAIN_FORMATS + SR_FORMATS, "torch": FORMAT_NAMES,
+                   "ref": FORMAT_NAMES}
 # The Triton kernels that write float16_sr / bfloat16_sr (named as the AOT report's recipes): ReplaySSM's AR flush
 # on its fold routes (the checkpoint written once per L steps) and the baselines' AR steps (the state written every
 # step), each drawing sr_round's bits in the kernel, keyed by the slot's device counter sr_step (read in the
@@ -97,9 +102,15 @@ BACKEND_FORMATS = {"triton": PLAIN_FORMATS, "cpu": PLAIN_FORMATS, "torch": FORMA
 TRITON_SR_WRITERS = ("gdn.replay[output_only_fold]", "kda.replay[output_only_fold]", "mamba2.replay[output_only]",
                      "gdn.recurrent", "kda.recurrent", "mamba2.ssu")
 TRITON_SR_KERNELS = TRITON_SR_WRITERS + ("gdn.materialize", "kda.materialize", "mamba2.materialize")
-SCALED_ON_TRITON = ("int8 / float8_e4m3fn have no Triton kernels: their per-(slot, head) scale is the absmax of the "
-                    "whole head, a reduction across the head's V-tile programs (each program writes one tile), so a "
-                    "one-pass tile write cannot compute it")
+# The Triton kernels that store int8 / float8_e4m3fn (a per-(slot, head) scale: the absmax of the whole new head):
+# ReplaySSM's AR folds, which give one program the whole head and walk it twice (replayssm/scaled_rounding.py);
+# their step and materialize kernels read it (the stored values times the head's scale).
+TRITON_SCALED_WRITERS = ("gdn.replay[output_only_fold]", "kda.replay[output_only_fold]", "mamba2.replay[output_only]")
+TRITON_SCALED_KERNELS = TRITON_SCALED_WRITERS + ("gdn.materialize", "kda.materialize", "mamba2.materialize")
+SCALED_ON_TRITON = ("int8 / float8_e4m3fn are stored on Triton by " + ", ".join(TRITON_SCALED_WRITERS) + " only: "
+                    "their per-(slot, head) scale is the absmax of the whole head, which those folds take in one "
+                    "program per head (two passes); every other Triton kernel writes a head from several V-tile "
+                    "programs, a reduction across the head that a one-pass tile write cannot compute")
 _BY_DTYPE = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
              torch.int8: "int8", torch.float8_e4m3fn: "float8_e4m3fn"}
 
@@ -123,12 +134,29 @@ def format_of(holder) -> StateFormat:
     return FORMATS[name] if name else state_format(holder.state.dtype)
 
 
+def scaled_args(fmt) -> dict:
+    """The QMAX / IS_INT8 constexprs of replayssm/scaled_rounding.py's `quantize` for a scaled format (a
+    StateFormat); {} for the other formats, whose kernel builds keep their defaults (unused: SCALED is False)."""
+    if not fmt.scaled:
+        return {}
+    return dict(QMAX=float(fmt.qmax), IS_INT8=not fmt.storage.is_floating_point)
+
+
+def plain_state(holder) -> torch.Tensor | None:
+    """The holder's state tensor for checks.check_backend's dtype rules (a bf16 state under the interpreter), or
+    None for a scaled format, whose storage dtype (e4m3: "no fp8 kernels") check_backend_format rules on per
+    kernel instead."""
+    return None if format_of(holder).scaled else holder.state
+
+
 def check_backend_format(backend: str, fmt, kernel: str | None = None) -> None:
     """Refuse, before any launch, a format the backend cannot store, naming what it can. `kernel`: the Triton
     kernel about to write the state (a TRITON_SR_KERNELS name; None: one without stochastic rounding)."""
     f = state_format(fmt)
     allowed = BACKEND_FORMATS.get(backend, FORMAT_NAMES)
     if f.name in allowed:
+        return
+    if backend == "triton" and f.scaled and kernel in TRITON_SCALED_KERNELS:
         return
     if backend == "triton" and f.stochastic:
         if kernel in TRITON_SR_KERNELS:
@@ -156,7 +184,9 @@ def quantize_scaled(S: torch.Tensor, fmt) -> tuple[torch.Tensor, torch.Tensor]:
     f = state_format(fmt)
     finite = torch.isfinite(S)
     absmax = torch.where(finite, S, 0.0).abs().amax(dim=(-2, -1))
-    scale = torch.where(absmax > 0, absmax / f.qmax, 1.0)
+    # a tensor divisor: a Python-scalar one is a multiply by its reciprocal on CPU, not the rounded division the
+    # Triton kernels take (scaled_rounding.py)
+    scale = torch.where(absmax > 0, absmax / torch.full_like(absmax, f.qmax), 1.0)
     scale = scale.clamp(max=torch.finfo(torch.float32).max).to(torch.float32)
     x = S / scale.to(S.dtype)[..., None, None]
     x = torch.nan_to_num(x, nan=0.0, posinf=f.qmax, neginf=-f.qmax).clamp(-f.qmax, f.qmax)
@@ -310,9 +340,9 @@ class formatted_work:
 def unwrap_state(state, backend: str, kernel: str | None = None) -> tuple[FormattedState | None, torch.Tensor, bool]:
     """A baseline's `state` argument -> (its FormattedState or None, the storage tensor, whether the format needs
     formatted_work). A format the backend lacks is refused here, before any launch. `kernel`: the baseline's
-    TRITON_SR_KERNELS name (its Triton step writes an SR format itself: no formatted_work on Triton)."""
+    TRITON_SR_KERNELS name (its Triton or C step writes an SR format itself: no formatted_work there)."""
     if not isinstance(state, FormattedState):
         return None, state, False
     f = format_of(state)
     check_backend_format(backend, f, kernel)
-    return state, state.state, not f.plain and not (backend == "triton" and f.stochastic)
+    return state, state.state, not f.plain and not (backend in ("triton", "cpu") and f.stochastic)

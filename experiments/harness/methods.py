@@ -306,11 +306,16 @@ class BaselineSpec(SpecMethod):
                      "kda": ("baselines.kda_recurrent_spec", "SpecStates")}
 
     def allocate(self, p, wl, num_slots, device):
-        return self._cache_class(wl.family).allocate(wl.geometry, num_slots, p.spec_T, state_dtype=wl.state_dtype,
-                                                     device=device)
+        """Every state format on the torch / ref backends (baselines/spec_formats.py); the plain ones on triton /
+        cpu, whose verify refuses the others before any launch."""
+        return self._cache_class(wl.family).allocate(wl.geometry, num_slots, p.spec_T, state_dtype=state_spec(wl),
+                                                     device=device, sr_seed=sr_seed(p))
 
     def set_state(self, cache, state):
-        cache.state[:, 0].copy_(state)      # snapshot 0 holds the committed state of a fresh request
+        if sf.format_of(cache).plain:
+            cache.state[:, 0].copy_(state)      # snapshot 0 holds the committed state of a fresh request
+        else:                                   # every snapshot by the format's rule (one block per slot)
+            sf.set_state(cache, state[:, None].expand(-1, cache.state.shape[1], *state.shape[1:]))
         cache.last.zero_()
 
     def traffic(self, p, wl, accepted):
@@ -327,8 +332,13 @@ class CommitReplaySpec(SpecMethod):
                      "kda": ("baselines.kda_commit_replay", "CommitReplayCache")}
 
     def allocate(self, p, wl, num_slots, device):
-        return self._cache_class(wl.family).allocate(wl.geometry, num_slots, p.spec_T, state_dtype=wl.state_dtype,
-                                                     act_dtype=wl.act_dtype, device=device)
+        """Every state format on the torch / ref backends (baselines/spec_formats.py); the plain ones on triton /
+        cpu, whose verify refuses the others before any launch."""
+        return self._cache_class(wl.family).allocate(wl.geometry, num_slots, p.spec_T, state_dtype=state_spec(wl),
+                                                     act_dtype=wl.act_dtype, device=device, sr_seed=sr_seed(p))
+
+    def set_state(self, cache, state):
+        sf.set_state(cache, state)      # the checkpoint is quantised like a commit writes it; SR counters restart
 
     def traffic(self, p, wl, accepted):
         fn = _tr_fn(_traffic(), wl.family, "commit_replay_spec")
@@ -360,12 +370,14 @@ class ReplaySpec(SpecMethod):
         return requested if requested != "fused" and requested in self.routes(family, backend) else None
 
     def allocate(self, p, wl, num_slots, device):
+        """Every state format (replayssm/state_format.py) on the torch / ref backends; the plain ones on triton /
+        cpu, whose verify refuses the others before any launch (a recorded failure, never a crash)."""
         return self._cache_class(wl.family).allocate(wl.geometry, num_slots, p.history_len, p.spec_T,
-                                                     state_dtype=wl.state_dtype, act_dtype=wl.act_dtype,
-                                                     device=device)
+                                                     state_dtype=state_spec(wl), act_dtype=wl.act_dtype,
+                                                     device=device, sr_seed=sr_seed(p))
 
     def set_state(self, cache, state):
-        cache.state.copy_(state)
+        sf.set_state(cache, state)      # the checkpoint is quantised like a flush writes it; SR counters restart
         for cursor in self.cursor_tensors(cache):
             cursor.zero_()
 
@@ -428,6 +440,10 @@ class PeerAR(Method):
             raise MethodUnavailable(str(exc).removeprefix("skipped: ")) from None
 
     def allocate(self, p, wl, num_slots, device):
+        fmt = sf.state_format(state_spec(wl))
+        if not fmt.plain:
+            raise ValueError(f"{self.peer} stores a plain state only ({', '.join(sf.PLAIN_FORMATS)}), not "
+                             f"{fmt.name}: the formats with a scale or stochastic rounding are this harness's")
         return torch.zeros(num_slots, *wl.state_shape, dtype=wl.state_dtype, device=device)
 
     def set_state(self, cache, state):

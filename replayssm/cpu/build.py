@@ -27,13 +27,16 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("kernels.c", "kernels_body.h", "spec_body.h", "gdn_spec_body.h", "tree_body.h")
-# (suffix, C storage type, load macro, store macro) per torch dtype name
-STORAGE = {"f32": ("float", "F32"), "f16": ("f16_t", "F16"), "bf16": ("uint16_t", "BF16")}
+SOURCES = ("kernels.c", "kernels_body.h", "sr_body.h", "spec_body.h", "gdn_spec_body.h", "tree_body.h")
+# (C storage type, load / store macro suffix, stochastic-rounding format: kernels.c's SR_F16 / SR_BF16) per dtype
+STORAGE = {"f32": ("float", "F32", "0"), "f16": ("f16_t", "F16", "SR_F16"), "bf16": ("uint16_t", "BF16", "SR_BF16")}
 # Reassociation lets gcc vectorise the dot-product reductions (sums in another order, within fp32 rounding);
 # no -ffinite-math-only: NaN inputs and poisoned outputs must stay NaN.
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno", "-fassociative-math",
          "-fno-signed-zeros", "-fno-trapping-math")
+
+
+ABI = 2     # kernels.c's replayssm_cpu_abi(): 2 = the AR kernels take the stochastic-rounding counter and seed
 
 
 class CpuKernelsUnavailable(RuntimeError):
@@ -70,16 +73,18 @@ def _cpu_fingerprint() -> str:
 
 def generated_source() -> str:
     """kernels.c plus one instantiation of kernels_body.h per (state, act) storage pair; the fp16 ones are
-    guarded by HAVE_F16 (no _Float16 in the compiler: they are left out and has_fp16() says so)."""
+    guarded by HAVE_F16 (no _Float16 in the compiler: they are left out and has_fp16() says so). SR_FMT: the
+    stochastic-rounding rule of the state storage (0 for fp32: no SR store is compiled in)."""
     parts = ['#include "kernels.c"']
-    for s, (st, sm) in STORAGE.items():
-        for a, (at, am) in STORAGE.items():
+    for s, (st, sm, sr) in STORAGE.items():
+        for a, (at, am, _) in STORAGE.items():
             guard = "f16" in (s, a)
             parts += (["#if HAVE_F16"] if guard else []) + [
                 f"#define STYPE {st}", f"#define LDS LD_{sm}", f"#define STS ST_{sm}", f"#define LDS8 LD8_{sm}",
-                f"#define STS8 ST8_{sm}", f"#define ATYPE {at}", f"#define LDA LD_{am}", f"#define STA ST_{am}",
-                f"#define SUF(n) n##_{s}_{a}", '#include "kernels_body.h"',
-                *(f"#undef {m}" for m in ("STYPE", "LDS", "STS", "LDS8", "STS8", "ATYPE", "LDA", "STA", "SUF")),
+                f"#define STS8 ST8_{sm}", f"#define SR_FMT {sr}", f"#define ATYPE {at}", f"#define LDA LD_{am}",
+                f"#define STA ST_{am}", f"#define SUF(n) n##_{s}_{a}", '#include "kernels_body.h"',
+                *(f"#undef {m}" for m in ("STYPE", "LDS", "STS", "LDS8", "STS8", "SR_FMT", "ATYPE", "LDA", "STA",
+                                          "SUF")),
             ] + (["#endif"] if guard else [])
     return "\n".join(parts) + "\n"
 
@@ -122,7 +127,7 @@ def build(force: bool = False) -> Path:
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(build()))
-    if lib.replayssm_cpu_abi() != 1:
+    if lib.replayssm_cpu_abi() != ABI:
         raise CpuKernelsUnavailable("stale CPU kernel library (ABI mismatch): delete the cache directory "
                                     f"{cache_root()}")
     return lib

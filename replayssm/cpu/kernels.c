@@ -14,13 +14,18 @@
  * Dtypes: kernels_body.h is included once per (state dtype, activation dtype) pair; math is fp32. bf16 is
  * a uint16 with round-to-nearest-even stores; fp16 is the compiler's _Float16 (present in gcc >= 12 and
  * clang on x86-64 / aarch64). Where _Float16 is missing the fp16 variants are not built and
- * replayssm_cpu_has_fp16() returns 0 (the Python side then refuses fp16 with a clear error).
+ * replayssm_cpu_has_fp16() returns 0 (the Python side then refuses fp16 with a clear error). A float16_sr /
+ * bfloat16_sr state (stochastic rounding) is stored by the AR kernels through the SR store below, bit for bit
+ * replayssm/stochastic_rounding.py's sr_round_torch.
  *
  * Conventions: every tensor is contiguous; `slots` is int32 [batch], a negative slot is a padding row
  * (skipped, output untouched); nt = OpenMP threads (the caller passes torch.get_num_threads()).
  */
 #include <math.h>
 #include <stdint.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 #include <string.h>
 
 #define SOFTPLUS_THRESHOLD 20.0f
@@ -131,6 +136,162 @@ static inline void kda_weight_key(float *kj, float *run, const float *gj, const 
     for (; n < K; n++) { run[n] += gj[n]; kj[n] *= expf(gtot[n] - run[n]); }
 }
 
+/* Stochastic rounding (SR) of the fp32 value a kernel stores into a float16_sr / bfloat16_sr state: the C form of
+ * replayssm/stochastic_rounding.py, bit for bit (sr_round_torch is the reference; tests/replayssm/test_cpu_sr_state.py
+ * checks it). One uint32 draw per element, word 0 of Philox4x32-10 (Salmon et al. 2011) with
+ *   key     (k0, k1) = (seed, step)          step: the slot's write counter sr_step[slot], mod 2^32
+ *   counter (c0, c1, c2, c3) = (element, slot, 0, 0)   element: the flat index in the slot's [heads, a, b] block
+ * Ten rounds, each (c0, c1, c2, c3) <- (hi(B c2) ^ c1 ^ k0, lo(B c2), hi(A c0) ^ c3 ^ k1, lo(A c0)) with
+ * A = 0xD2511F53, B = 0xCD9E8D57 and 32 x 32 -> 64-bit products, then the key bumped by the Weyl constants
+ * (0x9E3779B9, 0xBB67AE85). Rounding of x (NaN -> +0, |x| clamped to the format's largest finite value first):
+ *   bf16: bits' = (|x|bits + (r & 0xFFFF)) & 0x7FFF0000, the top half stored;
+ *   fp16: |x| = t ulp with ulp = 2^(max(e, -14) - 10), stored q = floor(t) + (r < frac(t) 2^32) ulp.
+ * The fp16 rule runs on integers here (exactly what the reference computes in exact arithmetic: no floating
+ * point, so no compiler flag can move it): with E the biased fp32 exponent and M the 24-bit significand
+ * (|x| = M 2^(max(E, 1) - 150)), t = M / 2^sh, sh = 13 for E >= 113 (fp16 normals), else 126 - max(E, 1)
+ * (fp16's subnormal grid 2^-24). floor(t) = M >> sh; frac(t) 2^32 = M << (32 - sh) mod 2^32 for sh <= 32, else
+ * M >> (sh - 32), truncated as the reference truncates it. The fp16 bits are then ((max(E, 113) - 113) << 10) + q,
+ * a carry of q into bit 10 being the next binade. Neither rule needs _Float16: both write the 16-bit pattern
+ * (an fp16 state is still stored only where the compiler has _Float16: its kernels exist only then).
+ * `mask` ANDs the draw: 0xFFFFFFFF, or 0 for the deterministic-rounding mutant of the tests (ops.SR_BITS_MASK). */
+#define SR_F16 1
+#define SR_BF16 2
+typedef struct { uint32_t seed, step, slot, mask; int fmt; } sr_ctx;
+
+static inline uint32_t philox_word0(uint32_t c0, uint32_t c1, uint32_t k0, uint32_t k1)
+{
+    uint32_t c2 = 0, c3 = 0;
+    for (int i = 0; i < 10; i++) {
+        const uint64_t pa = (uint64_t)c0 * 0xD2511F53u, pb = (uint64_t)c2 * 0xCD9E8D57u;
+        const uint32_t n0 = (uint32_t)(pb >> 32) ^ c1 ^ k0, n2 = (uint32_t)(pa >> 32) ^ c3 ^ k1;
+        c1 = (uint32_t)pb; c3 = (uint32_t)pa; c0 = n0; c2 = n2;
+        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+    }
+    return c0;
+}
+/* the 16-bit pattern SR stores for fp32 bits u with draw r (fmt SR_F16 or SR_BF16): the scalar form */
+static inline uint16_t sr_bits16(uint32_t u, uint32_t r, int fmt)
+{
+    uint32_t sign = u & 0x80000000u, mag = u & 0x7FFFFFFFu;
+    if (mag > 0x7F800000u) { sign = 0; mag = 0; }                              /* NaN -> +0 */
+    if (fmt == SR_BF16) {
+        mag = mag < 0x7F7F0000u ? mag : 0x7F7F0000u;                           /* inf / beyond max -> max */
+        return (uint16_t)((((mag + (r & 0xFFFFu)) & 0x7FFF0000u) >> 16) | (sign >> 16));
+    }
+    mag = mag < 0x477FE000u ? mag : 0x477FE000u;                               /* 65504 */
+    const uint32_t E = mag >> 23, M = E ? (mag & 0x7FFFFFu) | 0x800000u : mag;
+    const uint32_t sh = E >= 113 ? 13 : 126 - (E ? E : 1);
+    const uint32_t lo = sh < 24 ? M >> sh : 0;
+    const uint32_t thr = sh <= 32 ? M << (32 - sh) : (sh < 56 ? M >> (sh - 32) : 0);
+    const uint32_t q = lo + (r < thr);
+    return (uint16_t)((((E > 113 ? E : 113) - 113) << 10) + q) | (uint16_t)(sign >> 16);
+}
+/* The same for 8 elements at once. The even and the odd elements run as two sets of 4 uint64 lanes, a 32-bit
+ * word in the low half of each, so every 32 x 32 -> 64-bit product is one lane multiply (vpmuludq on x86; its
+ * high word is the product >> 32, its low word the lane as is) and no lane moves until the end. High halves may
+ * hold garbage (a product's high word, xored on): the multiply reads only the low halves, and so does the output.
+ * Two independent chains also hide the multiply's latency; a lane-by-lane loop ran ~16 ns per element here. */
+typedef uint64_t v4u64 __attribute__((vector_size(32)));
+static inline v8u32 v8u32_set1(uint32_t a) { return (v8u32){a, a, a, a, a, a, a, a}; }
+static inline v4u64 mul32x4(v4u64 a, uint32_t m)
+{
+#if defined(__AVX2__)            /* gcc emits a full 64 x 64 multiply (vpmullq) for the generic form */
+    return (v4u64)_mm256_mul_epu32((__m256i)a, _mm256_set1_epi64x(m));
+#else
+    return (a & 0xFFFFFFFFu) * (uint64_t)m;
+#endif
+}
+static inline v8u32 philox8(uint32_t e0, uint32_t slot, uint32_t k0, uint32_t k1)
+{
+    v4u64 c0[2], c1[2], c2[2] = {{0}, {0}}, c3[2] = {{0}, {0}};
+    for (int h = 0; h < 2; h++) {
+        c0[h] = (v4u64){(uint32_t)(e0 + h), (uint32_t)(e0 + h + 2), (uint32_t)(e0 + h + 4), (uint32_t)(e0 + h + 6)};
+        c1[h] = (v4u64){slot, slot, slot, slot};
+    }
+    for (int i = 0; i < 10; i++) {
+        for (int h = 0; h < 2; h++) {
+            const v4u64 pa = mul32x4(c0[h], 0xD2511F53u), pb = mul32x4(c2[h], 0xCD9E8D57u);
+            c0[h] = (pb >> 32) ^ c1[h] ^ (uint64_t)k0;
+            c2[h] = (pa >> 32) ^ c3[h] ^ (uint64_t)k1;
+            c1[h] = pb;
+            c3[h] = pa;
+        }
+        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+    }
+    v8u32 e, o;
+    memcpy(&e, &c0[0], sizeof e);
+    memcpy(&o, &c0[1], sizeof o);
+    return __builtin_shufflevector(e, o, 0, 8, 2, 10, 4, 12, 6, 14);
+}
+/* sr_bits16 below on 8 lanes (comparisons are lane masks: -1 true, 0 false) */
+static inline v8u32 v8u32_sel(v8i32 m, v8u32 a, v8u32 b) { return ((v8u32)m & a) | (~(v8u32)m & b); }
+static inline v8u32 sr_bits8(v8u32 u, v8u32 r, int fmt)
+{
+    const v8i32 nan = (v8i32)(u & 0x7FFFFFFFu) > 0x7F800000;
+    v8u32 sign = u & 0x80000000u & ~(v8u32)nan, mag = u & 0x7FFFFFFFu & ~(v8u32)nan;
+    if (fmt == SR_BF16) {
+        mag = v8u32_sel((v8i32)mag > 0x7F7F0000, v8u32_set1(0x7F7F0000u), mag);
+        return (((mag + (r & 0xFFFFu)) & 0x7FFF0000u) >> 16) | (sign >> 16);
+    }
+    mag = v8u32_sel((v8i32)mag > 0x477FE000, v8u32_set1(0x477FE000u), mag);
+    const v8u32 E = mag >> 23, E1 = E - (v8u32)(E == 0);                      /* max(E, 1) */
+    const v8u32 M = (mag & 0x7FFFFFu) | ((v8u32)(E != 0) & 0x800000u);
+    const v8i32 normal = (v8i32)E >= 113;
+    const v8u32 sh = v8u32_sel(normal, v8u32_set1(13), 126 - E1);            /* 13 .. 125 */
+    const v8u32 rs = v8u32_sel((v8i32)sh > 31, v8u32_set1(31), sh);          /* M < 2^24: >> 31 is 0 */
+    const v8u32 lo = M >> rs;
+    const v8u32 down = sh - 32, downc = v8u32_sel((v8i32)sh > 63, v8u32_set1(31), down & 31);
+    const v8u32 thr = v8u32_sel((v8i32)sh <= 32, M << ((32 - sh) & 31), M >> downc);
+    const v8u32 q = lo - (v8u32)(r < thr);
+    return (((v8u32_sel(normal, E, v8u32_set1(113)) - 113) << 10) + q) | (sign >> 16);
+}
+static inline sr_ctx sr_make(uint32_t seed, int32_t step, int slot, uint32_t mask, int fmt)
+{
+    const sr_ctx c = {seed, (uint32_t)step, (uint32_t)slot, mask, fmt};
+    return c;
+}
+/* store v (8 fp32 lanes, elements e .. e + 7 of the slot's block) / one value into a 16-bit state */
+static inline void sr_store8(void *p, const float *v, const sr_ctx *c, uint32_t e)
+{
+    v8u32 u;
+    memcpy(&u, v, sizeof u);
+    const v8u16 h = __builtin_convertvector(sr_bits8(u, philox8(e, c->slot, c->seed, c->step) & c->mask, c->fmt),
+                                            v8u16);
+    memcpy(p, &h, sizeof h);
+}
+static inline void sr_store1(void *p, float v, const sr_ctx *c, uint32_t e)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    const uint16_t h = sr_bits16(u, philox_word0(e, c->slot, c->seed, c->step) & c->mask, c->fmt);
+    memcpy(p, &h, 2);
+}
+
+/* The raw rule for the tests: out[i, j] = SR(x[i, j]) as 16-bit patterns, row i drawn with slot slots[i] at step
+ * steps[i], element j (x, out [rows, n] contiguous); the first n - n % 8 elements through the 8-lane path, the rest
+ * through the scalar one, as a kernel's rows are. replayssm_cpu_philox: the draws themselves. */
+void replayssm_cpu_sr_round(const float *x, uint16_t *out, const int32_t *slots, const int32_t *steps, int rows,
+                            int64_t n, uint32_t seed, uint32_t mask, int fmt)
+{
+    for (int i = 0; i < rows; i++) {
+        const sr_ctx c = sr_make(seed, steps[i], slots[i], mask, fmt);
+        const float *xi = x + (size_t)i * n;
+        uint16_t *oi = out + (size_t)i * n;
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8) sr_store8(oi + j, xi + j, &c, (uint32_t)j);
+        for (; j < n; j++) sr_store1(oi + j, xi[j], &c, (uint32_t)j);
+    }
+}
+void replayssm_cpu_philox(uint32_t *out, int64_t n, uint32_t e0, uint32_t slot, uint32_t seed, uint32_t step)
+{
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const v8u32 r = philox8(e0 + (uint32_t)j, slot, seed, step);
+        memcpy(out + j, &r, sizeof r);
+    }
+    for (; j < n; j++) out[j] = philox_word0(e0 + (uint32_t)j, slot, seed, step);
+}
+
 #if defined(__FLT16_MAX__)
 #define HAVE_F16 1
 typedef _Float16 f16_t;
@@ -166,7 +327,7 @@ static inline void prefetch_ring_l2(const void *block, int origin, int n, int R,
 }
 
 int replayssm_cpu_has_fp16(void) { return HAVE_F16; }
-int replayssm_cpu_abi(void) { return 1; }
+int replayssm_cpu_abi(void) { return 2; }   /* 2: the AR kernels take sr_step, sr_seed, sr_mask */
 
 /* Roofline probes (replayssm/cpu/roofline.py): what this machine's cores do at most, measured with the same
  * compiler, flags and OpenMP threads as the kernels. Each returns the seconds of one pass (omp_get_wtime).

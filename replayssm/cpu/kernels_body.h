@@ -2,6 +2,8 @@
  * STYPE / LDS / STS: state storage; ATYPE / LDA / STA: activation storage; SUF(name) names the variant.
  * Shapes are in the docstrings of the ctypes wrappers (replayssm/cpu/ops.py) and the public APIs they serve. */
 
+#include "sr_body.h"     /* st8 / st1: the state stores, plain or stochastically rounded; sr_of */
+
 /* Row primitives. A reduction over a [N] row with one accumulator is bound by the FMA latency chain, which can
  * be slower than one core's DRAM stream, so rows whose length is a multiple of 16 use two independent 8-lane
  * accumulators; other lengths take the plain loop. */
@@ -61,29 +63,31 @@ static inline void SUF(dot_rows)(const STYPE *S, int64_t rs, int R, int N, const
     }
 }
 
-/* row <- a row + xd B (stored), returns the new row . C: one read and one write of the row */
-static inline float SUF(ssu_row)(STYPE *row, int N, float a, float xd, const float *Bv, const float *Cv)
+/* row <- a row + xd B (stored; SR with sr, e the row's first element), returns the new row . C: one read and one
+ * write of the row */
+static inline float SUF(ssu_row)(STYPE *row, int N, float a, float xd, const float *Bv, const float *Cv,
+                                 const sr_ctx *sr, uint32_t e)
 {
     if (N % 16 == 0) {
         v8f a0 = {0}, a1 = {0};
         for (int n = 0; n < N; n += 16) {
             const v8f v0 = a * LDS8(row + n) + xd * v8_load(Bv + n);
             const v8f v1 = a * LDS8(row + n + 8) + xd * v8_load(Bv + n + 8);
-            STS8(row + n, v0); STS8(row + n + 8, v1);
+            SUF(st8)(row + n, v0, sr, e + n); SUF(st8)(row + n + 8, v1, sr, e + n + 8);
             a0 += v0 * v8_load(Cv + n); a1 += v1 * v8_load(Cv + n + 8);
         }
         return hsum8(a0 + a1);
     }
     float acc = 0.0f;
-    for (int n = 0; n < N; n++) { const float v = a * LDS(row + n) + xd * Bv[n]; STS(row + n, v); acc += v * Cv[n]; }
+    for (int n = 0; n < N; n++) { const float v = a * LDS(row + n) + xd * Bv[n]; SUF(st1)(row + n, v, sr, e + n); acc += v * Cv[n]; }
     return acc;
 }
 
 /* GDN recurrent row: r = alpha row; u = beta (v - r . k); row <- r + u k (stored); returns row . q.
  * av: NULL for GDN's scalar decay alpha; else KDA's per-column decays [K] (r = av * row, alpha unused). gdn_step
- * calls it from two loops, with a literal NULL and with av, so each inlined copy keeps one form. */
+ * calls it (through gdn_rows, sr_body.h) with a literal NULL and with av, so each inlined copy keeps one form. */
 static inline float SUF(gdn_row)(STYPE *row, int K, float alpha, const float *av, float bt, float vi,
-                                 const float *kv, const float *qv)
+                                 const float *kv, const float *qv, const sr_ctx *sr, uint32_t e)
 {
     if (K % 16 == 0 && K <= MAXV) {
         v8f r[MAXV / 8];
@@ -97,7 +101,7 @@ static inline float SUF(gdn_row)(STYPE *row, int K, float alpha, const float *av
         v8f o0 = {0}, o1 = {0};
         for (int n = 0; n < K; n += 16) {
             const v8f t0 = r[n / 8] + u * v8_load(kv + n), t1 = r[n / 8 + 1] + u * v8_load(kv + n + 8);
-            STS8(row + n, t0); STS8(row + n + 8, t1);
+            SUF(st8)(row + n, t0, sr, e + n); SUF(st8)(row + n + 8, t1, sr, e + n + 8);
             o0 += t0 * v8_load(qv + n); o1 += t1 * v8_load(qv + n + 8);
         }
         return hsum8(o0 + o1);
@@ -107,7 +111,7 @@ static inline float SUF(gdn_row)(STYPE *row, int K, float alpha, const float *av
     for (int n = 0; n < K; n++) { r[n] = (av ? av[n] : alpha) * LDS(row + n); sk += r[n] * kv[n]; }
     const float u = bt * (vi - sk);
     float o = 0.0f;
-    for (int n = 0; n < K; n++) { const float t = r[n] + u * kv[n]; STS(row + n, t); o += t * qv[n]; }
+    for (int n = 0; n < K; n++) { const float t = r[n] + u * kv[n]; SUF(st1)(row + n, t, sr, e + n); o += t * qv[n]; }
     return o;
 }
 
@@ -128,11 +132,14 @@ static inline void SUF(m2_finish)(float *y, const ATYPE *x, const ATYPE *z, cons
 /* ------------------------------------------------------------------------------------------ Mamba-2 AR */
 
 /* Baseline selective state update: per (row, head) S <- exp(A dt) S + dt x B^T; y = S C + D x, * silu(z).
- * The state is read once and written once. */
+ * The state is read once and written once. sr_step (NULL: a plain format): a float16_sr / bfloat16_sr state, the
+ * write rounded stochastically with key (sr_seed, sr_step[slot]) and counter (slot, the element's flat index in the
+ * slot's [H, P, N] block), and every live row's counter advanced by one after the loop; sr_mask ANDs the draws
+ * (0xFFFFFFFF; 0: the tests' deterministic mutant). Every AR kernel below takes the same three arguments. */
 void SUF(m2_ssu)(STYPE *state, const ATYPE *x, const float *dt, const float *A, const ATYPE *Bm, const ATYPE *Cm,
                  const float *D, const ATYPE *z, const float *dt_bias, int softplus, ATYPE *out,
                  const int32_t *slots, int batch, int H, int P, int N, int G, int64_t ss0, int64_t ss1,
-                 int64_t ss2, int nt)
+                 int64_t ss2, int32_t *sr_step, uint32_t sr_seed, uint32_t sr_mask, int nt)
 {
     const int hpg = H / G;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
@@ -147,19 +154,22 @@ void SUF(m2_ssu)(STYPE *state, const ATYPE *x, const float *dt, const float *A, 
             float d = dt[(size_t)b * H + h] + (dt_bias ? dt_bias[h] : 0.0f);
             if (softplus) d = softplus_f(d);
             const float a = expf(A[h] * d);
+            sr_ctx sbuf;
+            const sr_ctx *sr = SUF(sr_of)(&sbuf, sr_step, sr_seed, sr_mask, s);
             STYPE *S = state + s * ss0 + h * ss1;
             int s2, h2;
             const STYPE *pf = next_program(slots, batch, b, h, H, &s2, &h2) ? state + s2 * ss0 + h2 * ss1 : NULL;
             const size_t io = ((size_t)b * H + h) * P;
             float yv[P];
-            for (int p = 0; p < P; p++) {
-                if (pf) SUF(prefetch_l2)(pf + p * ss2, N);
-                const float xv = LDA(x + io + p), xd = d * xv;
-                yv[p] = SUF(ssu_row)(S + p * ss2, N, a, xd, Bv, Cv);
-            }
+            const uint32_t e0 = (uint32_t)((size_t)h * P * N);
+            if (sr) SUF(ssu_rows)(S, pf, P, N, ss2, a, d, x + io, Bv, Cv, yv, sr, e0);
+            else SUF(ssu_rows)(S, pf, P, N, ss2, a, d, x + io, Bv, Cv, yv, NULL, 0);
             SUF(m2_finish)(yv, x + io, z ? z + io : NULL, D, h, out + io, P);
         }
     }
+    if (SR_FMT && sr_step)          /* every live row wrote its slot: its counter moves, after every program read it */
+        for (int b = 0; b < batch; b++)
+            if (slots[b] >= 0) sr_step[slots[b]]++;
 }
 
 /* The rebuild of state rows shared by the Mamba-2 state-and-output route / flush and the GDN flush:
@@ -173,11 +183,13 @@ void SUF(m2_ssu)(STYPE *state, const ATYPE *x, const float *dt, const float *A, 
  * replayssm/cpu/README.md). Every S element is read (and written) once. Columns past the last full 64-wide tile
  * go 16 at a time; N not a multiple of 16: the plain loop.
  * rebuild_rows_cs takes a per-column scale cs [N] instead (row_r <- S_r * cs + ...: KDA's flush, whose decay is
- * per key channel); rebuild_rows is it with cs = NULL, so Mamba-2's and GDN's calls keep the scalar form. */
+ * per key channel); rebuild_rows is it with cs = NULL, so Mamba-2's and GDN's calls keep the scalar form.
+ * rebuild_rows_sr is rebuild_rows_cs storing through st8 / st1: sr non-NULL rounds the stored rows stochastically
+ * (the AR flushes of a float16_sr / bfloat16_sr checkpoint), row r's element n being e0 + r N + n of the slot. */
 #define REBUILD_COLS 64
 static inline void SUF(rebuild_tile)(STYPE *row, int r, int R, int n0, int W, float scale, const float *cs,
                                      const float *X, const float *Y, int N, int J, int store, const float *Cv,
-                                     v8f *yacc)
+                                     v8f *yacc, const sr_ctx *sr, uint32_t e)
 {
     v8f acc[REBUILD_COLS / 8];
     const int nv = W / 8;
@@ -191,14 +203,14 @@ static inline void SUF(rebuild_tile)(STYPE *row, int r, int R, int n0, int W, fl
         for (int k = 0; k < nv; k++) acc[k] += xv * v8_load(y + 8 * k);
     }
     if (store)
-        for (int k = 0; k < nv; k++) STS8(row + n0 + 8 * k, acc[k]);
+        for (int k = 0; k < nv; k++) SUF(st8)(row + n0 + 8 * k, acc[k], sr, e + n0 + 8 * k);
     if (Cv)
         for (int k = 0; k < nv; k++) *yacc += acc[k] * v8_load(Cv + n0 + 8 * k);
 }
 
-static inline void SUF(rebuild_rows_cs)(STYPE *S, int64_t rs, int R, int N, float scale, const float *cs,
+static inline void SUF(rebuild_rows_sr)(STYPE *S, int64_t rs, int R, int N, float scale, const float *cs,
                                         const float *X, const float *Y, int J, int store, const float *Cv,
-                                        float *yout, const STYPE *pf)
+                                        float *yout, const STYPE *pf, const sr_ctx *sr, uint32_t e0)
 {
     if (N % 16 == 0) {
         for (int r = 0; r < R; r++) {
@@ -208,9 +220,10 @@ static inline void SUF(rebuild_rows_cs)(STYPE *S, int64_t rs, int R, int N, floa
             int n0 = 0;
             /* constant widths, so each call unrolls fully into registers */
             for (; n0 + REBUILD_COLS <= N; n0 += REBUILD_COLS)
-                SUF(rebuild_tile)(row, r, R, n0, REBUILD_COLS, scale, cs, X, Y, N, J, store, Cv, &yacc);
+                SUF(rebuild_tile)(row, r, R, n0, REBUILD_COLS, scale, cs, X, Y, N, J, store, Cv, &yacc, sr,
+                                  e0 + (uint32_t)r * N);
             for (; n0 < N; n0 += 16)
-                SUF(rebuild_tile)(row, r, R, n0, 16, scale, cs, X, Y, N, J, store, Cv, &yacc);
+                SUF(rebuild_tile)(row, r, R, n0, 16, scale, cs, X, Y, N, J, store, Cv, &yacc, sr, e0 + (uint32_t)r * N);
             if (yout) yout[r] = hsum8(yacc);
         }
         return;
@@ -226,9 +239,19 @@ static inline void SUF(rebuild_rows_cs)(STYPE *S, int64_t rs, int R, int N, floa
             for (int n = 0; n < N; n++) r[n] += xv * y[n];
         }
         float t = 0.0f;
-        for (int n = 0; n < N; n++) { if (store) STS(row + n, r[n]); t += r[n] * (Cv ? Cv[n] : 0.0f); }
+        for (int n = 0; n < N; n++) {
+            if (store) SUF(st1)(row + n, r[n], sr, e0 + (uint32_t)i * N + n);
+            t += r[n] * (Cv ? Cv[n] : 0.0f);
+        }
         if (yout) yout[i] = t;
     }
+}
+
+static inline void SUF(rebuild_rows_cs)(STYPE *S, int64_t rs, int R, int N, float scale, const float *cs,
+                                        const float *X, const float *Y, int J, int store, const float *Cv,
+                                        float *yout, const STYPE *pf)
+{
+    SUF(rebuild_rows_sr)(S, rs, R, N, scale, cs, X, Y, J, store, Cv, yout, pf, NULL, 0);
 }
 
 static inline void SUF(rebuild_rows)(STYPE *S, int64_t rs, int R, int N, float scale, const float *X,
@@ -248,7 +271,8 @@ static inline void SUF(rebuild_rows)(STYPE *S, int64_t rs, int R, int N, float s
 void SUF(m2_replay)(STYPE *state, ATYPE *xc, ATYPE *Bc, float *dtc, int32_t *wp, float *bcs,
                     const ATYPE *x, const float *dt, const float *A, const ATYPE *Bm, const ATYPE *Cm,
                     const float *D, const ATYPE *z, const float *dt_bias, int softplus, ATYPE *out,
-                    const int32_t *slots, int batch, int H, int P, int N, int G, int L, int route, int nt)
+                    const int32_t *slots, int batch, int H, int P, int N, int G, int L, int route,
+                    int32_t *sr_step, uint32_t sr_seed, uint32_t sr_mask, int nt)
 {
     const int hpg = H / G;
     if (route == 0) {
@@ -329,7 +353,10 @@ void SUF(m2_replay)(STYPE *state, ATYPE *xc, ATYPE *Bc, float *dtc, int32_t *wp,
                 }
                 for (int p = 0; p < P; p++) Xm[(size_t)nj * P + p] = d * LDA(x + io + p);
                 for (int n = 0; n < N; n++) Ym[(size_t)nj * N + n] = Bv[n];
-                SUF(rebuild_rows)(S, N, P, N, abar, Xm, Ym, nj + 1, flush, Cv, yv, pf);
+                sr_ctx sbuf;          /* the flush's store: SR on a float16_sr / bfloat16_sr checkpoint */
+                const sr_ctx *sr = flush ? SUF(sr_of)(&sbuf, sr_step, sr_seed, sr_mask, s) : NULL;
+                SUF(rebuild_rows_sr)(S, N, P, N, abar, NULL, Xm, Ym, nj + 1, flush, Cv, yv, pf, sr,
+                                     (uint32_t)((size_t)h * P * N));
             }
             SUF(m2_finish)(yv, x + io, z ? z + io : NULL, D, h, out + io, P);
             if (!flush) {
@@ -341,7 +368,9 @@ void SUF(m2_replay)(STYPE *state, ATYPE *xc, ATYPE *Bc, float *dtc, int32_t *wp,
     }
     for (int b = 0; b < batch; b++) {
         const int s = slots[b];
-        if (s >= 0) wp[s] = wp[s] >= L - 1 ? 0 : wp[s] + 1;
+        if (s < 0) continue;
+        if (SR_FMT && sr_step && wp[s] >= L - 1) sr_step[s]++;         /* a flush wrote the slot */
+        wp[s] = wp[s] >= L - 1 ? 0 : wp[s] + 1;
     }
 }
 
@@ -363,7 +392,8 @@ static inline void SUF(gdn_qk)(const ATYPE *q, const ATYPE *k, size_t off, int K
  * r = S_i * exp(g) column-wise (the K exps once per program, 8 lanes at a time). */
 void SUF(gdn_step)(STYPE *state, const ATYPE *q, const ATYPE *k, const ATYPE *v, const float *g, const float *beta,
                    float scale, int l2norm, ATYPE *out, const int32_t *slots, int batch, int H, int HV, int K, int V,
-                   int64_t ss0, int64_t ss1, int64_t ss2, int pc, int nt)
+                   int64_t ss0, int64_t ss1, int64_t ss2, int pc, int32_t *sr_step, uint32_t sr_seed,
+                   uint32_t sr_mask, int nt)
 {
     const int gq = HV / H;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
@@ -375,23 +405,24 @@ void SUF(gdn_step)(STYPE *state, const ATYPE *q, const ATYPE *k, const ATYPE *v,
             SUF(gdn_qk)(q, k, ((size_t)b * H + hv / gq) * K, K, l2norm, scale, qv, kv);
             const float alpha = pc ? 1.0f : expf(g[(size_t)b * HV + hv]), bt = beta[(size_t)b * HV + hv];
             if (pc) vexp_sub(av, g + ((size_t)b * HV + hv) * K, NULL, K);
+            sr_ctx sbuf;
+            const sr_ctx *sr = SUF(sr_of)(&sbuf, sr_step, sr_seed, sr_mask, s);
+            const uint32_t e0 = (uint32_t)((size_t)hv * V * K);
             STYPE *S = state + s * ss0 + hv * ss1;
             int s2, h2;
             const STYPE *pf = next_program(slots, batch, b, hv, HV, &s2, &h2) ? state + s2 * ss0 + h2 * ss1 : NULL;
             const size_t io = ((size_t)b * HV + hv) * V;
-            /* two loops, so GDN's inlines gdn_row with a literal NULL (its scalar form) */
-            if (pc)
-                for (int i = 0; i < V; i++) {
-                    if (pf) SUF(prefetch_l2)(pf + i * ss2, K);
-                    STA(out + io + i, SUF(gdn_row)(S + i * ss2, K, alpha, av, bt, LDA(v + io + i), kv, qv));
-                }
-            else
-                for (int i = 0; i < V; i++) {
-                    if (pf) SUF(prefetch_l2)(pf + i * ss2, K);
-                    STA(out + io + i, SUF(gdn_row)(S + i * ss2, K, alpha, NULL, bt, LDA(v + io + i), kv, qv));
-                }
+            /* four copies: GDN's inlines gdn_row with a literal NULL av (its scalar form), the plain store with a
+             * literal NULL sr */
+            if (pc && sr) SUF(gdn_rows)(S, pf, V, K, ss2, alpha, av, bt, v + io, out + io, kv, qv, sr, e0);
+            else if (pc) SUF(gdn_rows)(S, pf, V, K, ss2, alpha, av, bt, v + io, out + io, kv, qv, NULL, 0);
+            else if (sr) SUF(gdn_rows)(S, pf, V, K, ss2, alpha, NULL, bt, v + io, out + io, kv, qv, sr, e0);
+            else SUF(gdn_rows)(S, pf, V, K, ss2, alpha, NULL, bt, v + io, out + io, kv, qv, NULL, 0);
         }
     }
+    if (SR_FMT && sr_step)          /* every live row wrote its slot: its counter moves, after every program read it */
+        for (int b = 0; b < batch; b++)
+            if (slots[b] >= 0) sr_step[slots[b]]++;
 }
 
 /* ReplaySSM GDN AR step (replayssm/gdn/decode.py has the protocol). Per (row, value head), h = write_pos:
@@ -410,7 +441,7 @@ void SUF(gdn_step)(STYPE *state, const ATYPE *q, const ATYPE *k, const ATYPE *v,
 void SUF(gdn_replay)(STYPE *state, ATYPE *uc, ATYPE *kc, float *gc, int32_t *wp,
                      const ATYPE *q, const ATYPE *k, const ATYPE *v, const float *g, const float *beta,
                      float scale, int l2norm, ATYPE *out, const int32_t *slots, int batch, int H, int HV, int K,
-                     int V, int L, int pc, int nt)
+                     int V, int L, int pc, int32_t *sr_step, uint32_t sr_seed, uint32_t sr_mask, int nt)
 {
     const int gq = HV / H;
     const int gK = pc ? K : 1;     /* floats of g per (head, token) */
@@ -507,8 +538,11 @@ void SUF(gdn_replay)(STYPE *state, ATYPE *uc, ATYPE *kc, float *gc, int32_t *wp,
                     for (int n = 0; n < K; n++) gtot[n] *= av[n];
                 }
                 memcpy(Kl + (size_t)nj * K, kv, (size_t)K * sizeof(float));
-                if (pc) SUF(rebuild_rows_cs)(S, K, V, K, 1.0f, gtot, Xm, Kl, nj + 1, 1, NULL, NULL, NULL);
-                else SUF(rebuild_rows)(S, K, V, K, alpha * d0, Xm, Kl, nj + 1, 1, NULL, NULL, NULL);  /* GDN's own form */
+                sr_ctx sbuf;          /* SR on a float16_sr / bfloat16_sr checkpoint */
+                const sr_ctx *sr = SUF(sr_of)(&sbuf, sr_step, sr_seed, sr_mask, s);
+                const uint32_t e0 = (uint32_t)((size_t)hv * V * K);
+                if (pc) SUF(rebuild_rows_sr)(S, K, V, K, 1.0f, gtot, Xm, Kl, nj + 1, 1, NULL, NULL, NULL, sr, e0);
+                else SUF(rebuild_rows_sr)(S, K, V, K, alpha * d0, NULL, Xm, Kl, nj + 1, 1, NULL, NULL, NULL, sr, e0);
             } else {
                 for (int i = 0; i < V; i++) STA(us + (size_t)hp * V + i, uv[i]);
             }
@@ -522,7 +556,9 @@ void SUF(gdn_replay)(STYPE *state, ATYPE *uc, ATYPE *kc, float *gc, int32_t *wp,
     }
     for (int b = 0; b < batch; b++) {
         const int s = slots[b];
-        if (s >= 0) wp[s] = wp[s] >= L - 1 ? 0 : wp[s] + 1;
+        if (s < 0) continue;
+        if (SR_FMT && sr_step && wp[s] >= L - 1) sr_step[s]++;         /* a flush wrote the slot */
+        wp[s] = wp[s] >= L - 1 ? 0 : wp[s] + 1;
     }
 }
 

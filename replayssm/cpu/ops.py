@@ -7,10 +7,11 @@ that loops over (row, head) with OpenMP on torch.get_num_threads() threads. Inpu
 in place when contiguous, else through a contiguous temporary.
 
     mamba2_ssu(state [S, H, P, N], x [b, H, P], dt [b, H], A [H], B, C [b, G, N], D, z, dt_bias, softplus,
-               out [b, H, P], slots int32 [b])
+               out [b, H, P], slots int32 [b], store=None)
     mamba2_replay(cache (replayssm.mamba2.ReplayCache), x, dt, A, B, C, D, z, dt_bias, softplus, out, slots,
                   route)
-    gdn_step(state [S, HV, V, K], q, k [b, H, K], v [b, HV, V], g, beta [b, HV], scale, l2norm, out, slots)
+    gdn_step(state [S, HV, V, K], q, k [b, H, K], v [b, HV, V], g, beta [b, HV], scale, l2norm, out, slots,
+             store=None)
     gdn_replay(cache (replayssm.gdn.ReplayCache), q, k, v, g, beta, scale, l2norm, out, slots)
         both serve KDA too: g [b, HV, K] (a decay per key channel) and a replayssm.kda.ReplayCache (g
         [S, HV, L, K]) select the kernels' per-channel mode (pc = 1); GDN's g [b, HV] the scalar one
@@ -21,6 +22,12 @@ in place when contiguous, else through a contiguous temporary.
 The gdn_* spec and tree functions also run Kimi Delta Attention (replayssm.kda, baselines.kda_*): the same
 kernels with a per-key-channel decay (pc = 1), chosen here from the tensors (_per_channel): a KDA cache's g has
 one more dim than GDN's (a [K] row per entry) and the window's g is [b, T, HV, K] instead of [b, T, HV].
+
+Stochastic rounding (float16_sr / bfloat16_sr, replayssm/state_format.py): the four AR kernels (mamba2_ssu,
+mamba2_replay, gdn_step, gdn_replay) store such a state themselves, with the bits of sr_round_torch (the C Philox
+and rounding in kernels.c). The replay caches carry their format, counter and seed; a baseline's FormattedState
+comes in as `store`. The kernel reads the slot's counter sr_step and advances it by one per write of the slot
+(every live row of a baseline step, the flush rows of a replay step), as the Triton kernels and write_state do.
 """
 
 from __future__ import annotations
@@ -30,10 +37,13 @@ import ctypes
 import torch
 
 from replayssm.cpu.build import has_fp16, library
+from replayssm.state_format import format_of
 
 DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 MAX_DIM = 1024      # kernels_body.h keeps a row of this many fp32 on the stack per program
 MAX_LEN = 64        # MAXL: buffer / ring length
+SR_BITS_MASK = 0xFFFFFFFF   # ANDs every SR draw in the kernels; a test sets 0 (a deterministic-rounding mutant)
+SR_FORMAT_CODE = {"float16_sr": 1, "bfloat16_sr": 2}   # kernels.c's SR_F16 / SR_BF16
 
 
 def supported_dtypes() -> tuple[torch.dtype, ...]:
@@ -116,14 +126,45 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-def mamba2_ssu(state, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots) -> None:
+def _sr(holder) -> tuple:
+    """The kernels' (sr_step, sr_seed, sr_mask) arguments: a float16_sr / bfloat16_sr holder's (a replay cache or
+    a baseline's FormattedState) int32 counter and seed, else (NULL, 0, 0): the plain store."""
+    if holder is None or not format_of(holder).stochastic:
+        return None, ctypes.c_uint32(0), ctypes.c_uint32(0)
+    step = holder.sr_step
+    if step is None or step.dtype != torch.int32 or not step.is_contiguous() or step.shape != holder.state.shape[:1]:
+        raise ValueError("backend='cpu': an SR state needs a contiguous int32 sr_step [num_slots]")
+    return step, ctypes.c_uint32(int(holder.sr_seed)), ctypes.c_uint32(SR_BITS_MASK)
+
+
+def sr_round(x: torch.Tensor, seed: int, slots: torch.Tensor, steps: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The kernels' stochastic rounding alone (tests): x [rows, n] float32 -> the stored 16-bit patterns [rows, n]
+    (int16), row i drawn with slot slots[i] at step steps[i] ([rows] ints), element j of the row."""
+    x = _c(x, torch.float32)
+    rows, n = x.shape
+    out = torch.empty(rows, n, dtype=torch.int16)
+    _call(library().replayssm_cpu_sr_round, x, out, _c(slots, torch.int32), _c(steps, torch.int32), rows,
+          ctypes.c_int64(n), ctypes.c_uint32(seed), ctypes.c_uint32(SR_BITS_MASK), SR_FORMAT_CODE[fmt])
+    return out
+
+
+def philox(n: int, elem0: int, slot: int, seed: int, step: int) -> torch.Tensor:
+    """The kernels' Philox draws (tests): word 0 for elements elem0 .. elem0 + n - 1, as int64 [n]."""
+    out = torch.empty(n, dtype=torch.int32)
+    _call(library().replayssm_cpu_philox, out, ctypes.c_int64(n), *(ctypes.c_uint32(v) for v in (elem0, slot, seed,
+                                                                                                  step)))
+    return out.long() & 0xFFFFFFFF
+
+
+def mamba2_ssu(state, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots, store=None) -> None:
+    """store: the baseline's FormattedState (its SR counter and seed), or None."""
     S, H, P, N = state.shape
     G = B.shape[-2]
     o, done = _out(out)
     _call(_fn("m2_ssu", state.dtype, x.dtype),
         state, _c(x), _c(dt, torch.float32), _c(A), _c(B), _c(C), _c(D), _c(z),
         _c(dt_bias), int(bool(softplus)), o, _c(slots, torch.int32), x.shape[0], H, P, N, G,
-          *_i64(state.stride()[:3]), _threads())
+          *_i64(state.stride()[:3]), *_sr(store), _threads())
     done()
 
 
@@ -136,19 +177,21 @@ def mamba2_replay(cache, x, dt, A, B, C, D, z, dt_bias, softplus, out, slots, ro
         cache.state, cache.x, cache.B, cache.dt, cache.write_pos, cache.bc,
         _c(x), _c(dt, torch.float32), _c(A), _c(B), _c(C), _c(D), _c(z),
         _c(dt_bias), int(bool(softplus)), o, _c(slots, torch.int32), x.shape[0],
-        g.nheads, g.headdim, g.dstate, g.ngroups, cache.buffer_len, 0 if route == "output_only" else 1, _threads())
+        g.nheads, g.headdim, g.dstate, g.ngroups, cache.buffer_len, 0 if route == "output_only" else 1,
+        *_sr(cache), _threads())
     done()
 
 
-def gdn_step(state, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) -> None:
-    """GDN (g [b, HV]) or KDA (g [b, HV, K], a decay per key channel: the kernel's pc mode), told apart by g."""
+def gdn_step(state, q, k, v, g, beta, scale: float, l2norm: bool, out, slots, store=None) -> None:
+    """GDN (g [b, HV]) or KDA (g [b, HV, K], a decay per key channel: the kernel's pc mode), told apart by g.
+    store: the baseline's FormattedState (its SR counter and seed), or None."""
     S, HV, V, K = state.shape
     check_cpu_sizes(K=K, V=V)
     o, done = _out(out)
     _call(_fn("gdn_step", state.dtype, q.dtype),
         state, _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32),
         float(scale), int(bool(l2norm)), o, _c(slots, torch.int32), q.shape[0], q.shape[1], HV,
-        K, V, *_i64(state.stride()[:3]), int(g.dim() == 3), _threads())
+        K, V, *_i64(state.stride()[:3]), int(g.dim() == 3), *_sr(store), _threads())
     done()
 
 
@@ -162,7 +205,7 @@ def gdn_replay(cache, q, k, v, g, beta, scale: float, l2norm: bool, out, slots) 
         cache.state, cache.u, cache.k, cache.g, cache.write_pos,
         _c(q), _c(k), _c(v), _c(g, torch.float32), _c(beta, torch.float32),
         float(scale), int(bool(l2norm)), o, _c(slots, torch.int32), q.shape[0], gm.H, gm.HV,
-        gm.K, gm.V, cache.buffer_len, int(cache.g.dim() == 4), _threads())
+        gm.K, gm.V, cache.buffer_len, int(cache.g.dim() == 4), *_sr(cache), _threads())
     done()
 
 

@@ -33,8 +33,10 @@ chunk goes through stochastic_rounding.sr_round with key (sr_seed, sr_step[slot]
 flat index in the slot's [HV, V, K] block), the bits sr_round_torch draws for the torch / ref backends' write, with
 its non-finite guard (NaN -> 0, saturation at the format's max). Every program of the row reads the same counter;
 sr_advance_kernel (below, launched after the fold) advances it on the device, so no host state changes per step.
-int8 / e4m3 are not here: their per-(slot, head) scale is an absmax over the whole head, a reduction across the
-head's V-tile programs that this one-pass tile write cannot take.
+int8 / e4m3 (SCALED, a heuristic: the launcher passes the cache's state_scale, None otherwise): the per-(slot,
+head) scale is an absmax over the whole new head, so the launcher gives one program the whole head (BV >= V, grid
+dimension 0 of 1) and the program walks it twice, the absmax pass then the quantised store (scaled_rounding.py:
+state_format.quantize_scaled's rule bit for bit). The old scale is applied to each loaded element.
 
 The dot is `replay_dot_rhs` (_tl.py): the u rows stay in their stored dtype (exact in a 16-bit MMA) and the fp32
 weighted keys W * k are split: bf16x2 for bf16 buffers, tf32x2 for fp16, FP32_DOT (tf32x3; ieee in the
@@ -47,19 +49,44 @@ import triton
 import triton.language as tl
 
 from replayssm.delta_rule._tl import key_dot, replay_dot_rhs, replay_weights
+from replayssm.scaled_rounding import finite_absmax_rows, head_scale, quantize
 from replayssm.stochastic_rounding import sr_counter, sr_key, sr_round
 
 
+@triton.jit
+def _folded_chunk(state_ptr, kbuf_ptr, gbuf_ptr, U, offs_v, mask_v, offs_c, mask_c, kt, in_scale,
+                  stride_s_v, stride_kb_l, stride_gb_l, stride_gb_k, K: tl.constexpr, BKT: tl.constexpr,
+                  DOT: tl.constexpr, SCALED: tl.constexpr):
+    """The folded state of K chunk `kt` of the V rows offs_v: (S [BV, BKT] fp32, its addresses, its mask).
+    SCALED: the stored chunk is dequantised element by element (q * in_scale, state_format.dequantize's
+    product), so the value is bit for bit the one a float32 state holding the same numbers folds to."""
+    offs_k = kt * BKT + tl.arange(0, BKT)
+    mask_k = offs_k < K
+    s_ptrs = state_ptr + offs_v[:, None] * stride_s_v + offs_k[None, :]
+    s_mask = mask_v[:, None] & mask_k[None, :]
+    S0 = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)
+    if SCALED:
+        S0 = S0 * in_scale
+    ck_mask = mask_c[:, None] & mask_k[None, :]
+    kb = tl.load(kbuf_ptr + offs_c[:, None] * stride_kb_l + offs_k[None, :], mask=ck_mask,
+                 other=0.0).to(tl.float32)                                                         # [BC, BKT]
+    g = tl.load(gbuf_ptr + offs_c[:, None] * stride_gb_l + offs_k[None, :] * stride_gb_k, mask=ck_mask, other=0.0)
+    decay0, W = replay_weights(g, ck_mask, 0)                                                      # [BKT], [BC, BKT]
+    return decay0[None, :] * S0 + replay_dot_rhs(U, W * kb, DOT), s_ptrs, s_mask
+
+
 @triton.heuristics({"DOT": lambda a: key_dot(a["ubuf_ptr"].dtype, a["FP32_DOT"]),
-                    "SR": lambda a: a["sr_step_ptr"] is not None})
+                    "SR": lambda a: a["sr_step_ptr"] is not None,
+                    "SCALED": lambda a: a["scale_ptr"] is not None})
 @triton.jit(do_not_specialize=["sr_seed"])
 def ar_fold_kernel(
-    slots_ptr, wpos_ptr, state_ptr, ubuf_ptr, kbuf_ptr, gbuf_ptr, sr_step_ptr, sr_seed,
+    slots_ptr, wpos_ptr, state_ptr, ubuf_ptr, kbuf_ptr, gbuf_ptr, sr_step_ptr, sr_seed, scale_ptr,
     stride_s_slot, stride_s_h, stride_s_v, stride_u_slot, stride_u_h, stride_u_l,
     stride_kb_slot, stride_kb_h, stride_kb_l, stride_gb_slot, stride_gb_h, stride_gb_l, stride_gb_k,
+    stride_sc_slot,
     NULL_ID: tl.constexpr, HV_PER_H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BV: tl.constexpr, BKT: tl.constexpr, BC: tl.constexpr, FP32_DOT: tl.constexpr, DOT: tl.constexpr,
-    SR: tl.constexpr,
+    SR: tl.constexpr, SCALED: tl.constexpr, QMAX: tl.constexpr = 127.0, IS_INT8: tl.constexpr = True,
 ):
     i_v = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
@@ -73,31 +100,41 @@ def ar_fold_kernel(
     ubuf_ptr += slot * stride_u_slot + i_hv * stride_u_h
     kbuf_ptr += slot * stride_kb_slot + (i_hv // HV_PER_H) * stride_kb_h
     gbuf_ptr += slot * stride_gb_slot + i_hv * stride_gb_h
-    offs_v = i_v * BV + tl.arange(0, BV)
+    offs_v = i_v * BV + tl.arange(0, BV)        # SCALED: BV >= V and one program per head (the launcher's grid)
     mask_v = offs_v < V
     offs_c = tl.arange(0, BC)
     mask_c = offs_c < L
     U = tl.load(ubuf_ptr + offs_c[None, :] * stride_u_l + offs_v[:, None],
                 mask=mask_v[:, None] & mask_c[None, :], other=0.0)                                  # [BV, BC]
+    in_scale = 1.0
+    if SCALED:
+        # int8 / e4m3 (scaled_rounding.py): the head's new scale is the absmax of the whole new head, so a first
+        # pass folds every chunk for its absmax alone, and the second folds it again and stores it quantised
+        # (in place: each chunk's old values are read before its own store, and by the same program only)
+        scale_ptr += slot * stride_sc_slot + i_hv
+        in_scale = tl.load(scale_ptr)
+        absmax = tl.zeros([BV], dtype=tl.float32)
+        for kt in tl.range(0, (K + BKT - 1) // BKT):
+            S, s_ptrs, s_mask = _folded_chunk(state_ptr, kbuf_ptr, gbuf_ptr, U, offs_v, mask_v, offs_c, mask_c,
+                                              kt, in_scale, stride_s_v, stride_kb_l, stride_gb_l, stride_gb_k,
+                                              K, BKT, DOT, SCALED)
+            absmax = tl.maximum(absmax, finite_absmax_rows(S, s_mask))
+        out_scale = head_scale(tl.max(absmax, 0), QMAX)
     if SR:
         key = sr_key(sr_seed, tl.load(sr_step_ptr + slot))                    # this write's draws
     for kt in tl.range(0, (K + BKT - 1) // BKT):        # constexpr bound: a loop, not unrolled
-        offs_k = kt * BKT + tl.arange(0, BKT)
-        mask_k = offs_k < K
-        s_ptrs = state_ptr + offs_v[:, None] * stride_s_v + offs_k[None, :]
-        s_mask = mask_v[:, None] & mask_k[None, :]
-        S0 = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)
-        ck_mask = mask_c[:, None] & mask_k[None, :]
-        kb = tl.load(kbuf_ptr + offs_c[:, None] * stride_kb_l + offs_k[None, :], mask=ck_mask,
-                     other=0.0).to(tl.float32)                                                     # [BC, BKT]
-        g = tl.load(gbuf_ptr + offs_c[:, None] * stride_gb_l + offs_k[None, :] * stride_gb_k, mask=ck_mask,
-                    other=0.0)
-        decay0, W = replay_weights(g, ck_mask, 0)                                                  # [BKT], [BC, BKT]
-        S = decay0[None, :] * S0 + replay_dot_rhs(U, W * kb, DOT)
+        S, s_ptrs, s_mask = _folded_chunk(state_ptr, kbuf_ptr, gbuf_ptr, U, offs_v, mask_v, offs_c, mask_c, kt,
+                                          in_scale, stride_s_v, stride_kb_l, stride_gb_l, stride_gb_k, K, BKT, DOT,
+                                          SCALED)
         if SR:                                  # the slot's element index: (hv, v, k) of its [HV, V, K] block
+            offs_k = kt * BKT + tl.arange(0, BKT)
             elem = i_hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
             S = sr_round(S, key, sr_counter(slot, elem), state_ptr.dtype.element_ty)
+        if SCALED:
+            S = quantize(S, out_scale, QMAX, IS_INT8)
         tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)
+    if SCALED:
+        tl.store(scale_ptr, out_scale)
 
 
 @triton.heuristics({"AT_FLUSH": lambda a: a["wpos_ptr"] is not None})

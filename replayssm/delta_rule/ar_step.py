@@ -20,7 +20,8 @@ the state's accumulators instead would convert both [BV, BKC] accumulators to th
 (AOT, Triton 3.7.1: 54 LDS/STS, 13 BAR, 52 SHFL per warp; this way one [BV] vector per readout is converted).
 All state chunks are loads in an unrolled static loop, issued before the first FMA needs them; the checkpoint's
 address needs only the slot. EVEN_V / EVEN_K (heuristics: the tile divides V / K, as at every production
-geometry) drop the masks and their predicate arithmetic.
+geometry) drop the masks and their predicate arithmetic. An int8 / e4m3 checkpoint (SCALED: the launcher passes
+state_scale) is read as stored and its per-(slot, head) scale applied once, to x_mult: one scalar load.
 """
 
 from __future__ import annotations
@@ -30,16 +31,16 @@ import triton.language as tl
 
 
 @triton.heuristics({"HAS_BUFFER": lambda a: a["L"] > 1, "EVEN_V": lambda a: a["V"] % a["BV"] == 0,
-                    "EVEN_K": lambda a: a["K"] % a["BKC"] == 0})
+                    "EVEN_K": lambda a: a["K"] % a["BKC"] == 0, "SCALED": lambda a: a["scale_ptr"] is not None})
 @triton.jit
 def ar_step_kernel(
-    v_ptr, beta_ptr, o_ptr, slots_ptr, wpos_ptr, state_ptr, ubuf_ptr, x_ptr, c_ptr, s_ptr,
+    v_ptr, beta_ptr, o_ptr, slots_ptr, wpos_ptr, state_ptr, ubuf_ptr, x_ptr, c_ptr, s_ptr, scale_ptr,
     stride_v_b, stride_v_h, stride_beta_b, stride_beta_h, stride_o_b, stride_o_h,
     stride_s_slot, stride_s_h, stride_s_v, stride_u_slot, stride_u_h, stride_u_l,
-    stride_x_slot, stride_x_h, stride_c_slot, stride_c_h, stride_ws_slot, stride_ws_h,
+    stride_x_slot, stride_x_h, stride_c_slot, stride_c_h, stride_ws_slot, stride_ws_h, stride_sc_slot,
     NULL_ID: tl.constexpr, X_GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BV: tl.constexpr, BKC: tl.constexpr, BC: tl.constexpr, BL: tl.constexpr, HAS_BUFFER: tl.constexpr,
-    EVEN_V: tl.constexpr, EVEN_K: tl.constexpr,
+    EVEN_V: tl.constexpr, EVEN_K: tl.constexpr, SCALED: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
@@ -74,6 +75,8 @@ def ar_step_kernel(
         acc_k += S0 * xk[None, :]
         acc_q += S0 * xq[None, :]
     x_mult = tl.load(s_ptr)
+    if SCALED:                  # int8 / e4m3: the head's scale multiplies the two sums, not every element
+        x_mult *= tl.load(scale_ptr + slot * stride_sc_slot + i_hv)
     Sk = tl.sum(acc_k, 1) * x_mult                           # the two cross-lane reductions of the state
     Sq = tl.sum(acc_q, 1) * x_mult
     h = tl.load(wpos_ptr + slot)

@@ -8,6 +8,7 @@ first step):
                                                   applied to the vectors and the buffered keys
     2. ar_step_kernel  (cdiv(V, BV), batch, HV)   the readout of every row; appends u; writes o
     3. ar_fold_kernel  (cdiv(V, BVF), batch, HV)  flush rows only (the rest exit): the K-chunked fold
+                      (1, batch, HV)              int8 / float8_e4m3fn: a program per head, two passes (its scale)
        sr_advance_kernel (cdiv(batch, 1024),)     float16_sr / bfloat16_sr only: the flush rows' sr_step += 1
     4. the cursor advance (replayssm/gdn/decode_kernels.py's), unless the cache shares a DecodeCursor
 Each launch's config resolves through replayssm/launch_table.py under its own name (gdn_replay_ar_prep,
@@ -29,7 +30,7 @@ from replayssm.checks import NULL_SLOT, kernel_arch, next_pow2
 from replayssm.delta_rule.ar_fold import ar_fold_kernel, launch_sr_advance
 from replayssm.delta_rule.ar_prep import ar_prep_channel_kernel, ar_prep_kernel
 from replayssm.delta_rule.ar_step import ar_step_kernel
-from replayssm.state_format import format_of
+from replayssm.state_format import format_of, scaled_args
 
 ROUTE = "output_only_fold"
 KERNELS = ("gdn_replay_ar_prep", "gdn_replay_ar_step", "gdn_replay_ar_fold")
@@ -133,23 +134,33 @@ def launch_output_only_fold(cache, q, k, v, g, beta, scale: float, use_qk_l2norm
         ar_prep_channel_kernel[(batch, gm.HV)](*prep_args, **prep_kw)
     else:
         ar_prep_kernel[(batch, gm.H)](*prep_args, **prep_kw, BG=next_pow2(hv_per_h))
+    fmt = format_of(cache)
+    state_scale = cache.state_scale if fmt.scaled else None               # int8 / float8_e4m3fn
+    scale_stride = state_scale.stride(0) if state_scale is not None else 0
     ar_step_kernel[(triton.cdiv(gm.V, step.block_v), batch, gm.HV)](
-        v, beta, out, slots, cache.write_pos, st, u, x, c, s,
+        v, beta, out, slots, cache.write_pos, st, u, x, c, s, state_scale,
         v.stride(0), v.stride(1), beta.stride(0), beta.stride(1), out.stride(0), out.stride(1),
         st.stride(0), st.stride(1), st.stride(2), u.stride(0), u.stride(1), u.stride(2),
-        x.stride(0), x.stride(1), c.stride(0), c.stride(1), s.stride(0), s.stride(1),
+        x.stride(0), x.stride(1), c.stride(0), c.stride(1), s.stride(0), s.stride(1), scale_stride,
         **common, X_GROUP=1 if per_channel else hv_per_h, V=gm.V, BV=step.block_v, BKC=step.block_k, BC=BC,
         BL=next_pow2(L),
         num_warps=step.num_warps, num_stages=step.num_stages,
     )
-    sr_step = cache.sr_step if format_of(cache).stochastic else None     # float16_sr / bfloat16_sr
-    ar_fold_kernel[(triton.cdiv(gm.V, fold.block_v), batch, gm.HV)](
-        slots, cache.write_pos, st, u, kb, gb, sr_step, cache.sr_seed if sr_step is not None else 0,
+    sr_step = cache.sr_step if fmt.stochastic else None                  # float16_sr / bfloat16_sr
+    # a scaled format's fold: one program per head (its scale is the whole head's absmax: ar_fold.py)
+    # in K chunks of 16 (a [V, 16] chunk per iteration, 4 warps): with the default 32, 118-134 registers and an 8 B
+    # spill at sm_100 (Kimi-Linear int8, Triton 3.7.1); 8 warps spill too. AOT sm_90 b256 per flush step, int8:
+    # Qwen3.5-122B 94.6 us, Kimi-Linear 47.6 (fp32 fold: 79.4 / 40.6): the absmax pass costs ~20 %
+    fold_bv = max(16, next_pow2(gm.V)) if state_scale is not None else fold.block_v
+    fold_bkt = min(fold.block_k, 16) if state_scale is not None and arch else fold.block_k
+    ar_fold_kernel[(triton.cdiv(gm.V, fold_bv), batch, gm.HV)](
+        slots, cache.write_pos, st, u, kb, gb, sr_step, cache.sr_seed if sr_step is not None else 0, state_scale,
         st.stride(0), st.stride(1), st.stride(2), u.stride(0), u.stride(1), u.stride(2),
         kb.stride(0), kb.stride(1), kb.stride(2), gb.stride(0), gb.stride(1), gb.stride(2),
         gb.stride(3) if per_channel else 0,              # GDN: one decay per entry, broadcast along K
-        **common, HV_PER_H=hv_per_h, V=gm.V, BV=fold.block_v, BKT=fold.block_k, BC=max(16, next_pow2(L)),
+        scale_stride, **common, HV_PER_H=hv_per_h, V=gm.V, BV=fold_bv, BKT=fold_bkt, BC=max(16, next_pow2(L)),
         FP32_DOT="tf32x3" if arch >= 80 else "ieee", num_warps=fold.num_warps, num_stages=fold.num_stages,
+        **scaled_args(fmt),
     )
     if sr_step is not None:           # after the fold (its programs read the counter), before the cursor moves
         launch_sr_advance(slots, cache.write_pos, sr_step, L)

@@ -17,7 +17,7 @@ State formats (replayssm/state_format.py): state_dtype is a format name or a tor
 float32 / float16 / bfloat16, the torch and ref backends store float16_sr / bfloat16_sr (stochastic rounding
 keyed by (sr_seed, sr_step[slot], slot, element); sr_step counts the slot's checkpoint writes) and int8 /
 float8_e4m3fn (a float32 per-(slot, value head) scale `state_scale`). The checkpoint is rounded only where it is
-written: at a flush and by set_state. The spec ring takes the plain formats only.
+written: at a flush and by set_state. The spec ring (replayssm/gdn/ring.py) takes the same formats.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class DeltaRuleReplayCache(SlotPool):
         """`cursor`: a ring_cursors.DecodeCursor whose write_pos this cache uses (one per decode row for every
         layer; replay_step then leaves it to cursor.advance); None allocates the cache's own. `state_dtype`: a
         state format name or a torch dtype; `sr_seed`: the 32-bit seed of a stochastic-rounding format."""
-        storage = check_pool_alloc(geometry, cls.GEOMETRY, state_dtype, act_dtype, allow_fp8=True,
+        storage = check_pool_alloc(geometry, cls.GEOMETRY, state_dtype, act_dtype, all_formats=True,
                                    num_slots=num_slots, buffer_len=buffer_len)
         gm, n, L = geometry, num_slots, buffer_len
         state = torch.zeros(n, gm.HV, gm.V, gm.K, dtype=storage, device=device)

@@ -36,7 +36,7 @@ from replayssm.gdn import decode_ref, decode_torch
 from replayssm.gdn.cache import ReplayCache
 from replayssm.gdn.decode_kernels import MAX_K, launch_materialize, launch_replay_step
 from replayssm.ring_cursors import keep_shared_cursor
-from replayssm.state_format import check_backend_format, format_of
+from replayssm.state_format import check_backend_format, format_of, plain_state
 
 
 def check_step_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -135,8 +135,10 @@ def run_replay_step(cache, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, b
     per_channel = gm.PER_CHANNEL_DECAY
     family = "kda" if per_channel else "gdn"
     check_route(route, family)
-    check_backend(backend, q, k, v, out, cache.state)
-    check_backend_format(backend, format_of(cache), f"{family}.replay[{route}]")   # SR: output_only_fold only
+    # the state's format is check_backend_format's (an e4m3 state is refused by check_backend's dtype rule for
+    # every kernel; the format check knows the kernels that store it)
+    check_backend(backend, q, k, v, out, plain_state(cache))
+    check_backend_format(backend, format_of(cache), f"{family}.replay[{route}]")   # SR / scaled: output_only_fold
     batch = check_step_inputs(q, k, v, g, beta, out, H=gm.H, HV=gm.HV, K=gm.K, V=gm.V, act_dtype=cache.act_dtype,
                               scale=scale, use_qk_l2norm=use_qk_l2norm, per_channel_g=per_channel)
     device = check_same_device(q=q, k=k, v=v, g=g, beta=beta, out=out, state=cache.state)
@@ -196,7 +198,7 @@ def materialize(cache: ReplayCache, slots: torch.Tensor | None = None, backend: 
 def run_materialize(cache, slots, backend: str, out, torch_forms) -> torch.Tensor:
     """materialize after the family's cache check, for either decay shape (as run_replay_step)."""
     gm = cache.geometry
-    check_backend(backend, cache.state, out)
+    check_backend(backend, plain_state(cache), out)
     check_backend_format(backend, format_of(cache), f"{'kda' if gm.PER_CHANNEL_DECAY else 'gdn'}.materialize")
     if gm.K > MAX_K:
         raise ValueError(f"K={gm.K} > {MAX_K}: the delta-rule decode kernels cannot tile K")

@@ -330,7 +330,8 @@ def _gdn_materialize_kernel(
     stride_gb_slot, stride_gb_h,
     NULL_ID: tl.constexpr, HV_PER_H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr,
     BK: tl.constexpr, BKT: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    stride_gb_l=1, PER_CHANNEL: tl.constexpr = False,
+    stride_gb_l=1, PER_CHANNEL: tl.constexpr = False, scale_ptr=None, stride_sc_slot=0,
+    SCALED: tl.constexpr = False,
 ):
     i_v = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
@@ -360,6 +361,8 @@ def _gdn_materialize_kernel(
                                                    offs_kt, mask_kt, stride_gb_l, HAS_BUFFER)
         S0 = tl.load(state_base + offs_v[:, None] * stride_s_v + offs_kt[None, :],
                      mask=mask_v[:, None] & mask_kt[None, :], other=0.0).to(tl.float32)
+        if SCALED:                              # int8 / e4m3: dequantised as state_format.dequantize does
+            S0 = S0 * tl.load(scale_ptr + slot * stride_sc_slot + i_hv)
         S = _rebuild_tile(S0, kbuf_base + offs_c[:, None] * stride_kb_l + offs_kt[None, :],
                           mask_c[:, None] & mask_kt[None, :], decay0, weighted_u, HAS_BUFFER, DOT_PRECISION,
                           key_weights, PER_CHANNEL)
@@ -420,5 +423,12 @@ def launch_materialize(cache, slots: torch.Tensor, out: torch.Tensor, per_channe
         NULL_ID=NULL_SLOT, HV_PER_H=gm.HV // gm.H, K=gm.K, V=gm.V, L=L,
         BK=max(16, next_pow2(gm.K)), BKT=cfg.block_kt, BV=cfg.block_v, BC=max(16, next_pow2(L)),
         DOT_PRECISION=cfg.dot_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **_per_channel_args(cache, per_channel),
+        **_per_channel_args(cache, per_channel), **_scaled_read_args(cache),
     )
+
+
+def _scaled_read_args(cache) -> dict:
+    """An int8 / float8_e4m3fn checkpoint's scale for a kernel that reads it (materialize); nothing for the other
+    formats, whose builds stay what they were."""
+    scale = getattr(cache, "state_scale", None)
+    return {} if scale is None else dict(scale_ptr=scale, stride_sc_slot=scale.stride(0), SCALED=True)

@@ -28,10 +28,12 @@ from replayssm.checks import (
     check_cache_type,
     check_dtype,
     check_last_dim_contiguous,
+    check_ring_format,
     check_same_device,
     check_shape,
     check_slots,
     check_spec_route,
+    spec_kernel,
 )
 from replayssm.delta_rule.spec_launch import launch_verify_fold
 from replayssm.gdn import spec_kernels, spec_ref, spec_torch
@@ -39,7 +41,7 @@ from replayssm.gdn.ring import SpecRing
 from replayssm.geometry import GDNGeometry
 
 __all__ = ["SpecRing", "spec_verify", "spec_commit", "spec_reset", "spec_materialize", "check_window",
-           "run_spec_verify", "run_spec_materialize", "check_cache_device"]
+           "run_spec_verify", "run_spec_materialize", "check_cache_device", "ring_family"]
 
 
 def check_window(geometry: GDNGeometry, window: int, act_dtype: torch.dtype, q: torch.Tensor, k: torch.Tensor,
@@ -82,6 +84,11 @@ def check_window(geometry: GDNGeometry, window: int, act_dtype: torch.dtype, q: 
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise ValueError(f"scale must be a float or None, got {scale!r}")
     return batch, float(scale)
+
+
+def ring_family(ring) -> str:
+    """"gdn" or "kda": which family's kernels a delta-rule ring runs (its geometry's decay shape)."""
+    return "kda" if ring.geometry.PER_CHANNEL_DECAY else "gdn"
 
 
 def check_cache_device(ring, t: torch.Tensor) -> None:
@@ -143,6 +150,7 @@ def run_spec_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, slots, out, ba
     Triton form (checked here, before any launch, whatever the backend)."""
     check_spec_route(route)
     per_channel = ring.geometry.PER_CHANNEL_DECAY
+    check_ring_format(ring, backend, spec_kernel(ring_family(ring), "replay_spec", route))   # triton / cpu: plain
     batch, scale = check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend,
                                 per_channel_g=per_channel)
     check_cache_device(ring, q)
@@ -203,7 +211,9 @@ def spec_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor 
 
 
 def spec_reset(ring: SpecRing, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
-    """Start new requests: empty history, origin 0, no pending flush (the prefill state is already in ring.state).
+    """Start new requests: empty history, origin 0, no pending flush (the prefill state is already in the slot:
+    replayssm.state_format.set_state(ring, S, slots) for any state format, which restarts the SR counter and
+    recomputes the scale; a plain format may also be copied into ring.state). Only cursors move here.
 
     Args:
         ring: the layer's SpecRing.
@@ -253,6 +263,7 @@ def spec_materialize(ring: SpecRing, slots: torch.Tensor | None = None, backend:
 
 def run_spec_materialize(ring, slots, backend: str, torch_forms) -> torch.Tensor:
     """spec_materialize after the family's ring check, for either decay shape (as run_spec_verify)."""
+    check_ring_format(ring, backend, f"{ring_family(ring)}.spec_materialize")
     check_backend(backend, ring.state)
     if slots is None:
         slots = torch.arange(ring.num_slots, dtype=torch.int32, device=ring.device)

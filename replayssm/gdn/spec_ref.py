@@ -20,6 +20,11 @@ A draft tree (parents given, replayssm.gdn.tree) walks the delta rule along each
 S_parent(0) = S_h: u_s = beta_s (v_s - exp(g_s) S_parent(s) k_s), S_s = exp(g_s) S_parent(s) + u_s k_s^T,
 o_s = S_s q_s; u_s is stored where U_s goes. No triangular system, no mask: an independent check of the
 ancestor-restricted solve of the other backends.
+State formats (replayssm/state_format.py): the checkpoint is read with read_state (dequantised, float64) and the
+flush fold stored with write_state in float64, once per flushing slot with history (h > 0): a cast, a
+per-(slot, head) scale from the float64 absmax (rounded to its float32 storage), or stochastic rounding with
+sr_round_torch's bits for the slot's sr_step: the torch backend's rule and random bits. The window continues from
+the unrounded S_h, as the kernels do.
 """
 
 from __future__ import annotations
@@ -28,14 +33,16 @@ import torch
 
 from replayssm.gdn.ref import l2norm
 from replayssm.gdn.ring import SpecRing
+from replayssm.state_format import read_state, write_state
 
 
-def _history_state(ring: SpecRing, slot: int, hv: int) -> torch.Tensor:
-    """S_h [V, K] float64: the checkpoint with the committed ring entries replayed into it."""
+def _history_state(ring: SpecRing, slot: int, hv: int, S0: torch.Tensor) -> torch.Tensor:
+    """S_h [V, K] float64: the checkpoint S0 [V, K] (float64, dequantised by read_state) with the committed ring
+    entries replayed into it."""
     mask = ring.ring_len - 1
     kh = hv // ring.geometry.value_heads_per_key_head
     h, origin = int(ring.write_pos[slot]), int(ring.origin[slot])
-    S = ring.state[slot, hv].double()
+    S = S0
     for j in range(h):
         row = (origin + j) & mask
         u_j = ring.u[slot, hv, row].double()
@@ -112,10 +119,10 @@ def verify_ref(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         window_rows = [(origin + h + s) & mask for s in range(T)]
         # All heads first compute S_h from the ring as it was on entry; the flush store comes after, so a
         # head never replays the history on top of a checkpoint that already holds it.
-        history = [_history_state(ring, slot, hv) for hv in range(gm.HV)]
+        S0 = read_state(ring, slot, torch.float64)
+        history = [_history_state(ring, slot, hv, S0[hv]) for hv in range(gm.HV)]
         if flush and h > 0:
-            for hv in range(gm.HV):
-                ring.state[slot, hv] = history[hv].to(ring.state_dtype)
+            write_state(ring, slot, torch.stack(history))     # the slot's one write, by the format's rule
         kn = _prepare(k[row], use_qk_l2norm)                   # [T, H, K]
         qn = _prepare(q[row], use_qk_l2norm) * scale
         for hv in range(gm.HV):
@@ -136,6 +143,7 @@ def materialize_ref(ring: SpecRing, slots: torch.Tensor, out: torch.Tensor) -> t
     for row, slot in enumerate(slots.tolist()):
         if slot == ring.null_slot:
             continue
+        S0 = read_state(ring, slot, torch.float64)
         for hv in range(ring.geometry.HV):
-            out[row, hv] = _history_state(ring, slot, hv).to(out.dtype)
+            out[row, hv] = _history_state(ring, slot, hv, S0[hv]).to(out.dtype)
     return out

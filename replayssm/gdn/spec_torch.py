@@ -9,6 +9,8 @@ same function verifies a draft tree (replayssm.gdn.tree): the system restricted 
 
 Arguments arrive validated from replayssm.gdn.spec. Value head hv = kh * G + i of key head kh is handled
 as a [.., H, G, ..] view so grouped keys are never copied HV/H times for the state-sized products.
+State formats (replayssm/state_format.py): `checkpoint` reads S0 dequantised, `store_fold` writes the flush fold
+by the format's rule (KDA's torch form shares both); a flush row with an empty history writes nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from replayssm.gdn.ring import SpecRing
+from replayssm.state_format import format_of, read_state, write_state
 from replayssm.tree_ring import ancestor_tables, tree_prefix
 
 L2NORM_EPS = 1e-6
@@ -40,6 +43,24 @@ def _whole_pool(ring: SpecRing, rows: torch.Tensor | None, sl: torch.Tensor) -> 
     """True when the live rows are slots 0..num_slots-1 in order: cache tensors are used as views."""
     return rows is None and sl.numel() == ring.num_slots and bool(
         (sl == torch.arange(ring.num_slots, device=sl.device)).all())
+
+
+def checkpoint(ring: SpecRing, sl: torch.Tensor, whole: bool) -> torch.Tensor:
+    """The rows' checkpoints S0, fp32 [b, HV, V, K]: the cache itself when it is an fp32 whole pool, else a copy
+    (a cast, or dequantised with the per-head scale of an int8 / e4m3 format: replayssm/state_format.py)."""
+    if format_of(ring).plain:
+        return (ring.state if whole else ring.state[sl]).float()
+    return read_state(ring, slice(None) if whole else sl)
+
+
+def store_fold(ring: SpecRing, slots: torch.Tensor, S_h: torch.Tensor) -> None:
+    """The flush fold S_h [n, HV, V, K] fp32 into the checkpoints of `slots` (long [n], unique): the one state
+    write of a verify, by the format's rule (a cast, a fresh per-head scale, or stochastic rounding keyed by
+    each slot's sr_step, which then advances)."""
+    if format_of(ring).plain:
+        ring.state.index_copy_(0, slots, S_h.to(ring.state_dtype))
+    else:
+        write_state(ring, slots, S_h)
 
 
 def _history(ring: SpecRing, sl: torch.Tensor, whole: bool):
@@ -96,8 +117,8 @@ def verify_torch(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
     # S_h [k | q] = exp(G_tot) S0 [k | q] + sum_j w_j u_j (k_j . [k | q]): one pass over the checkpoint.
     w_u, k_hist, decay0 = _history(ring, sl, whole)
-    S0 = (ring.state if whole else ring.state[sl]).view(b, gm.H, G, gm.V, gm.K)
-    hkq = torch.einsum("bhgvk,bhtk->bhgtv", S0.float(), kqw)
+    S0 = checkpoint(ring, sl, whole).view(b, gm.H, G, gm.V, gm.K)
+    hkq = torch.einsum("bhgvk,bhtk->bhgtv", S0, kqw)
     hkq.mul_(decay0.view(b, gm.H, G, 1, 1))
     hkq.add_(torch.einsum("bhgrv,bhrt->bhgtv", w_u, k_hist @ kqw.transpose(-1, -2)))
     hkq = hkq.reshape(b, gm.HV, 2 * T, gm.V)
@@ -108,9 +129,9 @@ def verify_torch(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     fl = ring.is_flush if whole else ring.is_flush[sl]
     fold = ((fl != 0) & (wp > 0)).nonzero().squeeze(1)
     if fold.numel():
-        S_h = S0.index_select(0, fold).float() * decay0.index_select(0, fold).view(-1, gm.H, G, 1, 1)
+        S_h = S0.index_select(0, fold) * decay0.index_select(0, fold).view(-1, gm.H, G, 1, 1)
         S_h.add_(torch.einsum("bhgrv,bhrk->bhgvk", w_u.index_select(0, fold), k_hist.index_select(0, fold)))
-        ring.state.index_copy_(0, sl.index_select(0, fold), S_h.view(-1, gm.HV, gm.V, gm.K).to(ring.state_dtype))
+        store_fold(ring, sl.index_select(0, fold), S_h.view(-1, gm.HV, gm.V, gm.K))
 
     # Window: chunked delta rule over T tokens from S_h. strict[s, c]: c enters row s of A; path[s, c]: c is
     # summed into o_s (a chain: c < s and c <= s; a tree: c a strict ancestor of s, an ancestor-or-self).
@@ -158,7 +179,7 @@ def materialize_torch(ring: SpecRing, slots: torch.Tensor, out: torch.Tensor) ->
     whole = _whole_pool(ring, rows, sl)
     b, G = sl.numel(), gm.value_heads_per_key_head
     w_u, k_hist, decay0 = _history(ring, sl, whole)
-    S0 = (ring.state if whole else ring.state[sl]).view(b, gm.H, G, gm.V, gm.K).float()
+    S0 = checkpoint(ring, sl, whole).view(b, gm.H, G, gm.V, gm.K)
     S_h = S0 * decay0.view(b, gm.H, G, 1, 1) + torch.einsum("bhgrv,bhrk->bhgvk", w_u, k_hist)
     S_h = S_h.view(b, gm.HV, gm.V, gm.K)
     if rows is None:

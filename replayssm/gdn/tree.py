@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 
 from replayssm import tree_ring
-from replayssm.checks import check_backend, check_cache_type, check_slots
+from replayssm.checks import check_backend, check_cache_type, check_ring_format, check_slots
 from replayssm.gdn import spec_ref, spec_torch
 from replayssm.gdn.ring import SpecRing
-from replayssm.gdn.spec import check_cache_device, check_window
+from replayssm.gdn.spec import check_cache_device, check_window, ring_family
 
 RING_FIELDS = ("u", "k", "g")
 
@@ -82,6 +82,7 @@ def run_tree_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, parents, slots
     ring.geometry.PER_CHANNEL_DECAY: g [batch, N, HV, K]). `torch_forms`: the family's torch module (its
     verify_torch with parents)."""
     per_channel = ring.geometry.PER_CHANNEL_DECAY
+    check_ring_format(ring, backend, f"{ring_family(ring)}.replay_tree")   # plain only on triton / cpu
     batch, scale = check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend,
                                 per_channel_g=per_channel)
     check_cache_device(ring, q)

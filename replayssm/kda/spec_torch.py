@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from replayssm.gdn.spec_torch import _live_rows, _whole_pool, l2norm_fp32
+from replayssm.gdn.spec_torch import _live_rows, _whole_pool, checkpoint, l2norm_fp32, store_fold
 from replayssm.tree_ring import ancestor_tables, tree_prefix
 
 
@@ -48,7 +48,7 @@ def _history(ring, sl: torch.Tensor, whole: bool):
 
 def _state_times(S0, decay0, u_hist, kw, x):
     """S_h x for x [b, HV, m, K] -> [b, HV, m, V] from the checkpoint and the history, without forming S_h."""
-    return (x * decay0[:, :, None]) @ S0.float().transpose(-1, -2) + (x @ kw.transpose(-1, -2)) @ u_hist
+    return (x * decay0[:, :, None]) @ S0.transpose(-1, -2) + (x @ kw.transpose(-1, -2)) @ u_hist
 
 
 def verify_torch(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slots, out, parents=None):
@@ -81,7 +81,7 @@ def verify_torch(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slot
 
     # readouts S_h (exp(G_s) * [k_s | q_s]) in one pass over the checkpoint
     u_hist, kw, decay0 = _history(ring, sl, whole)
-    S0 = ring.state if whole else ring.state[sl]
+    S0 = checkpoint(ring, sl, whole)                                               # fp32, dequantised
     eG = torch.exp(Gc)
     hkq = _state_times(S0, decay0, u_hist, kw, torch.cat([eG * k_hv, eG * q_hv], 2))   # [b, HV, 2T, V]
     hk, hq = hkq[:, :, :T], hkq[:, :, T:]
@@ -90,9 +90,9 @@ def verify_torch(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slot
     fl = ring.is_flush if whole else ring.is_flush[sl]
     fold = ((fl != 0) & (wp > 0)).nonzero().squeeze(1)
     if fold.numel():
-        S_h = (S0.index_select(0, fold).float() * decay0.index_select(0, fold)[:, :, None, :]
+        S_h = (S0.index_select(0, fold) * decay0.index_select(0, fold)[:, :, None, :]
                + u_hist.index_select(0, fold).transpose(-1, -2) @ kw.index_select(0, fold))
-        ring.state.index_copy_(0, sl.index_select(0, fold), S_h.to(ring.state_dtype))
+        store_fold(ring, sl.index_select(0, fold), S_h)             # by the state format's rule
 
     # decay-weighted dots: D[s, c, d] = exp(G_s[d] - G_c[d]) (clamped at 0: only c on s's path is kept)
     D = torch.exp(torch.clamp(Gc[:, :, :, None, :] - Gc[:, :, None, :, :], max=0.0))       # [b, HV, T, T, K]
@@ -124,7 +124,7 @@ def materialize_torch(ring, slots: torch.Tensor, out: torch.Tensor) -> torch.Ten
         return out
     whole = _whole_pool(ring, rows, sl)
     u_hist, kw, decay0 = _history(ring, sl, whole)
-    S0 = (ring.state if whole else ring.state[sl]).float()
+    S0 = checkpoint(ring, sl, whole)
     S_h = S0 * decay0[:, :, None, :] + u_hist.transpose(-1, -2) @ kw
     if rows is None:
         out.copy_(S_h)

@@ -39,6 +39,10 @@ format, whose build is unchanged): each stored chunk goes through stochastic_rou
 sr_step[slot]) and counter (slot, the element's flat index in the slot's [nheads, headdim, dstate] block): the bits
 the torch / ref backends' write draws (sr_round_torch), with its non-finite guard. The counter is advanced on the
 device after the fold (delta_rule/ar_fold.py's sr_advance_kernel, flush rows only).
+
+int8 / e4m3 checkpoints (SCALED, a heuristic on scale_ptr, the cache's state_scale): the readout applies the
+head's scale once, to abar; the fold, given the whole head by its launcher, walks it twice (the absmax pass, then
+the quantised store: scaled_rounding.py, state_format.quantize_scaled's rule bit for bit).
 """
 
 from __future__ import annotations
@@ -48,24 +52,25 @@ import triton.language as tl
 
 from replayssm.delta_rule._tl import key_dot, replay_dot
 from replayssm.mamba2.decode_kernels import _process_dt
+from replayssm.scaled_rounding import finite_absmax_rows, head_scale, quantize
 from replayssm.stochastic_rounding import sr_counter, sr_key, sr_round
 
 
 @triton.heuristics({"EVEN_M": lambda a: a["headdim"] % a["BLOCK_M"] == 0,
-                    "EVEN_N": lambda a: a["dstate"] == a["BLOCK_N"]})
+                    "EVEN_N": lambda a: a["dstate"] == a["BLOCK_N"], "SCALED": lambda a: a["scale_ptr"] is not None})
 @triton.jit
 def mamba2_ar_step_kernel(
     x_ptr, dt_ptr, A_ptr, C_ptr, D_ptr, z_ptr, dt_bias_ptr, out_ptr, slots_ptr,
-    state_ptr, xbuf_ptr, dtbuf_ptr, bc_ptr, write_pos_ptr,
+    state_ptr, xbuf_ptr, dtbuf_ptr, bc_ptr, write_pos_ptr, scale_ptr,
     stride_x_b, stride_x_h, stride_dt_b, stride_dt_h, stride_C_b, stride_C_g,
     stride_z_b, stride_z_h, stride_out_b, stride_out_h,
     stride_state_s, stride_state_h, stride_state_p,
     stride_xbuf_s, stride_xbuf_h, stride_xbuf_l,
-    stride_dtbuf_s, stride_dtbuf_h, stride_bc_s, stride_bc_g,
+    stride_dtbuf_s, stride_dtbuf_h, stride_bc_s, stride_bc_g, stride_sc_slot,
     headdim: tl.constexpr, dstate: tl.constexpr, L: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr,
-    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, SCALED: tl.constexpr,
 ):
     """y of one [BLOCK_M] slice of one (row, head), every step; the x / dt appends on normal steps."""
     pid_m = tl.program_id(0)
@@ -120,7 +125,10 @@ def mamba2_ar_step_kernel(
     c_tot = tl.sum(dt_j, axis=0)
     w = dt_j * tl.exp(A * (c_tot - c_j)) * tl.where(hist, bc, 0.0)     # dt_j is 0 past h: w_j = 0 for j >= h
     bc_h = tl.load(bcrow + h)
-    y = tl.exp(A * c_tot) * tl.sum(acc, axis=1) + tl.sum(tl.where(hist[None, :], xt.to(tl.float32), 0.0)
+    abar = tl.exp(A * c_tot)
+    if SCALED:                  # int8 / e4m3: the head's scale multiplies the sum, not every element
+        abar *= tl.load(scale_ptr + slot64 * stride_sc_slot + head)
+    y = abar * tl.sum(acc, axis=1) + tl.sum(tl.where(hist[None, :], xt.to(tl.float32), 0.0)
                                                          * w[None, :], axis=1) + (dt * bc_h) * x
 
     if h < L - 1:
@@ -136,20 +144,41 @@ def mamba2_ar_step_kernel(
              mask=mask_m)
 
 
+@triton.jit
+def _folded_chunk(state_ptr, bbuf, b_row, xs, abar, in_scale, offs_m, mask_m, offs_l, hist, cur, kt,
+                  stride_state_p, stride_Bbuf_l, dstate: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
+                  SCALED: tl.constexpr):
+    """The folded state of dstate chunk `kt` of the headdim rows offs_m: (S [BLOCK_M, BLOCK_K] fp32, addresses,
+    mask). SCALED: the stored chunk dequantised element by element (q * in_scale, state_format.dequantize)."""
+    offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask_k = offs_k < dstate
+    b_cur = tl.load(b_row + offs_k, mask=mask_k, other=0.0)
+    bt = tl.load(bbuf + offs_l[:, None] * stride_Bbuf_l + offs_k[None, :], mask=hist[:, None] & mask_k[None, :],
+                 other=0.0)                                                                       # [BLOCK_L, BLOCK_K]
+    bt = tl.where(cur[:, None], b_cur[None, :], bt)
+    s_ptrs = state_ptr + offs_m[:, None] * stride_state_p + offs_k[None, :]
+    s_mask = mask_m[:, None] & mask_k[None, :]
+    S0 = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)
+    if SCALED:
+        S0 = S0 * in_scale
+    return abar * S0 + replay_dot(xs, bt, DOT), s_ptrs, s_mask
+
+
 @triton.heuristics({"DOT": lambda a: key_dot(a["Bbuf_ptr"].dtype, a["FP32_DOT"]),
-                    "SR": lambda a: a["sr_step_ptr"] is not None})
+                    "SR": lambda a: a["sr_step_ptr"] is not None,
+                    "SCALED": lambda a: a["scale_ptr"] is not None})
 @triton.jit(do_not_specialize=["sr_seed"])
 def mamba2_ar_fold_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, dt_bias_ptr, slots_ptr, state_ptr, xbuf_ptr, Bbuf_ptr, dtbuf_ptr, write_pos_ptr,
-    sr_step_ptr, sr_seed,
+    sr_step_ptr, sr_seed, scale_ptr,
     stride_x_b, stride_x_h, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g,
     stride_state_s, stride_state_h, stride_state_p,
     stride_xbuf_s, stride_xbuf_h, stride_xbuf_l,
-    stride_Bbuf_s, stride_Bbuf_g, stride_Bbuf_l, stride_dtbuf_s, stride_dtbuf_h,
+    stride_Bbuf_s, stride_Bbuf_g, stride_Bbuf_l, stride_dtbuf_s, stride_dtbuf_h, stride_sc_slot,
     headdim: tl.constexpr, dstate: tl.constexpr, L: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, FP32_DOT: tl.constexpr, DOT: tl.constexpr,
-    SR: tl.constexpr,
+    SR: tl.constexpr, SCALED: tl.constexpr, QMAX: tl.constexpr = 127.0, IS_INT8: tl.constexpr = True,
 ):
     """Flush rows only: the checkpoint of one [BLOCK_M] slice of one (row, head) <- the state after this token."""
     pid_m = tl.program_id(0)
@@ -185,19 +214,31 @@ def mamba2_ar_fold_kernel(
     bbuf = Bbuf_ptr + slot64 * stride_Bbuf_s + group * stride_Bbuf_g
     b_row = B_ptr + row * stride_B_b + group * stride_B_g
     state_ptr += slot64 * stride_state_s + head * stride_state_h
+    in_scale = 1.0
+    if SCALED:
+        # int8 / e4m3 (scaled_rounding.py; the launcher gives the program the whole head, BLOCK_M >= headdim): the
+        # new scale is the absmax of the whole new head, so a first pass folds every chunk for it alone and the
+        # second folds it again and stores it quantised (each chunk's old values read before its own store)
+        scale_ptr += slot64 * stride_sc_slot + head
+        in_scale = tl.load(scale_ptr)
+        absmax = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for kt in tl.range(0, (dstate + BLOCK_K - 1) // BLOCK_K):
+            S, s_ptrs, s_mask = _folded_chunk(state_ptr, bbuf, b_row, xs, abar, in_scale, offs_m, mask_m, offs_l,
+                                              hist, cur, kt, stride_state_p, stride_Bbuf_l, dstate, BLOCK_K, DOT,
+                                              SCALED)
+            absmax = tl.maximum(absmax, finite_absmax_rows(S, s_mask))
+        out_scale = head_scale(tl.max(absmax, 0), QMAX)
     if SR:
         key = sr_key(sr_seed, tl.load(sr_step_ptr + slot64))                  # this write's draws
     for kt in tl.range(0, (dstate + BLOCK_K - 1) // BLOCK_K):     # constexpr bound: a loop, one chunk live
-        offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < dstate
-        b_cur = tl.load(b_row + offs_k, mask=mask_k, other=0.0)
-        bt = tl.load(bbuf + offs_l[:, None] * stride_Bbuf_l + offs_k[None, :], mask=hist[:, None] & mask_k[None, :],
-                     other=0.0)                                                                   # [BLOCK_L, BLOCK_K]
-        bt = tl.where(cur[:, None], b_cur[None, :], bt)
-        s_ptrs = state_ptr + offs_m[:, None] * stride_state_p + offs_k[None, :]
-        s_mask = mask_m[:, None] & mask_k[None, :]
-        S = abar * tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32) + replay_dot(xs, bt, DOT)
+        S, s_ptrs, s_mask = _folded_chunk(state_ptr, bbuf, b_row, xs, abar, in_scale, offs_m, mask_m, offs_l, hist,
+                                          cur, kt, stride_state_p, stride_Bbuf_l, dstate, BLOCK_K, DOT, SCALED)
         if SR:                                  # the slot's element index: (head, m, n) of its state block
+            offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
             elem = head * (headdim * dstate) + offs_m[:, None] * dstate + offs_k[None, :]
             S = sr_round(S, key, sr_counter(slot64, elem), state_ptr.dtype.element_ty)
+        if SCALED:
+            S = quantize(S, out_scale, QMAX, IS_INT8)
         tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)
+    if SCALED:
+        tl.store(scale_ptr, out_scale)

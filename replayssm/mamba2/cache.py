@@ -11,8 +11,10 @@ L = 1 flushes every step, which is exactly the baseline selective state update.
 State formats (ReplayCache; replayssm/state_format.py): state_dtype is a format name or a torch dtype. Besides
 the plain float32 / float16 / bfloat16, the torch and ref backends store float16_sr / bfloat16_sr (stochastic
 rounding keyed by (sr_seed, sr_step[slot], slot, element)) and int8 / float8_e4m3fn (a float32 per-(slot, head)
-scale `state_scale`), rounded only where the checkpoint is written (a flush, set_state). SpecRing takes the plain
-formats only: its flush path (spec_torch / spec_ref / the Triton verify) is not yet taught the others.
+scale `state_scale`), rounded only where the checkpoint is written (a flush, set_state). SpecRing takes the same
+formats, rounded where its checkpoint is written: the flush fold of a verify (spec_torch / spec_ref; Triton and the C
+kernels store the plain formats and refuse the others before any launch) and set_state. A request's state enters a
+ring slot through state_format.set_state (the SR counter restarts, the scale is recomputed), then spec_reset.
 
 Spec protocol (§3.2, §3.3), history B, window T, logical length L = B + T, physical ring next_pow2(L):
     verify: window token s sits at ring row (origin + write_pos + s) & (ring_len - 1); all T outputs come
@@ -76,7 +78,7 @@ class ReplayCache(SlotPool):
         """`cursor`: a ring_cursors.DecodeCursor whose write_pos this cache uses (one per decode row for every
         layer; replay_step then leaves it to cursor.advance); None allocates the cache's own. `state_dtype`: a
         state format name or a torch dtype; `sr_seed`: the 32-bit seed of a stochastic-rounding format."""
-        storage = check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, allow_fp8=True,
+        storage = check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, all_formats=True,
                                    num_slots=num_slots, buffer_len=buffer_len)
         g, n, L = geometry, num_slots, buffer_len
         state = torch.zeros(n, g.nheads, g.headdim, g.dstate, dtype=storage, device=device)
@@ -111,6 +113,8 @@ class SpecRing(SlotPool):
     origin    [num_slots] int32   ring row of history entry 0
     is_flush  [num_slots] int32   1 if the next verify folds the history into the checkpoint first
     bc        [num_slots, ngroups, ring_len, window] fp32 scratch: B_k . C_s for the window's readouts
+    state_scale [num_slots, nheads] fp32               int8 / fp8 checkpoint only (else None): S0 = state * scale
+    sr_step   [num_slots] int32                        float16_sr / bfloat16_sr only: checkpoint writes so far
     """
 
     ACT_FIELD: ClassVar[str] = "x"
@@ -128,20 +132,28 @@ class SpecRing(SlotPool):
     bc: torch.Tensor
     null_slot: int = NULL_SLOT
     shared_cursor: bool = False       # cursors are a SpecCursor's (replayssm/ring_cursors.py), shared by layers
+    state_scale: torch.Tensor | None = None
+    sr_step: torch.Tensor | None = None
+    sr_seed: int = 0
+    state_format: str | None = None  # replayssm/state_format.py name (None: the state dtype's plain format)
 
     @classmethod
     def allocate(cls, geometry: Mamba2Geometry, num_slots: int, history_len: int, window: int,
-                 state_dtype=torch.float32, act_dtype=torch.float32, device="cpu", cursor=None) -> SpecRing:
+                 state_dtype=torch.float32, act_dtype=torch.float32, device="cpu", cursor=None,
+                 sr_seed: int = 0) -> SpecRing:
         """`cursor`: a ring_cursors.SpecCursor whose cursors this ring uses (one per decode row for every
-        layer); None allocates the ring's own."""
-        state_dtype = check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, num_slots=num_slots,
-                                       history_len=history_len, window=window)
+        layer); None allocates the ring's own. `state_dtype`: a state format name or a torch dtype (every format
+        on the torch / ref backends; the plain ones on triton / cpu); `sr_seed`: the 32-bit seed of a
+        stochastic-rounding format."""
+        storage = check_pool_alloc(geometry, Mamba2Geometry, state_dtype, act_dtype, all_formats=True,
+                                   num_slots=num_slots, history_len=history_len, window=window)
         check_ring_lengths(history_len, window)
         g, n = geometry, num_slots
         R = next_pow2(history_len + window)
+        state = torch.zeros(n, g.nheads, g.headdim, g.dstate, dtype=storage, device=device)
         return cls(
             geometry=g, history_len=history_len, window=window, shared_cursor=cursor is not None,
-            state=torch.zeros(n, g.nheads, g.headdim, g.dstate, dtype=state_dtype, device=device),
+            state=state, sr_seed=check_seed(sr_seed), **allocate_extras(state, state_dtype),
             x=torch.zeros(n, g.nheads, R, g.headdim, dtype=act_dtype, device=device),
             B=torch.zeros(n, g.ngroups, R, g.dstate, dtype=act_dtype, device=device),
             dt=torch.zeros(n, g.nheads, R, dtype=torch.float32, device=device),

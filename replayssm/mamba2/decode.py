@@ -42,7 +42,7 @@ from replayssm.checks import (
 from replayssm.geometry import Mamba2Geometry
 from replayssm.mamba2.cache import ReplayCache
 from replayssm.ring_cursors import keep_shared_cursor
-from replayssm.state_format import check_backend_format, format_of
+from replayssm.state_format import check_backend_format, format_of, plain_state, scaled_args
 
 DT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_DSTATE = 256  # dstate is held whole in one register tile
@@ -119,7 +119,7 @@ def _validate_common(cache: ReplayCache, backend: str, kernel: str = "mamba2.mat
     if backend == "triton" and cache.geometry.dstate > MAX_DSTATE:
         raise ValueError(f"cannot tile dstate={cache.geometry.dstate}: the Triton kernels hold dstate whole in one "
                          f"tile (at most {MAX_DSTATE}); use backend='torch' or 'ref'")
-    check_backend(backend, cache.state, cache.x)
+    check_backend(backend, plain_state(cache), cache.x)      # the state's format: check_backend_format's
     check_backend_format(backend, format_of(cache), kernel)
     for name in ("state", "x", "B", "dt", "bc"):  # kernels take outer strides only
         check_last_dim_contiguous(f"cache.{name}", getattr(cache, name))
@@ -305,32 +305,37 @@ def _launch_readout_and_fold(cache, x, dt, A, B, C, D, z_arg, dt_bias, dt_softpl
     from replayssm.mamba2 import ar_kernels as k
 
     g, L, batch = cache.geometry, cache.buffer_len, x.shape[0]
+    fmt = format_of(cache)
+    state_scale = cache.state_scale if fmt.scaled else None               # int8 / float8_e4m3fn
+    scale_stride = state_scale.stride(0) if state_scale is not None else 0
     k.mamba2_ar_step_kernel[(_cdiv(g.headdim, cfg.block_m), batch, g.nheads)](
         x, dt, A, C, D if D is not None else A, z_arg, dt_bias if dt_bias is not None else A, out, slots,
-        cache.state, cache.x, cache.dt, cache.bc, cache.write_pos,
+        cache.state, cache.x, cache.dt, cache.bc, cache.write_pos, state_scale,
         x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), C.stride(0), C.stride(1),
         z_arg.stride(0), z_arg.stride(1), out.stride(0), out.stride(1),
         cache.state.stride(0), cache.state.stride(1), cache.state.stride(2),
         cache.x.stride(0), cache.x.stride(1), cache.x.stride(2),
-        cache.dt.stride(0), cache.dt.stride(1), cache.bc.stride(0), cache.bc.stride(1),
+        cache.dt.stride(0), cache.dt.stride(1), cache.bc.stride(0), cache.bc.stride(1), scale_stride,
         headdim=g.headdim, dstate=g.dstate, L=L, HEADS_PER_GROUP=g.heads_per_group,
         HAS_D=D is not None, HAS_Z=has_z, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=min(cfg.block_k, cfg.block_n), BLOCK_L=cfg.block_l,
         num_warps=cfg.num_warps,
     )
     fcfg = launch_config(g, L, "output_only", kernel_arch(x.device), cache.state.dtype, "mamba2_replay_ar_fold")
-    sr_step = cache.sr_step if format_of(cache).stochastic else None     # float16_sr / bfloat16_sr
-    k.mamba2_ar_fold_kernel[(_cdiv(g.headdim, fcfg.block_m), batch, g.nheads)](
+    sr_step = cache.sr_step if fmt.stochastic else None                  # float16_sr / bfloat16_sr
+    # a scaled format's fold: one program per head (its scale is the whole head's absmax: ar_kernels.py)
+    fold_m = max(16, next_pow2(g.headdim)) if state_scale is not None else fcfg.block_m
+    k.mamba2_ar_fold_kernel[(_cdiv(g.headdim, fold_m), batch, g.nheads)](
         x, dt, A, B, dt_bias if dt_bias is not None else A, slots, cache.state, cache.x, cache.B, cache.dt,
-        cache.write_pos, sr_step, cache.sr_seed if sr_step is not None else 0,
+        cache.write_pos, sr_step, cache.sr_seed if sr_step is not None else 0, state_scale,
         x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), B.stride(0), B.stride(1),
         cache.state.stride(0), cache.state.stride(1), cache.state.stride(2),
         cache.x.stride(0), cache.x.stride(1), cache.x.stride(2),
         cache.B.stride(0), cache.B.stride(1), cache.B.stride(2), cache.dt.stride(0), cache.dt.stride(1),
-        headdim=g.headdim, dstate=g.dstate, L=L, HEADS_PER_GROUP=g.heads_per_group,
+        scale_stride, headdim=g.headdim, dstate=g.dstate, L=L, HEADS_PER_GROUP=g.heads_per_group,
         HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus),
-        BLOCK_M=fcfg.block_m, BLOCK_K=min(fcfg.block_k, fcfg.block_n), BLOCK_L=fcfg.block_l,
-        FP32_DOT=fcfg.dot_precision, num_warps=fcfg.num_warps,
+        BLOCK_M=fold_m, BLOCK_K=min(fcfg.block_k, fcfg.block_n), BLOCK_L=fcfg.block_l,
+        FP32_DOT=fcfg.dot_precision, num_warps=fcfg.num_warps, **scaled_args(fmt),
     )
     if sr_step is not None:           # after the fold (its programs read the counter), before the cursor moves
         from replayssm.delta_rule.ar_fold import launch_sr_advance
@@ -382,8 +387,14 @@ def _launch_materialize(cache: ReplayCache, A: torch.Tensor, slots: torch.Tensor
         cache.dt.stride(0), cache.dt.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_L=cfg.block_l, DOT_PRECISION=cfg.dot_precision,
-        num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps, **_scaled_read_args(cache),
     )
+
+
+def _scaled_read_args(cache) -> dict:
+    """An int8 / float8_e4m3fn checkpoint's scale for materialize; nothing for the other formats (builds unchanged)."""
+    scale = cache.state_scale if format_of(cache).scaled else None
+    return {} if scale is None else dict(scale_ptr=scale, stride_sc_slot=scale.stride(0), SCALED=True)
 
 
 def _cdiv(a: int, b: int) -> int:

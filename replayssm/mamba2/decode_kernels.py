@@ -212,8 +212,10 @@ def _materialize_kernel(
     stride_dtbuf_s, stride_dtbuf_h,
     stride_out_b, stride_out_h, stride_out_p,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    scale_ptr=None, stride_sc_slot=0, SCALED: tl.constexpr = False,
 ):
-    """out[row, head] = the state after the h cached entries (checkpoint decayed + buffer folded), fp32."""
+    """out[row, head] = the state after the h cached entries (checkpoint decayed + buffer folded), fp32. SCALED
+    (int8 / e4m3 checkpoint): the stored values times the head's scale (state_format.dequantize)."""
     pid_m = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     head = tl.program_id(2).to(tl.int64)
@@ -238,6 +240,8 @@ def _materialize_kernel(
     mask_mn = mask_m[:, None] & mask_n[None, :]
     s0 = tl.load(state_ptr + slot64 * stride_state_s + head * stride_state_h + offs_m[:, None] * stride_state_p
                  + offs_n[None, :], mask=mask_mn, other=0.0).to(tl.float32)
+    if SCALED:
+        s0 = s0 * tl.load(scale_ptr + slot64 * stride_sc_slot + head)
     state = _reconstruct(s0, xt, bt, s, abar, DOT_PRECISION)
     tl.store(out_ptr + row * stride_out_b + head * stride_out_h + offs_m[:, None] * stride_out_p + offs_n[None, :],
              state, mask=mask_mn)

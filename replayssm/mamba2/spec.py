@@ -22,10 +22,12 @@ from replayssm.checks import (
     check_backend,
     check_dtype,
     check_last_dim_contiguous,
+    check_ring_format,
     check_same_device,
     check_shape,
     check_slots,
     check_spec_route,
+    spec_kernel,
 )
 from replayssm.mamba2 import spec_ref, spec_torch
 from replayssm.mamba2.cache import SpecRing
@@ -102,6 +104,7 @@ def spec_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
     """
     ring = _check_ring(ring)
     check_spec_route(route)
+    check_ring_format(ring, backend, spec_kernel("mamba2", "replay_spec", route))   # plain only on triton / cpu
     check_backend(backend, x, dt, A, B, C, D, z, dt_bias, out, ring.state)
     _check_kernel_geometry(ring, backend)
     geo, T = ring.geometry, ring.window
@@ -192,7 +195,10 @@ def spec_commit(ring: SpecRing, num_accepted: torch.Tensor, slots: torch.Tensor 
 def spec_reset(ring: SpecRing, slots: torch.Tensor | None = None, backend: str = "triton") -> None:
     """Start new requests in `slots`: write_pos = origin = 0, is_flush = 0.
 
-    The caller has already put each request's prefill state into ring.state[slot].
+    The caller has already put each request's prefill state into the slot: replayssm.state_format.set_state(ring,
+    S, slots) for any state format (it quantises S by the format's rule, restarts the SR counter and recomputes the
+    scale: nothing of the slot's previous request survives); a plain format may also be copied into ring.state.
+    Only cursors move here.
 
     Args:
         ring: the layer's SpecRing.
@@ -246,6 +252,7 @@ def spec_materialize(ring: SpecRing, slots: torch.Tensor | None = None, backend:
         A = getattr(ring, _A_ATTR, None)
         if A is None:
             raise ValueError("spec_materialize needs A [nheads]: pass A=..., or run spec_verify on this ring first")
+    check_ring_format(ring, backend, "mamba2.spec_materialize")
     check_backend(backend, A, ring.state)
     _check_kernel_geometry(ring, backend)
     check_shape("A", A, (ring.geometry.nheads,))

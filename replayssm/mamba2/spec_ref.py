@@ -16,6 +16,10 @@ Per slot, h = write_pos, o = origin, T = window, R = ring_len (a power of two), 
             is_flush = write_pos + 2T > L (replayssm/ring_cursors.py, all backends, both families).
 A draft tree (parents given, replayssm.mamba2.tree) is scattered the same way and verified by the plain
 recurrence along each node's path (_tree_outputs): an independent check of the ancestor-masked backends.
+State formats (replayssm/state_format.py): the checkpoint is read with read_state (dequantised, float64) and the
+flush fold written with write_state in float64 (a cast, a per-(slot, head) scale from the float64 absmax rounded to
+its float32 storage, or stochastic rounding with sr_round_torch's bits for the slot's sr_step): the same rule and
+the same random bits as the torch backend, one write per flushing slot with history (h > 0).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 
 from replayssm.mamba2.cache import SpecRing
 from replayssm.mamba2.ref import gate_output, process_dt
+from replayssm.state_format import read_state, write_state
 
 
 def _decay(A: float, span: torch.Tensor | float) -> torch.Tensor:
@@ -39,11 +44,12 @@ def _logical_rows(ring: SpecRing, slot: int, count: int) -> list[int]:
     return [(origin + k) & mask for k in range(count)]
 
 
-def _fold_history(ring: SpecRing, slot: int, head: int, A: float) -> torch.Tensor:
-    """The committed state of one head: checkpoint + the h history entries folded, float64 [headdim, dstate]."""
+def _fold_history(ring: SpecRing, slot: int, head: int, A: float, S0: torch.Tensor) -> torch.Tensor:
+    """The committed state of one head: its checkpoint S0 [headdim, dstate] (float64, as read_state dequantises
+    it) + the h history entries folded, float64 [headdim, dstate]."""
     h = int(ring.write_pos[slot])
     g = head // ring.geometry.heads_per_group
-    state = ring.state[slot, head].double()
+    state = S0
     if h == 0:
         return state
     rows = _logical_rows(ring, slot, h)
@@ -67,17 +73,21 @@ def _chain_outputs(ring: SpecRing, b: int, slot: int, A, C, D, x, z, out) -> Non
     B_live = ring.B[slot][:, rows].double()                  # [ngroups, h+T, dstate]
     bc = torch.einsum("gkn,tgn->gkt", B_live, C64)           # B_k . C_t, shared by a group's heads
     ring.bc[slot, :, : h + T] = bc.float()
+    S0 = read_state(ring, slot, torch.float64)               # [nheads, headdim, dstate], dequantised
+    if flush:
+        # S1 of every head first, then one write of the slot by the format's rule (one SR draw per write)
+        S0 = torch.stack([_fold_history(ring, slot, head, float(A[head]), S0[head]) for head in range(geo.nheads)])
+        if h > 0:
+            write_state(ring, slot, S0)
     for head in range(geo.nheads):
         g, a_h = head // hpg, float(A[head])
         dt_live = ring.dt[slot, head, rows].double()         # [h+T], as stored (fp32)
         cum = torch.cumsum(dt_live, 0)
         x_live = ring.x[slot, head, rows].double()           # [h+T, headdim]
-        state, first, base = ring.state[slot, head].double(), 0, 0.0
+        state, first, base = S0[head], 0, 0.0
         if flush:
-            state = _fold_history(ring, slot, head, a_h)
-            if h > 0:
-                ring.state[slot, head] = state.to(ring.state_dtype)
-            # The window restarts from S1: only window tokens in the sum, decays relative to cum_{h-1}.
+            # The window restarts from S1 (unrounded, as a kernel holds it): only window tokens in the sum,
+            # decays relative to cum_{h-1}.
             first, base = h, (cum[h - 1].item() if h > 0 else 0.0)
         for t in range(T):
             p = h + t
@@ -99,10 +109,10 @@ def _tree_outputs(ring: SpecRing, b: int, slot: int, A, C, D, x, z, par: list[in
     geo, N, hpg = ring.geometry, ring.window, ring.geometry.heads_per_group
     h, flush = int(ring.write_pos[slot]), bool(ring.is_flush[slot])
     rows = [(int(ring.origin[slot]) + h + s) & (ring.ring_len - 1) for s in range(N)]
-    committed = [_fold_history(ring, slot, head, float(A[head])) for head in range(geo.nheads)]
+    S0 = read_state(ring, slot, torch.float64)
+    committed = [_fold_history(ring, slot, head, float(A[head]), S0[head]) for head in range(geo.nheads)]
     if flush and h > 0:
-        for head in range(geo.nheads):
-            ring.state[slot, head] = committed[head].to(ring.state_dtype)
+        write_state(ring, slot, torch.stack(committed))
     for head in range(geo.nheads):
         g, a_h = head // hpg, float(A[head])
         node_state: list[torch.Tensor] = []
@@ -155,6 +165,7 @@ def materialize_ref(ring: SpecRing, A: torch.Tensor, slots: torch.Tensor) -> tor
         slot = int(slots[b])
         if slot == ring.null_slot:
             continue
+        S0 = read_state(ring, slot, torch.float64)
         for head in range(geo.nheads):
-            out[b, head] = _fold_history(ring, slot, head, float(A[head])).float()
+            out[b, head] = _fold_history(ring, slot, head, float(A[head]), S0[head]).float()
     return out

@@ -8,6 +8,9 @@ S1 C_t = exp(A cum_{h-1}) (S0 C_t) + sum_{k<h} w_k x_k (B_k . C_t), so S1 is not
 The bc scratch is not used here (it is the GPU kernels' hand-off between two launches).
 Inputs arrive validated by replayssm.mamba2.spec; `slots is None` means rows 0..batch-1 are slots
 0..batch-1, which lets the checkpoint be read (and, fp32, folded) as a view: no gather copy.
+State formats (replayssm/state_format.py): the checkpoint is read dequantised (read_state) and the flush fold is
+stored by write_state (a cast, a fresh per-(slot, head) scale, or stochastic rounding keyed by the slot's sr_step),
+the one place the state is written; a flush row with an empty history writes nothing (no SR draw either).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch.nn.functional as F
 
 from replayssm.mamba2.cache import SpecRing
 from replayssm.mamba2.ref import SOFTPLUS_THRESHOLD
+from replayssm.state_format import format_of, read_state, write_state
 from replayssm.tree_ring import ancestor_tables, tree_prefix
 
 
@@ -88,6 +92,14 @@ def _fold_into(state: torch.Tensor, live: _Live, rows: torch.Tensor | slice, hpg
     torch.mul(x.transpose(-1, -2), w.transpose(1, 2)[:, :, None, :], out=xw_t)
     state.mul_(live.decay[rows][..., None, None])
     state.view(m * G, hpg * P, N).baddbmm_(xw_t.reshape(m * G, hpg * P, R), B.reshape(m * G, R, N))
+
+
+def _checkpoint(ring: SpecRing, sl: torch.Tensor, n: int, rows_are_slots: bool) -> torch.Tensor:
+    """The rows' checkpoints in fp32 [n, nheads, headdim, dstate]: a view of the cache for an fp32 state whose
+    rows are slots 0..n-1 (folded in place), else a copy (a cast, or dequantised with its per-head scale)."""
+    if format_of(ring).plain:
+        return (ring.state[:n] if rows_are_slots else ring.state[sl]).float()
+    return read_state(ring, slice(None, n) if rows_are_slots else sl).contiguous()
 
 
 def _readout(state: torch.Tensor, C: torch.Tensor, hpg: int) -> torch.Tensor:
@@ -168,9 +180,10 @@ def verify_torch(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: boo
     W = W.view(n, -1, hpg, R, T).mul_((bc * summed[:, None]).unsqueeze(2))   # [n, G, hpg, R, T]
     y = torch.einsum("bgjrp,bgjrt->btgjp", live.x.view(n, -1, hpg, R, P), W).reshape(n, T, H, P)
 
-    # Checkpoint readout S0 C_t: one read of each checkpoint (a view when rows are slots).
-    state = ring.state[:n] if rows_are_slots else ring.state[sl]
-    S = state.float()
+    # Checkpoint readout S0 C_t: one read of each checkpoint (a view when rows are slots and the format plain;
+    # an int8 / e4m3 checkpoint is dequantised with its per-head scale, replayssm/state_format.py).
+    fmt = format_of(ring)
+    S = _checkpoint(ring, sl, n, rows_are_slots)
     readout = _readout(S, C32, hpg)
     if bool(flush.any()):
         fr = flush.nonzero().squeeze(1)
@@ -182,12 +195,14 @@ def verify_torch(ring: SpecRing, x, dt, A, B, C, D, z, dt_bias, dt_softplus: boo
         hist = torch.einsum("bgjrp,bgjrt->btgjp", live.x[sel].view(-1, G, hpg, R, P), bc_w).reshape(-1, T, H, P)
         readout[sel] = readout[sel] * live.decay[sel][:, None, :, None] + hist
         # Fold in place: on the cache itself when S is an fp32 view of exactly the flush rows (h == 0 rows
-        # are then multiplied by 1 and added 0), else on a copy that is stored back.
+        # are then multiplied by 1 and added 0), else on a copy stored back by the format's rule (a cast, a
+        # fresh per-head scale, or stochastic rounding keyed by the slot's sr_step): the one state write.
         target = S if all_rows else S[fr]
         _fold_into(target, live, sel, hpg)
-        if not (all_rows and rows_are_slots and ring.state_dtype == torch.float32):
-            keep = h[fr] > 0
-            ring.state[sl[fr[keep]]] = target[keep].to(ring.state_dtype)
+        if not (fmt.plain and all_rows and rows_are_slots and ring.state_dtype == torch.float32):
+            keep = (h[fr] > 0).nonzero().squeeze(1)
+            if keep.numel():
+                write_state(ring, sl[fr[keep]], target[keep])
     y.add_(_clamped_exp(A * (cum_p - base[:, None, :])).unsqueeze(-1) * readout)
     if D is not None:
         y.add_(D.float()[:, None] * x.float())
@@ -211,7 +226,7 @@ def materialize_torch(ring: SpecRing, A: torch.Tensor, slots: torch.Tensor) -> t
     sl = slots[rows].long()
     h = ring.write_pos[sl].long()
     live = _Live(ring, sl, h, h, A.float(), rows_are_slots=False)
-    state = ring.state[sl].float()                                           # a copy: fold it in place
+    state = read_state(ring, sl)                                             # a copy (dequantised): fold in place
     _fold_into(state, live, slice(None), geo.heads_per_group)
     out[rows] = state
     return out

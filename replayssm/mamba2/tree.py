@@ -27,10 +27,12 @@ from replayssm.checks import (
     check_backend,
     check_dtype,
     check_last_dim_contiguous,
+    check_ring_format,
     check_same_device,
     check_shape,
     check_slots,
     check_spec_route,
+    spec_kernel,
 )
 from replayssm.mamba2 import spec_ref, spec_torch
 from replayssm.mamba2.cache import SpecRing
@@ -133,6 +135,7 @@ def tree_verify(ring: SpecRing, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
     """
     ring = _check_ring(ring)
     check_spec_route(route)
+    check_ring_format(ring, backend, spec_kernel("mamba2", "replay_tree", route))   # plain only on triton / cpu
     batch, device = check_tree_window(ring, x, dt, A, B, C, D, z, dt_bias, out, backend)
     slots_in = slots
     slots = check_slots(slots, batch, ring.num_slots, device, ring.null_slot)

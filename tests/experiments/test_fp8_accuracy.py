@@ -1,5 +1,5 @@
-"""The experimental fp8 state in the accuracy study: planned for replay_ar and baseline_ar only (the spec methods'
-caches store the plain formats), rows marked experimental,
+"""The experimental fp8 state in the accuracy study: planned for every method (torch / ref), rows marked
+experimental,
 errors within the fp8 tolerance on a short run (and far above fp32's, so the rounding is really there), bad
 sweeps refused before any work; experiments/report/accuracy.py's drift verdict follows the rows."""
 
@@ -22,15 +22,16 @@ SHORT = ["sweep.models=[tiny_mamba2,tiny_gdn]", "sweep.heads=2", "sweep.rows=2",
          "sweep.act_dtype=[float32]", "sweep.workloads=[realistic]", "progress=false"]
 
 
-def test_fp8_rows_for_the_ar_methods_only_within_fp8_tolerance(tmp_path, gen):
+def test_fp8_rows_for_every_checkpoint_method_within_fp8_tolerance(tmp_path, gen):
     seed = int(torch.randint(0, 2**30, (1,), generator=gen))
     cfg = load_config("accuracy", [f"out_dir={tmp_path}", *SHORT, f"seed={seed}",
-                                   "sweep.methods=[baseline_ar,replay_ar,replay_spec]",
+                                   "sweep.methods=[baseline_ar,replay_ar,baseline_spec,commit_replay_spec,replay_spec]",
                                    "sweep.state_dtype=[float32,float8_e4m3fn]"])
     df = pd.DataFrame(accuracy.run_accuracy(cfg).rows)
     assert (df.status == "ok").all(), df[df.status != "ok"].message.tolist()
     fp8 = df[df.state_dtype == "float8_e4m3fn"]
-    assert set(fp8.method) == {"baseline_ar", "replay_ar"} and set(fp8.family) == {"mamba2", "gdn"}
+    assert set(fp8.method) == {"baseline_ar", "replay_ar", "baseline_spec", "commit_replay_spec", "replay_spec"}
+    assert set(fp8.family) == {"mamba2", "gdn"}
     assert fp8.experimental.all() and not df[df.state_dtype == "float32"].experimental.any()
     tol = tolerance(torch.float32, torch.float8_e4m3fn)
     assert (fp8[["out_err_median", "state_err_median"]] <= tol).all().all()
@@ -41,7 +42,6 @@ def test_fp8_rows_for_the_ar_methods_only_within_fp8_tolerance(tmp_path, gen):
 
 @pytest.mark.parametrize("overrides, match", [
     (["sweep.backend=triton"], "no Triton"),
-    (["sweep.methods=[replay_spec]"], "state format of baseline_ar, replay_ar only"),
 ])
 def test_bad_fp8_sweeps_fail_before_work(tmp_path, overrides, match):
     cfg = load_config("accuracy", [f"out_dir={tmp_path}", *SHORT, "sweep.state_dtype=[float8_e4m3fn]", *overrides])

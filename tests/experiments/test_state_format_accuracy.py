@@ -1,8 +1,7 @@
-"""Every state format (replayssm/state_format.py) in the accuracy study: finite rows for baseline_ar and replay_ar
-at every family on the torch backend, a backend that lacks a format refused before any work, the harness's
-set_state writing through the format's writer; experiments/report/accuracy.py's exponent fits (vs steps and vs
-state writes) and its drift table; stochastic rounding against round-to-nearest at fp16 on a slowly decaying
-series."""
+"""Every state format (replayssm/state_format.py) in the accuracy study: finite rows for every method at every
+family on the torch backend, a backend that lacks a format refused before any work, the harness's set_state writing
+through the format's writer; experiments/report/accuracy.py's exponent fits (vs steps and vs state writes) and its
+drift table; stochastic rounding against round-to-nearest at fp16 on a slowly decaying series."""
 
 from __future__ import annotations
 
@@ -28,29 +27,32 @@ NEW = [n for n in sf.FORMAT_NAMES if not sf.FORMATS[n].plain]
 
 
 def test_every_format_gives_finite_rows_per_family(tmp_path):
-    cfg = load_config("accuracy", [f"out_dir={tmp_path}", *SHORT, "sweep.methods=[baseline_ar,replay_ar,replay_spec]",
+    cfg = load_config("accuracy", [f"out_dir={tmp_path}", *SHORT,
+                                   "sweep.methods=[baseline_ar,replay_ar,baseline_spec,commit_replay_spec,replay_spec]",
                                    f"sweep.state_dtype=[{','.join(sf.FORMAT_NAMES)}]", "sweep.formats_steps=16"])
     df = pd.DataFrame(accuracy.run_accuracy(cfg).rows)
     assert (df.status == "ok").all(), df[df.status != "ok"].message.tolist()
     new = df[df.state_dtype.isin(NEW)]
     for fam in ("mamba2", "gdn", "kda"):
-        for method in ("baseline_ar", "replay_ar"):
+        for method in accuracy.acs.METHODS:
             got = set(new[(new.family == fam) & (new.method == method)].state_dtype)
             assert got == set(NEW), (fam, method, got)
-    assert set(new.method) == {"baseline_ar", "replay_ar"}        # the spec ring stores the plain formats only
     errs = new[["out_err_median", "out_err_max", "state_err_median", "state_err_max"]].to_numpy()
     assert np.isfinite(errs).all()
     last = new.sort_values("step").groupby("series_hash").tail(1)        # after a flush: the format's rounding shows
     assert (last.state_err_median > 10 * tolerance(torch.float32)).all()
     assert new.experimental.all() and not df[~df.state_dtype.isin(NEW)].experimental.any()
-    assert (new.groupby("series_hash").step.max() == 16).all() and (new.steps == 16).all()   # formats_steps
+    ar, spec = new[new.window.isna()], new[~new.window.isna()]           # formats_steps
+    assert (ar.groupby("series_hash").step.max() == 16).all() and (new.steps == 16).all()
+    plain_spec = df[~df.state_dtype.isin(NEW) & ~df.window.isna()]
+    assert (spec.groupby("series_hash").window.max().max() < plain_spec.groupby("series_hash").window.max().min())
     assert (df[~df.state_dtype.isin(NEW) & df.window.isna()].groupby("series_hash").step.max() == 24).all()
 
 
 @pytest.mark.parametrize("overrides, match", [
     (["sweep.backend=triton", "sweep.state_dtype=[float32,float16_sr]"],
      "float16_sr has no Triton kernels .*stores float32, float16, bfloat16"),
-    (["sweep.methods=[replay_spec]", "sweep.state_dtype=[int8]"], "int8 is a state format of baseline_ar, replay_ar"),
+    (["sweep.backend=triton", "sweep.methods=[replay_spec]", "sweep.state_dtype=[int8]"], "int8 has no Triton kernels"),
     (["sweep.formats_steps=0"], "sweep.formats_steps"),
     (["sweep.formats_workloads=[chaotic]"], r"sweep.formats_workloads\[0\]"),
 ])

@@ -1,8 +1,10 @@
 """Experimental fp8 (e4m3 + per-head scale) checkpoint of the ReplaySSM AR caches: the quantisation rule, the
 torch and ref backends against the float64 plain recurrence (null slots, desynchronised cursors, flushes),
-the footprint, and every refusal (spec rings, baselines, Triton) before any work."""
+the footprint, and every refusal (the native spec snapshots, Triton) before any work."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -21,10 +23,10 @@ TOL = tolerance(torch.float32, FP8)
 MODELS = ["tiny_mamba2", "tiny_gdn"]
 
 
-def setup(model: str, backend: str, gen, L: int = 4, num_slots: int = 3):
+def setup(model: str, backend: str, gen, L: int = 4, num_slots: int = 3, route: str | None = None):
     """(method, fns, point, workload, cache) of replay_ar with an fp8 checkpoint holding a random state."""
     spec = model_spec(load_model_config(model), None)
-    route = "output_only" if spec.family == "mamba2" else None
+    route = route or ("output_only" if spec.family == "mamba2" else None)
     p = _point(spec, Series(spec.key, "realistic", "float32", "replay_ar", "float32", L, route),
                dict(rows=num_slots, backend=backend, device="cpu", spec_T=2, history_len=4, acceptance="rate:0.7"), 0)
     wl = Workload(spec, p, "cpu", gen)
@@ -137,36 +139,43 @@ def test_nbytes_counts_the_scale():
 
 # ------------------------------------------------------------------------------------------ refusals
 
-# baseline_ar takes every state format since replayssm/state_format.py (a FormattedState: tests/replayssm/
-# test_state_formats.py); the spec pools keep the plain ones
+# Every method takes every state format on torch / ref: baseline_ar through a FormattedState (tests/replayssm/
+# test_state_formats.py), the spec methods' caches themselves (tests/replayssm/test_spec_state_formats.py); their
+# Triton kernels refuse fp8 before any launch
 @pytest.mark.parametrize("name", ["baseline_spec", "commit_replay_spec", "replay_spec"])
 @pytest.mark.parametrize("model", MODELS)
-def test_other_methods_refuse_fp8(model, name, gen):
+def test_spec_methods_take_fp8_on_torch_and_refuse_it_on_triton(model, name, gen):
     spec = model_spec(load_model_config(model), None)
     method = REGISTRY[name]
-    s = Series(spec.key, "realistic", "float32", name, "float32", 4 if method.uses_buffer else None, None)
+    s = Series(spec.key, "realistic", "float32", name, "float32", None, None)
     p = _point(spec, s, dict(rows=2, spec_T=2, history_len=4, acceptance="rate:0.7", backend="torch",
                              device="cpu"), 0)
     wl = with_state_dtype(Workload(spec, p, "cpu", gen), FP8)
-    with pytest.raises(ValueError, match="fp8"):
-        cache = method.allocate(p, wl, 2, "cpu")           # the pools refuse at allocation ...
-        fns = method.api(spec.family)                      # ... a bare baseline state at its first step
-        if method.kind == "ar":
-            method.step(fns, cache, p, wl.call_kwargs(wl.inputs(2)), None, wl.out(2))
-        else:
-            method.verify(fns, cache, p, wl.call_kwargs(wl.inputs(2, window=2)), None, wl.out(2, window=2))
+    cache = method.allocate(p, wl, 2, "cpu")
+    assert cache.state_format == "float8_e4m3fn" and cache.state.dtype == FP8 and cache.state_scale is not None
+    method.set_state(cache, wl.random_state(2).float())
+    fns = method.api(spec.family)
+    kw = wl.call_kwargs(wl.inputs(2, window=2))
+    assert torch.isfinite(method.verify(fns, cache, p, kw, None, wl.out(2, window=2)).float()).all()
+    before = cache.clone()
+    with pytest.raises(ValueError, match="float8_e4m3fn.*'torch' and 'ref'"):
+        method.verify(fns, cache, dataclasses.replace(p, backend="triton"), kw, None, wl.out(2, window=2))
+    for field, t in cache.tensors().items():
+        assert torch.equal(t.view(torch.uint8), before.tensors()[field].view(torch.uint8)), field
 
 
 @pytest.mark.skipif(not interpreter_active(), reason="CPU tensors reach the Triton backend only in the interpreter")
 @pytest.mark.parametrize("model", MODELS)
-def test_triton_refuses_fp8_before_any_work(model, gen):
-    method, fns, p, wl, cache = setup(model, "triton", gen)
+def test_triton_routes_without_scaled_kernels_refuse_fp8_before_any_work(model, gen):
+    """The shipped GDN output_only and Mamba-2 state_and_output routes write a head from several programs: no
+    e4m3 store (the fold routes have one: tests/replayssm/test_triton_scaled_state.py)."""
+    route = "state_and_output" if model == "tiny_mamba2" else "output_only"
+    method, fns, p, wl, cache = setup(model, "triton", gen, route=route)
     method.set_state(cache, wl.random_state(3).float())
     before = cache.clone()
-    with pytest.raises(ValueError, match="fp8"):
+    with pytest.raises(ValueError, match="float8_e4m3fn.*reduction across the head"):
         method.step(fns, cache, p, wl.call_kwargs(wl.inputs(3)), None, wl.out(3))
-    with pytest.raises(ValueError, match="fp8"):
-        materialized(cache, wl, "triton")
+    torch.testing.assert_close(materialized(cache, wl, "triton"), materialized(cache, wl, "torch"))
     for name, t in cache.tensors().items():
         assert torch.equal(t.view(torch.uint8) if t.dtype == FP8 else t, before.tensors()[name].view(torch.uint8)
                            if t.dtype == FP8 else before.tensors()[name]), name

@@ -9,7 +9,8 @@ whole sequence (outputs, stored bits, counters) is compared too: the pre-roundin
 bits at most, so all but a rare element land on the same fp16 neighbour and none is more than one ulp away. The
 counter sr_step advances on the device exactly as the torch backend advances it (flush rows of the replay caches,
 every live row of a baseline), a NaN / inf never reaches the stored state, and every other Triton kernel still
-refuses the SR formats (and int8 / e4m3 everywhere) before any launch, naming what is available. bfloat16_sr needs
+refuses the SR formats before any launch, naming what is available (int8 / e4m3:
+tests/replayssm/test_triton_scaled_state.py). bfloat16_sr needs
 a GPU (the interpreter computes no bf16)."""
 
 from __future__ import annotations
@@ -204,25 +205,7 @@ def test_other_triton_routes_refuse_sr_before_any_launch(family, route, gen):
         assert torch.equal(t, before.tensors()[name]), name
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("fmt", ["int8", "float8_e4m3fn"])
-def test_scaled_formats_stay_off_triton_and_say_why(family, fmt, gen):
-    fam = Family(family)
-    params, step = fam.params(gen), fam.inputs(2, gen)
-    cache = fam.cache_cls.allocate(fam.geom, 2, 2, state_dtype=fmt)
-    # an fp8 storage tensor is refused earlier, by replayssm/checks.py's check_backend (no fp8 state kernels)
-    why = (rf"{fmt}.*float16_sr.*'torch' and 'ref' only.*reduction across the head" if fmt == "int8"
-           else "no fp8 state kernels")
-    with pytest.raises(ValueError, match=why):
-        fam.decode.replay_step(cache, **step, **params, route=ROUTE[family], backend="triton")
-    with pytest.raises(ValueError, match="reduction across the head"):
-        fam.base(FormattedState.allocate(fam.shape(2), fmt), step, params, None, "triton")
-
-
-def test_cpu_backend_still_refuses_sr(gen):
-    fam = Family("gdn")
-    with pytest.raises(ValueError, match="backend='cpu'.*float16_sr.*'torch' and 'ref' only"):
-        fam.base(FormattedState.allocate(fam.shape(2), "float16_sr"), fam.inputs(2, gen), {}, None, "cpu")
+# The C backend writes float16_sr / bfloat16_sr in its AR kernels too: tests/replayssm/test_cpu_sr_state.py.
 
 
 @pytest.mark.gpu
