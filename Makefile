@@ -44,9 +44,10 @@ bench-cpu: $(STAMP)
 	$(VENV)/bin/python -m pytest benchmarks -q --benchmark-enable \
 		--benchmark-columns=median,iqr,rounds --benchmark-sort=name -s
 
-# Ahead-of-time build of every Triton kernel for sm_90 and sm_100: registers, spills, load widths.
+# Ahead-of-time build of every Triton kernel for sm_90 and sm_100: registers, spills, load widths; every state
+# format a kernel stores (stochastic rounding, int8 / e4m3) included.
 kernel-report: $(STAMP)
-	env -u TRITON_INTERPRET $(VENV)/bin/python scripts/kernels/kernel_report.py
+	env -u TRITON_INTERPRET $(VENV)/bin/python scripts/kernels/kernel_report.py --state-formats
 
 kernel-traffic: $(STAMP)
 	TRITON_INTERPRET=1 $(VENV)/bin/python scripts/kernels/kernel_traffic.py
@@ -78,7 +79,7 @@ test-gpu-stack: $(GS_STAMP)
 		f' {triton.__version__}, numpy {numpy.__version__}'); sys.exit(triton.__version__ != '$(GS_TRITON)')"
 	@mkdir -p $(GS_VENV)/reports; rc=0; pids=""; \
 	for t in 90 100; do \
-		env -u TRITON_INTERPRET $(GS_PY) scripts/kernels/kernel_report.py --target $$t \
+		env -u TRITON_INTERPRET $(GS_PY) scripts/kernels/kernel_report.py --target $$t --state-formats \
 			--csv $(GS_VENV)/reports/aot_sm$$t.csv > $(GS_VENV)/reports/aot_sm$$t.log 2>&1 & pids="$$pids $$!"; \
 	done; \
 	for p in $$pids; do wait $$p || rc=1; done; \

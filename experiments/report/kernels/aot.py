@@ -127,6 +127,7 @@ def aot_environment(target: int) -> Iterator[None]:
 
 TORCH_TO_TRITON = {
     torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+    torch.float8_e4m3fn: "fp8e4nv",
     torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
     torch.bool: "u1",
 }

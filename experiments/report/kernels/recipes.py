@@ -27,6 +27,7 @@ from experiments.report.kernels.aot import (
     capture_launches,
     compile_options,
 )
+from replayssm import state_format
 from replayssm.gdn import inputs as gdn_inputs
 from replayssm.geometry import (
     GDNGeometry,
@@ -168,7 +169,10 @@ def baseline_ar_recipe(family: str, module: str, name: str) -> Callable:
     def run(geom, device, state_dtype):
         fn = public(module, name)
         shape = ((geom.nheads, geom.headdim, geom.dstate) if family == "mamba2" else (geom.HV, geom.V, geom.K))
-        state = torch.zeros(POINT.batch, *shape, dtype=state_dtype, device=device)
+        if isinstance(state_dtype, str):             # a state format (state_formats=True): its FormattedState
+            state = state_format.FormattedState.allocate((POINT.batch, *shape), state_dtype, device=device)
+        else:
+            state = torch.zeros(POINT.batch, *shape, dtype=state_dtype, device=device)
         inputs = _inputs(family, geom, device)
         with aot.phase("step"):
             _step(family, fn, state, inputs)
@@ -410,10 +414,13 @@ def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry | KDAGeometry]
                fp32_state_only: bool, workdir: Path, log=print, bf16_state: bool = False,
                spec_tiles: bool = False, tune_space: bool = False, batch: int = 256,
                buffer_lens: tuple[int, ...] = (16,), windows: tuple[int, ...] = (4,), history: int = 16,
-               l2norm: bool | None = None) -> list[dict[str, Any]]:
-    """bf16_state adds a bfloat16-state build of every recipe (AR and spec: each cache stores it). spec_tiles
-    builds every candidate of the Mamba-2 spec tile space (replayssm/mamba2/spec_kernels.py); a candidate the
-    space drops is expected to spill and does not fail the report (its status says why it was dropped).
+               l2norm: bool | None = None, state_formats: bool = False) -> list[dict[str, Any]]:
+    """bf16_state adds a bfloat16-state build of every recipe (AR and spec: each cache stores it). state_formats
+    adds a build per state format a recipe's Triton kernels store besides the plain ones (formats_of: the
+    stochastic-rounding and the scaled 8-bit ones, replayssm/state_format.py), its row's `state` the format
+    name. spec_tiles builds every candidate of the Mamba-2 spec tile space (replayssm/mamba2/spec_kernels.py); a
+    candidate the space drops is expected to spill and does not fail the report (its status says why it was
+    dropped).
     tune_space builds every candidate of every tuning space the recipe launches (experiments/tune.py), each
     launch only where it differs from one already built (the default's other kernels are not repeated); a
     spilling candidate is reported (TUNE_SPILL), not failed: the tuner would time it.
@@ -432,7 +439,7 @@ def run_report(geometries: dict[str, Mamba2Geometry | GDNGeometry | KDAGeometry]
                                 or not _wanted(recipe, L, T, list(buffer_lens), list(windows))):
                             continue
                         rows += _recipe_rows(recipe, builder, target, geo_name, geom, fp32_state_only, bf16_state,
-                                             spec_tiles, tune_space, batch, log)
+                                             spec_tiles, tune_space, batch, log, state_formats)
     return rows
 
 
@@ -451,19 +458,37 @@ def _capture(recipe: Recipe, geom, target: int, state_dtype, tile_ctx) -> list[L
     return launches
 
 
+def formats_of(method: str) -> list[str]:
+    """The non-plain state formats the recipe `method`'s Triton kernels store (state_format's writer lists)."""
+    return ([*state_format.SR_FORMATS] if method in state_format.TRITON_SR_WRITERS else []) + \
+        ([n for n, f in state_format.FORMATS.items() if f.scaled] if method in state_format.TRITON_SCALED_WRITERS
+         else [])
+
+
+def _state_label(state) -> str:
+    return state if isinstance(state, str) else TORCH_TO_TRITON[state]
+
+
+def _state_bytes(state) -> int:
+    return state_format.state_format(state).storage.itemsize
+
+
 def _recipe_rows(recipe: Recipe, builder: Builder, target: int, geo_name: str, geom, fp32_state_only: bool,
-                 bf16_state: bool, spec_tiles: bool, tune_space: bool, batch: int, log) -> list[dict[str, Any]]:
+                 bf16_state: bool, spec_tiles: bool, tune_space: bool, batch: int, log,
+                 state_formats: bool = False) -> list[dict[str, Any]]:
     """The rows of one recipe at the current POINT: one per distinct kernel build, state dtype and candidate."""
     rows: list[dict[str, Any]] = []
     dtypes = [torch.float32] if (fp32_state_only or not recipe.ar) else [torch.float32, torch.float16]
     if bf16_state:
         dtypes.append(torch.bfloat16)
+    if state_formats:
+        dtypes += formats_of(recipe.method)
     seen_all: set = set()
     method = predict.step_method(recipe.method)
     for state_dtype, (tiles, tile_ctx) in ((d, c) for d in dtypes
                                            for c in _tile_candidates(recipe, geom, spec_tiles)
                                            + (_tune_candidates(recipe, geom, target, d) if tune_space else [])):
-        base = dict(method=recipe.method, target=f"sm_{target}", geometry=geo_name, state=TORCH_TO_TRITON[state_dtype],
+        base = dict(method=recipe.method, target=f"sm_{target}", geometry=geo_name, state=_state_label(state_dtype),
                     L=POINT.buffer_len, T=POINT.window, history=POINT.history, l2norm=POINT.l2norm,
                     point=predict.point_label(method, batch, POINT.buffer_len, POINT.window, POINT.history))
         try:
@@ -481,7 +506,7 @@ def _recipe_rows(recipe: Recipe, builder: Builder, target: int, geo_name: str, g
             rows.append({**base, "kernel": "-", "status": f"recipe error: {why}"})
             continue
         byte_s = predict.byte_seconds(geom, method, batch, target, POINT.buffer_len, POINT.window, POINT.history,
-                                      {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}[state_dtype])
+                                      _state_bytes(state_dtype))
         built, seen, index = [], seen_all if tune_space else set(), {}
         for launch, bigger in zip(launches, more):
             spec, build = builder.build(launch, target)

@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--method", action="append", choices=[r.method for r in RECIPES], help="recipe (repeatable)")
     p.add_argument("--fp32-state-only", action="store_true", help="skip the fp16-state builds of the AR kernels")
     p.add_argument("--bf16-state", action="store_true", help="also build a bfloat16-state variant of every recipe")
+    p.add_argument("--state-formats", action="store_true",
+                   help="also build every state format a recipe's kernels store besides the plain ones (float16_sr, "
+                        "bfloat16_sr, int8, float8_e4m3fn: replayssm/state_format.py)")
     p.add_argument("--spec-tiles", action="store_true",
                    help="build every candidate of the Mamba-2 spec tile space (mamba2.replay_spec)")
     p.add_argument("--tune-space", action="store_true",
@@ -81,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                           log=lambda s: print(s, file=sys.stderr, flush=True), bf16_state=args.bf16_state,
                           spec_tiles=args.spec_tiles, tune_space=args.tune_space, batch=args.batch,
                           buffer_lens=tuple(args.buffer_len), windows=tuple(args.spec_T), history=args.history,
-                          l2norm={"model": None, "on": True, "off": False}[args.l2norm])
+                          l2norm={"model": None, "on": True, "off": False}[args.l2norm],
+                          state_formats=args.state_formats)
     step_rows = predict.steps(rows, args.buffer_len[0], args.spec_T[0], args.history)
     print(format_table(rows))
     print("\nSteps at the benchmark point (issue floor: normal step and cycle mean; byte time over "
