@@ -29,7 +29,8 @@
 # Environment: TUNE (1: tune when the GPU has no table, 0: never), PY (python to use; default .venv/bin/python), RESULTS (default results), RUN_ID (default
 # reproduce-<UTC time>-<git sha>), BUDGET_MIN, GPUS, SHARDS, LAUNCHER (joblib | slurm), PAPER_MODELS (GPU model list, Hydra syntax), SWEEP (override the sweep
 # name), EXTRA (extra Hydra overrides for both experiments, e.g. "sweep.batch=[1,64]"); the vLLM stage:
-# ENGINE_SWEEP (default vllm_paper), ENGINE_MODELS (default [nemotron3_nano_4b,qwen35_4b]), ENGINE_EXTRA.
+# ENGINE_SWEEP (default vllm_paper), ENGINE_MODELS (default [nemotron3_nano_4b,qwen35_4b]), ENGINE_EXTRA; stages:
+# PRODUCTION=0 / FORMATS=0 skip the production-shape / state-format sweeps.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -182,6 +183,16 @@ if [[ "${PRODUCTION:-1}" == 1 && -n "$RUN_DIR" && ( "$SWEEP" == paper || "$SWEEP
         stage "production shape: python -m experiments.${experiment} sweep=${PROD_SWEEP} resume=${RUN_DIR}"
         kernel_sweep "$experiment" "$PROD_SWEEP" "${experiment}-production" "resume=${RUN_DIR}"
     done
+fi
+
+# Kernel rows at every state format (conf/sweep/state_formats.yaml: float32 .. float16_sr / bfloat16_sr .. int8 /
+# float8_e4m3fn, baseline and ReplaySSM AR at the headline batches on a GPU; tiny models on torch on a CPU), into
+# the same run; a (route, format) without kernels is a recorded refusal. FORMATS=0 skips it, as does a custom SWEEP.
+if [[ "${FORMATS:-1}" == 1 && -n "$RUN_DIR" && ( "$SWEEP" == paper || "$SWEEP" == cpu ) ]] \
+        && have_module experiments.kernel_decode; then
+    stage "state formats: python -m experiments.kernel_decode sweep=state_formats resume=${RUN_DIR}"
+    kernel_sweep kernel_decode state_formats kernel_decode-formats "resume=${RUN_DIR}" \
+        "method.names=[baseline_ar,replay_ar]"
 fi
 
 # ------------------------------------------------- whole-model experiments (experiments/hybrid), same run

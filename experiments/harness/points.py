@@ -25,6 +25,7 @@ from experiments.harness.acceptance import Acceptance, parse_acceptance
 from experiments.harness.bandwidth import MODES as COLD_PROBE_MODES
 from experiments.harness.methods import REGISTRY, Method
 from experiments.harness.serving_shape import cursor_period, parse_cursors
+from replayssm import state_format as sf
 from replayssm.checks import ROUTES, SPEC_ROUTES, interpreter_active
 from replayssm.geometry import GDN_MODELS, KDA_MODELS, MAMBA2_MODELS, GDNGeometry, KDAGeometry, Mamba2Geometry
 
@@ -33,7 +34,9 @@ FAMILIES = ("mamba2", "gdn", "kda")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-STATE_DTYPES = ("float32", "float16", "bfloat16")
+# A state is any format of replayssm/state_format.py: the plain dtypes and the stochastic-rounding and scaled 8-bit
+# ones (a backend refuses a format its kernels lack before any launch: the point's row records why)
+STATE_DTYPES = sf.FORMAT_NAMES
 ACT_DTYPES = ("float32", "float16", "bfloat16")
 TIMING_MODES = ("graph", "eager", "auto")   # auto: graph on a GPU (Triton backend), else eager
 L2_MODES = ("cold", "warm")
@@ -203,6 +206,9 @@ def _dtype_list(sweep: dict, key: str, allowed: tuple[str, ...]) -> list[str]:
         raise ValueError(f"sweep.{key}: expected a non-empty list of dtype names, got {values!r}")
     out = []
     for i, v in enumerate(values):
+        if isinstance(v, str) and v in allowed and v in sf.FORMATS:     # a state format's own name
+            out.append(v)
+            continue
         if not isinstance(v, str) or v not in DTYPES:
             raise ValueError(f"sweep.{key}[{i}]: unknown dtype {v!r}; expected one of {list(allowed)}")
         name = str(DTYPES[v]).removeprefix("torch.")
@@ -402,7 +408,7 @@ def expand(cfg) -> Plan:
     if device == "cpu":
         if timing_mode == "graph":
             raise ValueError("sweep.timing_mode=graph needs a CUDA device; use eager on CPU (sweep=cpu)")
-        if "bfloat16" in state_dtypes and backend != "cpu":
+        if any(sf.FORMATS[d].storage == torch.bfloat16 for d in state_dtypes) and backend != "cpu":
             raise ValueError("sweep.state_dtype: a bfloat16 state is not timed on CPU (the Triton interpreter computes "
                              "bf16 on raw bits); experiments.accuracy measures its error on CPU")
         if "bfloat16" in act_dtypes and backend != "cpu":

@@ -15,6 +15,12 @@ from __future__ import annotations
 import torch
 
 from experiments.harness.points import DTYPES, ModelSpec, Point
+from replayssm import state_format as sf
+
+
+def state_storage(name: str) -> torch.dtype:
+    """The storage dtype of a point's state_dtype: a dtype name, or a state format's (replayssm/state_format.py)."""
+    return sf.FORMATS[name].storage if name in sf.FORMATS else DTYPES[name]
 
 
 class Workload:
@@ -23,7 +29,9 @@ class Workload:
     def __init__(self, spec: ModelSpec, point: Point, device: str, generator: torch.Generator):
         self.spec, self.family, self.geometry = spec, spec.family, spec.geometry
         self.device, self.generator = device, generator
-        self.state_dtype, self.act_dtype = DTYPES[point.state_dtype], DTYPES[point.act_dtype]
+        self.state_dtype, self.act_dtype = state_storage(point.state_dtype), DTYPES[point.act_dtype]
+        if point.state_dtype in sf.FORMATS and not sf.FORMATS[point.state_dtype].plain:
+            self.state_format = point.state_dtype      # the caches' allocate reads it (methods.state_spec)
         g = self.geometry
         if self.family == "mamba2":
             from replayssm.mamba2 import inputs, ref  # deferred: a family package loads its Triton kernels
@@ -60,11 +68,13 @@ class Workload:
 
         on_device: drawn on the device from the global generator (a timed GPU stack of many layers, where a
         CPU draw of gigabytes would dominate the build); else from the workload's generator on the CPU."""
+        # a non-plain format's state is drawn in float32 and quantised by the cache's set_state (its rule)
+        dtype = torch.float32 if getattr(self, "state_format", None) else self.state_dtype
         if not on_device:
-            return self._inputs.random_state(self.geometry, num_slots, dtype=self.state_dtype, device=self.device,
+            return self._inputs.random_state(self.geometry, num_slots, dtype=dtype, device=self.device,
                                              generator=self.generator)
         std = 1.0 if self.family == "mamba2" else self.geometry.K ** -0.5
-        state = torch.empty(num_slots, *self.state_shape, dtype=self.state_dtype, device=self.device)
+        state = torch.empty(num_slots, *self.state_shape, dtype=dtype, device=self.device)
         return state.normal_(0.0, std)
 
     def call_kwargs(self, inp: dict) -> dict:
