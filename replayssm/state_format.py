@@ -32,13 +32,14 @@ step, and for a scaled format the whole head through its absmax): scaled writes 
 elements only, map NaN to 0 and saturate +-inf / overflow to +-qmax; SR writes inherit stochastic_rounding's guard
 (NaN -> 0, saturate). The plain formats round as a cast does, exactly like the Triton and C kernels.
 
-Backends: torch and ref store every format; Triton the plain ones everywhere and the SR formats in the kernels of
-TRITON_SR_KERNELS (ReplaySSM's AR fold routes and the baselines' AR steps); the C kernels (cpu) the plain ones and
-the SR formats (float16_sr where the compiler has _Float16, as float16): the only holders of an SR state are the
-ReplaySSM AR caches and the baselines' FormattedState, and each C AR kernel (every route's flush, the baselines'
-steps) stores SR itself. Both draw the same bits as sr_round_torch for the same (seed, slot, sr_step, element) and
-advance sr_step in the kernel. int8 / e4m3 stay off Triton (a head's scale is an absmax across its V-tile programs,
-see SCALED_ON_TRITON) and off the C kernels.
+Backends: torch and ref store every format in every cache (AR caches, spec rings, the baselines' FormattedState
+and spec states). Triton stores the plain ones everywhere, the SR formats in the kernels of TRITON_SR_KERNELS
+(ReplaySSM's AR fold routes and the baselines' AR steps) and int8 / e4m3 in those of TRITON_SCALED_KERNELS
+(ReplaySSM's AR folds, one program per head: replayssm/scaled_rounding.py; see SCALED_ON_TRITON for the others).
+The C kernels (cpu) store the plain ones and, in their AR kernels (every route's flush, the baselines' steps), the
+SR formats (float16_sr where the compiler has _Float16, as float16); the spec rings on cpu keep the plain ones
+(checks.check_ring_format), and int8 / e4m3 stay off C. The Triton and C SR writes draw the same bits as
+sr_round_torch for the same (seed, slot, sr_step, element) and advance sr_step in the kernel.
 
 The float64 oracle ("ref" backend) quantises with the same rules in float64 (the scale rounded to its float32
 storage first), and for SR draws the same bits through sr_round_torch, so it models the rounding rather than
