@@ -50,9 +50,9 @@ from experiments.harness.entry import config_dict, load_config
 from experiments.harness.env import short_sha
 from experiments.harness.memory import stack_layers
 from experiments.harness.methods import REGISTRY
-from experiments.harness.points import DTYPES, expand
+from experiments.harness.points import expand
 from experiments.harness.serving_shape import cursor_period
-from experiments.harness.workload import Workload
+from experiments.harness.workload import Workload, state_storage
 from experiments.hybrid import run as hybrid_run
 from experiments.hybrid.footprint import footprint
 from experiments.hybrid.sweep import expand as hybrid_expand
@@ -107,7 +107,7 @@ def kernel_line(plan, cal: dict, target: dict) -> Line:
     for p in plan.points:
         m = REGISTRY[p.method]
         spec = plan.models[p.model_key]
-        layer = _state_bytes(spec, DTYPES[p.state_dtype].itemsize) * p.batch
+        layer = _state_bytes(spec, state_storage(p.state_dtype).itemsize) * p.batch
         layers, _ = stack_layers(layer, l2=p.l2, l2_bytes=target["l2_bytes"], l2_factor=float(t["l2_factor"]),
                                  max_layers=int(t["max_layers"]), budget_bytes=int(target["hbm_bytes"] / 2))
         if m.kind == "ar":
@@ -224,6 +224,13 @@ def estimate(overrides: dict[str, list[str]] | None = None, target: str = "h200"
                 for plan in production]
         lines.append(Line("production", sum(x.points for x in prod), sum(x.host_s for x in prod),
                           sum(x.device_s for x in prod)))
+        # the state-format stage (conf/sweep/state_formats.yaml) resumes the run too: float32 points already run
+        fmt = expand(config_dict(load_config("kernel_decode", ["sweep=state_formats", "device=cuda",
+                                                               "method.names=[baseline_ar,replay_ar]"])))
+        done = paper_hashes | {p.config_hash() for plan in production for p in plan.points}
+        lines.append(kernel_line(dataclasses.replace(fmt, points=[p for p in fmt.points
+                                                                  if p.config_hash() not in done]), cal, tgt))
+        lines[-1] = dataclasses.replace(lines[-1], experiment="state_formats")
         lines += tuning_lines(cal, tgt, over.get("tune", []))
         for exp, sweep in (("e2e_decode", "paper_e2e"), ("serving", "paper_serving")):
             data = config_dict(load_config(exp, [f"sweep={sweep}", "device=cuda", "hardware=" + target,
