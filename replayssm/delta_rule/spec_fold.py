@@ -23,6 +23,8 @@ chunks); weights along K: on the keys per chunk, the u rows exact (_tl.replay_do
 Cost: the verify's product plus a [BV, BC] x [BC, BKT] fold dot per chunk, 16-column chunks (32 columns: 106
 registers, 1.4x the issue time). kernel_report, Qwen3.5-122B b512 T4, sm_90, Triton 3.7.1: 82 registers, 618 us
 (the in-kernel replay weights of 3a0e645: 71, 538 us; the weights on the keys in every chunk: 84, 784 us).
+Kimi-Linear b512 T4 (KDA: MIXED x rows of TW2 = 8, no CzT dot, spec_verify.py; the truncating bf16x3 split):
+73 registers, 1,580 SASS on the shortest path, 261.5 us (was 71, 1,863, 308.3 us).
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from replayssm.delta_rule._tl import bf16x3_dot, replay_dot, replay_dot_rhs, state_dot
-from replayssm.delta_rule.spec_verify import window_outputs
+from replayssm.delta_rule._tl import replay_dot, replay_dot_rhs, state_dot
+from replayssm.delta_rule.spec_verify import bf16x3_dot, window_outputs
 
 
 # a layout fact of the weights the prep wrote, derived from their K stride (not passed by the launcher)
@@ -48,6 +50,7 @@ def spec_fold_kernel(
     NULL_ID: tl.constexpr, GROUP: tl.constexpr, X_GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     T: tl.constexpr, TW: tl.constexpr, TW2: tl.constexpr, BC: tl.constexpr, BV: tl.constexpr, BKT: tl.constexpr,
     FP32_DOT: tl.constexpr, DOT: tl.constexpr, UDOT: tl.constexpr, KDOT: tl.constexpr, W_ALONG_K: tl.constexpr,
+    MIXED: tl.constexpr = False,
 ):
     i_v = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
@@ -108,4 +111,4 @@ def spec_fold_kernel(
 
     window_outputs(P, v_ptr, out_ptr, ubuf_ptr, coef_ptr, i_b, i_hv, h, origin, offs_v, mask_v, stride_v_b,
                    stride_v_t, stride_v_h, stride_o_b, stride_o_t, stride_o_h, stride_u_l, ring_mask,
-                   T, TW, TW2, BC, FP32_DOT, UDOT)
+                   T, TW, TW2, BC, FP32_DOT, UDOT, MIXED)

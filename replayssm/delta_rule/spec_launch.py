@@ -4,7 +4,8 @@ spec_fold.py): replayssm.gdn.spec_verify(..., route="verify_fold").
 One verify is three launches, CUDA-graph capturable (no host sync, nothing allocated after a ring's first verify
 through this route):
     1. spec_prep_kernel    (batch, H)                per key head: norms, Gram matrix, gates, (I + A)^-1, the
-                                                     coefficients; appends the window's k and g rows
+                                                     coefficients; appends the window's k and g rows (KDA:
+                                                     spec_prep_kda_kernel, or _tok_kernel at 2T = 16 rows)
     2. spec_verify_kernel  (cdiv(V, BV), batch, HV)  every row's outputs and the window's u rows
     3. spec_fold_kernel    (cdiv(V, BV), batch, HV)  the folding rows (the rest exit; the verify exits on
                                                      these): their outputs and u rows, and S0 <- S_h
@@ -22,7 +23,7 @@ from replayssm import launch_registry, launch_table
 from replayssm.checks import NULL_SLOT, kernel_arch, next_pow2
 from replayssm.delta_rule._tl import key_dot
 from replayssm.delta_rule.spec_fold import spec_fold_kernel
-from replayssm.delta_rule.spec_prep import spec_prep_kda_kernel, spec_prep_kernel
+from replayssm.delta_rule.spec_prep import spec_prep_kda_kernel, spec_prep_kda_tok_kernel, spec_prep_kernel
 from replayssm.delta_rule.spec_verify import spec_verify_kernel
 
 ROUTE = "verify_fold"
@@ -34,7 +35,7 @@ def kernel_names(per_channel: bool) -> tuple[str, str, str]:
     return tuple(f"{family}_{p}" for p in PHASES)
 
 
-def default_config(kernel: str, K: int, V: int, arch: int) -> dict:
+def default_config(kernel: str, K: int, V: int, arch: int, window: int = 4) -> dict:
     """The hand rules. Interpreter (arch 0): whole tiles (it costs per program, not per FLOP). GPU (AOT at
     Qwen3.5-122B, b512 T4 hist16, sm_90, Triton 3.7.1, scripts/kernels/kernel_report.py with each config forced):
     prep: one warp (the tiles are [16, K] and [16, 16]; 8 KB-12 KB of layout-conversion smem).
@@ -48,10 +49,16 @@ def default_config(kernel: str, K: int, V: int, arch: int) -> dict:
     BK = max(16, next_pow2(K))
     BV = max(16, next_pow2(V))
     if kernel.endswith("_ring_prep"):
-        # one warp; KDA's prep walks K in 32-column chunks ([16, 32] tiles: its [16, K] ones held 255 registers
-        # and spilled under Triton 3.6.0), the interpreter in one
+        # KDA: the whole K in one tile with the rows in-thread, the history in blocks of HB = 8 rows (HB = 16: 218
+        # registers). 2T <= 8 (spec_prep_kda_kernel): one warp, capped at 128 registers on sm_90: 16 warps per SM
+        # where its 139 leave 12 (the issue rate 0.67 against 0.5; 120 is the same occupancy, 104 and below spill;
+        # on sm_100 the cap spills 48 B, uncapped 132-141). 2T = 16 (spec_prep_kda_tok_kernel): two warps, 148-168
+        # registers (one: 255 and a 4-12 B spill on sm_100, the same issue time).
         if kernel.startswith("kda_"):
-            return {"BV": 0, "BKT": BK if arch == 0 else min(32, BK), "num_warps": 1, "num_stages": 1}
+            if window > 4:
+                return {"BV": 0, "BKT": BK, "HB": 8, "num_warps": 2, "num_stages": 1}
+            return {"BV": 0, "BKT": BK, "HB": 8, "num_warps": 1, "num_stages": 1,
+                    **({"maxnreg": 128} if arch == 90 else {})}
         return {"BV": 0, "BKT": BK, "num_warps": 1 if BK <= 128 else 2, "num_stages": 1}
     if arch == 0:
         return {"BV": BV, "BKT": BK, "num_warps": 4, "num_stages": 1}
@@ -64,7 +71,8 @@ def default_config(kernel: str, K: int, V: int, arch: int) -> dict:
 def config(kernel: str, geometry, history_len: int, window: int, state_dtype, arch: int) -> dict:
     """This device's tuned entry for `kernel`, else the default rule."""
     key = launch_registry.key(kernel, geometry, history=history_len, window=window)
-    return launch_table.resolve(kernel, key, state_dtype, arch, default_config(kernel, geometry.K, geometry.V, arch))
+    return launch_table.resolve(kernel, key, state_dtype, arch,
+                                default_config(kernel, geometry.K, geometry.V, arch, window))
 
 
 def _state_dot(act_dtype, fp32_dot: str, per_channel: bool) -> str:
@@ -86,10 +94,12 @@ def widths(window: int, history_len: int) -> tuple[int, int, int]:
 def workspace(ring, TW: int, TW2: int, BC: int, per_channel: bool, x_dtype) -> tuple[torch.Tensor, torch.Tensor,
                                                                                torch.Tensor]:
     """The preps' outputs, kept on the ring (zeros at allocation), one layout for both families:
-        coef [slots, HV, 2 TW2 + BC, TW2] fp32   the window's coefficient tiles (spec_prep.py)
+        coef [slots, HV, 2 TW2 + BC, TW2] fp32   the window's coefficient tiles (spec_prep.py; KDA leaves the
+                                                 CzT rows at zero)
         x    [slots, HX, TW, K]                  the state vectors: GDN the raw window rows in the activation
-                                                 dtype per key head (HX = H), KDA the decayed ones in fp32 per
-                                                 value head (HX = HV); read at head i_hv // (HV / HX). Rows
+                                                 dtype per key head (HX = H), KDA the decayed ones already mixed
+                                                 by Cz, fp32 per value head (HX = HV, the verify's MIXED); read
+                                                 at head i_hv // (HV / HX). Rows
                                                  [2T, TW) stay the allocation's zeros (no prep writes them, and a
                                                  workspace serves one window length, part of its key): the
                                                  verify and the fold load whole [BKT, TW] tiles unmasked along
@@ -124,16 +134,21 @@ def launch_verify_fold(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool
     st, u, kr, gr = ring.state, ring.u, ring.k, ring.g
     group, ring_mask = gm.value_heads_per_key_head, ring.ring_len - 1
     common = dict(NULL_ID=NULL_SLOT, K=gm.K, BC=BC, FP32_DOT=fp32_dot)
-    prep_args = dict(**common, GROUP=group, T=T, TW=TW, TW2=TW2, BK=prep["BKT"], USE_L2NORM=bool(use_qk_l2norm),
+    prep_args = dict(**common, GROUP=group, T=T, TW2=TW2, BK=prep["BKT"], USE_L2NORM=bool(use_qk_l2norm),
                      LOG2T=max(1, (T - 1).bit_length()), num_warps=prep["num_warps"], num_stages=prep["num_stages"])
+    dots = dict(DOT=_state_dot(q.dtype, fp32_dot, per_channel), UDOT=key_dot(u.dtype, fp32_dot))
     if per_channel:
-        spec_prep_kda_kernel[(batch, gm.H)](
+        prep_args["BK"] = max(16, next_pow2(gm.K))           # KDA's prep holds the whole K in one tile
+        # 2T <= 8 window rows: one stacked [2T, K] tile; 16: keys and queries token-major (registers)
+        kda_prep, wide = (spec_prep_kda_kernel, {}) if TW2 <= 8 else (spec_prep_kda_tok_kernel, {"TP": next_pow2(T)})
+        kda_prep[(batch, gm.H)](
             q, k, g, beta, slots, ring.write_pos, ring.origin, ring.is_flush, kr, gr, coef, x, wt,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), g.stride(0), g.stride(1),
             g.stride(2), beta.stride(0), beta.stride(1), kr.stride(0), kr.stride(1), kr.stride(2), gr.stride(0),
             gr.stride(1), gr.stride(2), coef.stride(0), coef.stride(1), x.stride(0), x.stride(1), wt.stride(0),
             wt.stride(1),
-            float(scale), ring_mask, **prep_args,
+            float(scale), ring_mask, **prep_args, DOT=dots["DOT"], HB=prep.get("HB", 8), **wide,
+            **({"maxnreg": prep["maxnreg"]} if prep.get("maxnreg") else {}),
         )
     else:
         spec_prep_kernel[(batch, gm.H)](
@@ -141,18 +156,22 @@ def launch_verify_fold(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1), kr.stride(0), kr.stride(1), kr.stride(2), gr.stride(0), gr.stride(1),
             coef.stride(0), coef.stride(1), x.stride(0), x.stride(1), x.stride(2), wt.stride(0), wt.stride(1),
-            float(scale), ring_mask, **prep_args,
+            float(scale), ring_mask, **prep_args, TW=TW,
         )
     # one verify and one fold for both families: what differs is in the workspace (x's head group, wt's K stride)
     x_group = gm.HV // x.shape[1]
+    # the state product's width: GDN's P feeds a [TW, TW] tl.dot (>= 16 columns); KDA's x rows are mixed (MIXED):
+    # no dot follows, so on sm_90 it reads only the TW2 rows the prep writes (on sm_100 the N = 8 product takes
+    # 78-92 registers and spills 4 B under Triton 3.6.0 with a bf16 state; TW: 56)
+    tw = TW2 if per_channel and arch == 90 else TW
     rows = (x, v, out, slots, ring.write_pos, ring.origin, ring.is_flush, st, u, coef)
     row_strides = (x.stride(0), x.stride(1), x.stride(2), v.stride(0), v.stride(1), v.stride(2), out.stride(0),
                    out.stride(1), out.stride(2), st.stride(0), st.stride(1), st.stride(2), u.stride(0), u.stride(1),
                    u.stride(2), coef.stride(0), coef.stride(1))
-    dots = dict(DOT=_state_dot(q.dtype, fp32_dot, per_channel), UDOT=key_dot(u.dtype, fp32_dot))
     spec_verify_kernel[(triton.cdiv(gm.V, verify["BV"]), batch, gm.HV)](
         *rows, *row_strides, ring_mask,
-        **common, X_GROUP=x_group, V=gm.V, T=T, TW=TW, TW2=TW2, BV=verify["BV"], BKT=verify["BKT"], **dots,
+        **common, X_GROUP=x_group, V=gm.V, T=T, TW=tw, TW2=TW2, BV=verify["BV"], BKT=verify["BKT"], **dots,
+        MIXED=per_channel,
         num_warps=verify["num_warps"], num_stages=verify["num_stages"],
     )
     spec_fold_kernel[(triton.cdiv(gm.V, fold["BV"]), batch, gm.HV)](
@@ -160,7 +179,8 @@ def launch_verify_fold(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool
         kr.stride(0), kr.stride(1), kr.stride(2), wt.stride(0), wt.stride(1), wt.stride(2),
         wt.stride(3) if wt.shape[3] > 1 else 0,
         ring_mask,
-        **common, GROUP=group, X_GROUP=x_group, V=gm.V, T=T, TW=TW, TW2=TW2, BV=fold["BV"], BKT=fold["BKT"],
-        **dots, KDOT=key_dot(kr.dtype, fp32_dot), num_warps=fold["num_warps"], num_stages=fold["num_stages"],
+        **common, GROUP=group, X_GROUP=x_group, V=gm.V, T=T, TW=tw, TW2=TW2, BV=fold["BV"], BKT=fold["BKT"],
+        **dots, KDOT=key_dot(kr.dtype, fp32_dot), MIXED=per_channel, num_warps=fold["num_warps"],
+        num_stages=fold["num_stages"],
     )
     return out

@@ -29,7 +29,9 @@ forward-substitution dots. One warp per program: the tiles are [16, K] and [16, 
 version of this kernel issued 4x the instructions (kernel_report: 340 us at b512 against 79 us now).
 
 Workspace coef [slots, HV, 2 TW2 + BC, TW2] fp32 (TW2 = next_pow2(2T), indexed by slot): rows [0, TW2) CzT, rows
-[TW2, TW2 + BC) CuT, rows [TW2 + BC, 2 TW2 + BC) CvT; entries past 2T are written as zeros.
+[TW2, TW2 + BC) CuT, rows [TW2 + BC, 2 TW2 + BC) CvT; entries past 2T are written as zeros. KDA's prep
+(spec_prep_kda_kernel) applies Cz to its own per-value-head x rows instead (the verify's MIXED) and leaves the CzT
+rows at their zeros.
 The program also appends the window's normalised keys (rounded to the ring's dtype) at ring rows
 (origin + h + s) & (ring_len - 1) of its key head and the window's log decays at those rows of its value heads:
 one writer per address. It reads only history rows, which no launch of the step writes.
@@ -41,6 +43,7 @@ import triton
 import triton.language as tl
 
 from replayssm.delta_rule._tl import replay_weights
+from replayssm.delta_rule.spec_verify import split_bf16_trunc
 
 
 @triton.jit
@@ -55,23 +58,43 @@ def window_rows(origin, h, ring_mask, T: tl.constexpr, TW: tl.constexpr):
     return offs_r, is_k, is_q, is_k | is_q, tok, (origin + h + tok) & ring_mask
 
 
+LOG2E = tl.constexpr(1.4426950408889634)       # exp(x) = exp2(x log2 e)
+
+
 @triton.jit
-def _window_coefficients(WWd, beta_k, eG, strict, key_block, eye, q_diag, is_k, is_q, on_path,
-                         FP32_DOT: tl.constexpr, LOG2T: tl.constexpr):
-    """(Cz, Cv) [TW, TW] of one value head (module docstring) from the decayed Gram matrix WWd[r, c] =
-    exp(G_r - G_c) (w^_r . w^_c) on the path (KDA: the decay per key channel, inside the dot) and eG = exp(G_r)
-    (KDA: 1, its readouts are decayed on the key side). The masks come from the caller, built once per program."""
+def _k_offsets(kc, BK: tl.constexpr):
+    """kc * BK + [0, BK), provably contiguous in runs of 4 only: every K tile of the KDA prep, bf16 or fp32, is then
+    laid out alike (4 elements a lane, 32 lanes along K, rows in-thread), so no tile changes layout between the
+    sweep, the history scan and the stores (8-element bf16 loads put rows across lanes: shuffles)."""
+    a = tl.arange(0, BK)
+    return kc * BK + (a // 4) * 4 + a % 4
+
+
+@triton.jit
+def _mm(a, b, FP32_DOT: tl.constexpr, MMA: tl.constexpr):
+    """a [M, C] @ b [C, N], fp32: tl.dot where C >= 16, else broadcast-and-sum (C <= 8: a few FMAs a lane)."""
+    if MMA:
+        return tl.dot(a, b, input_precision=FP32_DOT)
+    else:
+        return tl.sum(a[:, :, None] * b[None, :, :], 1)
+
+
+@triton.jit
+def _window_coefficients(WWd, beta_k, strict, key_block, eye, q_diag, is_k, is_q, on_path,
+                         FP32_DOT: tl.constexpr, LOG2T: tl.constexpr, MMA: tl.constexpr):
+    """KDA's (Cz, Cv) [TW2, TW2] of one value head (module docstring, eG = 1: its readouts are decayed on the key
+    side) from the decayed Gram matrix WWd[r, c] = sum_d w^_r w^_c exp(G_r - G_c) on the path."""
     A = tl.where(strict, beta_k[:, None] * WWd, 0.0)
-    # (I + A)^-1 of the nilpotent A (A^T = 0): (I - A)(I + A^2)(I + A^4).. , ceil(log2 T) factors, 2 dots each
+    # (I + A)^-1 of the nilpotent A (A^T = 0): (I - A)(I + A^2)(I + A^4).. , ceil(log2 T) factors, 2 products each
     N = eye - A
     Ap = A
     for _ in tl.static_range(LOG2T - 1):
-        Ap = tl.dot(Ap, Ap, input_precision=FP32_DOT)
-        N = N + tl.dot(N, Ap, input_precision=FP32_DOT)
+        Ap = _mm(Ap, Ap, FP32_DOT, MMA)
+        N = N + _mm(N, Ap, FP32_DOT, MMA)
     Bf = tl.where(key_block, N * beta_k[None, :], 0.0)
     M = tl.where(is_q[:, None] & on_path, WWd, 0.0)
-    Cv = Bf + tl.dot(M, Bf, input_precision=FP32_DOT)
-    Cz = tl.where(is_k[None, :], -Cv * eG[None, :], 0.0) + tl.where(q_diag, eG[:, None], 0.0)
+    Cv = Bf + _mm(M, Bf, FP32_DOT, MMA)
+    Cz = tl.where(is_k[None, :], -Cv, 0.0) + tl.where(q_diag, 1.0, 0.0)
     return Cz, Cv
 
 
@@ -184,24 +207,32 @@ def spec_prep_kda_kernel(
     stride_beta_b, stride_beta_t, stride_kr_slot, stride_kr_h, stride_kr_l, stride_gr_slot, stride_gr_h,
     stride_gr_l, stride_c_slot, stride_c_h, stride_x_slot, stride_x_h, stride_w_slot, stride_w_h,
     scale, ring_mask,
-    NULL_ID: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, T: tl.constexpr, TW: tl.constexpr,
-    TW2: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, USE_L2NORM: tl.constexpr, FP32_DOT: tl.constexpr,
-    LOG2T: tl.constexpr,
+    NULL_ID: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, T: tl.constexpr, TW2: tl.constexpr,
+    BC: tl.constexpr, BK: tl.constexpr, USE_L2NORM: tl.constexpr, FP32_DOT: tl.constexpr, DOT: tl.constexpr,
+    LOG2T: tl.constexpr, HB: tl.constexpr,
 ):
     """KDA (a log decay per key channel): the per-channel decays are applied here, once per (row, value head),
     so that the verify is GDN's with precomputed vectors. For row r (token tok(r)), G_r [K] the window's prefix
-    sum, G_tot, w_j [K] the history's replay weights (per channel):
-        X_r       = exp(G_tot + G_r) * w^_r                the verify's state vector (x workspace, fp32)
-        Ch[r, j]  = sum_d exp(G_r) w^_r k_j w_j            its history coefficients
+    sum, G_tot, w_j [K] the history's replay weights (per channel), X_r = exp(G_r) w^_r:
         WWd[r, c] = sum_d w^_r w^_c exp(G_r - G_c)         for c on r's path (masked elsewhere)
-    and the coefficients as GDN's with eG = 1 and no decay0 / mult factor (both are in X).
+        Z         = Cz X                                   [2T, K], Cz as GDN's with eG = 1 (from WWd and beta)
+        x[i]      = exp(G_tot) Z_i                         the verify's state vectors, already mixed (MIXED):
+                                                           S0 x[i] is the sum_r decay0 (S0 X_r) Cz[i, r] GDN's
+                                                           verify forms with its [TW, TW] CzT dot
+        CuT[j, i] = sum_d (k_j w_j) . Z_i                  the history coefficients, (Cz Ch)^T in one product
     exp(G_r - G_c) is the product of alpha_i = exp(g_i) over tokens c < i <= tok(r), built by one sweep of the
-    key columns from c = T-1 down to 0 (F *= alpha_c on the rows whose path holds c): no exp of a [TW, K] tile,
-    every factor in (0, 1] (never exp(G_r) exp(-G_c), which overflows fp32 once a channel's window decay passes
-    e^88), and after the sweep F = exp(G_r).
-    Everything K-wide is per channel, so the program walks K in chunks of BKC columns (one warp: [TW, BKC] tiles
-    of 16 registers, a [TW, BC] history dot per chunk) and only the dot sums cross chunks; the L2 norm's sums come
-    from a first pass over the chunks."""
+    key columns from c = T-1 down to 0 (F *= alpha_c on the rows whose path holds c): every factor in (0, 1]
+    (never exp(G_r) exp(-G_c), which overflows fp32 once a channel's window decay passes e^88), and after the
+    sweep F = exp(G_r). w_j = exp(G_tot - G_pre_j) is one exp2 of a non-positive sum (G_tot - G_pre_j is the sum
+    of the log decays after j).
+
+    Layout (why it is fast): one warp, the whole K in one tile, 4 channels a lane and every row of a tile in-thread
+    (_k_offsets): the history's prefix sums and the row extractions are register moves, only the K sums (the L2
+    norms, WWd's 4T columns) cross lanes. The window tile has 2T rows (8 at T = 4, not tl.dot's 16: the solve is
+    a few [8, 8, 8] broadcast-and-sums, the history product an MMA with N = 8). The history goes in blocks of HB
+    rows, G_tot first, so that only Z's split stays live through them; CuT is bf16x3 (truncating split) under
+    16-bit activations. AOT sm_90 Kimi-Linear b512 T4 (Triton 3.7.1): 128 registers (maxnreg), 3,266 SASS on
+    the path, 101.3 us of issue against 237.4 us for the K-chunked [16, 32]-tile version (168 registers, 5,737)."""
     i_b = tl.program_id(0).to(tl.int64)
     i_kh = tl.program_id(1).to(tl.int64)
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
@@ -210,75 +241,214 @@ def spec_prep_kda_kernel(
     h = tl.load(wpos_ptr + slot)
     origin = tl.load(origin_ptr + slot)
     folds = (tl.load(flush_ptr + slot) != 0) & (h > 0)          # the fold reads this row's weights
-    offs_r, is_k, is_q, live, tok, win_rows = window_rows(origin, h, ring_mask, T, TW)
+    offs_r, is_k, is_q, live, tok, win_rows = window_rows(origin, h, ring_mask, T, TW2)
     offs_c = tl.arange(0, BC)
     valid_c = offs_c < h
     hist_rows = (origin + offs_c) & ring_mask
-    w_ptrs = tl.where(is_q, q_ptr + i_b * stride_q_b + tok * stride_q_t + i_kh * stride_q_h,
-                      k_ptr + i_b * stride_k_b + tok * stride_k_t + i_kh * stride_k_h)
+    q_row = q_ptr + i_b * stride_q_b + i_kh * stride_q_h
+    k_row = k_ptr + i_b * stride_k_b + i_kh * stride_k_h
+    w_ptrs = tl.where(is_q, q_row + tok * stride_q_t, k_row + tok * stride_k_t)
     kr_base = kring_ptr + slot * stride_kr_slot + i_kh * stride_kr_h
+    offs_k = _k_offsets(0, BK)
+    mask_k = offs_k < K
+    hmask = valid_c[:, None] & mask_k[None, :]
+    W = tl.load(w_ptrs[:, None] + offs_k[None, :], mask=live[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
     mult = tl.where(is_q, scale, 1.0)
     if USE_L2NORM:
-        ssq = tl.zeros([TW], dtype=tl.float32)
-        for kc in tl.static_range((K + BK - 1) // BK):
-            offs_k = kc * BK + tl.arange(0, BK)
-            Wc = tl.load(w_ptrs[:, None] + offs_k[None, :], mask=live[:, None] & (offs_k < K)[None, :],
-                         other=0.0).to(tl.float32)
-            ssq += tl.sum(Wc * Wc, 1)
-        mult = mult / tl.sqrt(ssq + 1e-6)
+        mult = mult * tl.math.rsqrt(tl.sum(W * W, 1) + 1e-6)
     mult = tl.where(live, mult, 0.0)
+    W = W * mult[:, None]                                                    # w^_r [TW2, BK]
+    tl.store(kr_base + win_rows[:, None] * stride_kr_l + offs_k[None, :], W.to(kring_ptr.dtype.element_ty),
+             mask=is_k[:, None] & mask_k[None, :])
     on_path = is_k[None, :] & (offs_r[None, :] <= tok[:, None])
     strict = is_k[:, None] & is_k[None, :] & (offs_r[:, None] > offs_r[None, :])
     key_block = is_k[:, None] & is_k[None, :]
     eye = tl.where(offs_r[:, None] == offs_r[None, :], 1.0, 0.0)
     q_diag = is_q[:, None] & (offs_r[:, None] == offs_r[None, :])
-    out_i = offs_r[:, None] < TW2
-    blk = out_i & (offs_r[None, :] < TW2)
     for j in tl.static_range(GROUP):
         hv = i_kh * GROUP + j
         g_base = g_ptr + i_b * stride_g_b + hv * stride_g_h
         gr_base = gring_ptr + slot * stride_gr_slot + hv * stride_gr_h
-        WWd = tl.zeros([TW, TW], dtype=tl.float32)
-        Ch = tl.zeros([TW, BC], dtype=tl.float32)
-        for kc in tl.range(0, (K + BK - 1) // BK):          # constexpr bound: a loop, one chunk live at a time
-            offs_k = kc * BK + tl.arange(0, BK)
-            mask_k = offs_k < K
-            W = tl.load(w_ptrs[:, None] + offs_k[None, :], mask=live[:, None] & mask_k[None, :],
-                        other=0.0).to(tl.float32) * mult[:, None]                    # w^_r [TW, BK]
-            if j == 0:
-                tl.store(kr_base + win_rows[:, None] * stride_kr_l + offs_k[None, :],
-                         W.to(kring_ptr.dtype.element_ty), mask=is_k[:, None] & mask_k[None, :])
-            # the sweep of the key columns (docstring): the decayed Gram matrix, then F = exp(G_r)
-            F = tl.zeros([TW, BK], dtype=tl.float32) + 1.0
-            for cc in tl.static_range(T):
-                c = T - 1 - cc
-                g_c = tl.load(g_base + c * stride_g_t + offs_k, mask=mask_k, other=0.0)
-                tl.store(gr_base + ((origin + h + c) & ring_mask) * stride_gr_l + offs_k, g_c, mask=mask_k)
-                mult_c = tl.sum(tl.where(offs_r == c, mult, 0.0), 0)
-                k_c = tl.load(k_ptr + i_b * stride_k_b + c * stride_k_t + i_kh * stride_k_h + offs_k, mask=mask_k,
-                              other=0.0).to(tl.float32) * mult_c
-                col = tl.sum(W * (k_c[None, :] * F), 1)
-                WWd += tl.where((offs_r == c)[None, :], col[:, None], 0.0)
-                F = F * tl.where((live & (c <= tok))[:, None], tl.exp(g_c)[None, :], 1.0)
-            hmask = valid_c[:, None] & mask_k[None, :]
-            g_hist = tl.load(gr_base + hist_rows[:, None] * stride_gr_l + offs_k[None, :], mask=hmask, other=0.0)
-            decay0, w = replay_weights(g_hist, hmask, 0)                       # [BK], [BC, BK]
-            if folds:                                   # the fold's weights: row 0 exp(G_tot), rows 1 + j w_j
-                w_base = wt_ptr + slot * stride_w_slot + hv * stride_w_h
-                tl.store(w_base + offs_k, decay0, mask=mask_k)
-                tl.store(w_base + (1 + offs_c[:, None]) * K + offs_k[None, :], w, mask=mask_k[None, :])
-            WG = W * F
-            tl.store(x_ptr + slot * stride_x_slot + hv * stride_x_h + offs_r[:, None] * K + offs_k[None, :],
-                     WG * decay0[None, :], mask=live[:, None] & mask_k[None, :])
-            Kh = tl.load(kr_base + hist_rows[:, None] * stride_kr_l + offs_k[None, :], mask=hmask,
-                         other=0.0).to(tl.float32)                               # [BC, BK]
-            Ch += tl.dot(WG, tl.trans(Kh * w), input_precision=FP32_DOT)        # [TW, BC]
+        # the decayed Gram matrix by the sweep of the key columns (docstring); after it F = exp(G_r)
+        WWd = tl.zeros([TW2, TW2], dtype=tl.float32)
+        F = tl.zeros([TW2, BK], dtype=tl.float32) + 1.0
+        for cc in tl.static_range(T):
+            c = T - 1 - cc
+            g_c = tl.load(g_base + c * stride_g_t + offs_k, mask=mask_k, other=0.0)
+            tl.store(gr_base + ((origin + h + c) & ring_mask) * stride_gr_l + offs_k, g_c, mask=mask_k)
+            k_c = tl.sum(tl.where((offs_r == c)[:, None], W, 0.0), 0)            # row c: in-thread
+            col = tl.sum(W * (k_c[None, :] * F), 1)
+            WWd += tl.where((offs_r == c)[None, :], col[:, None], 0.0)
+            F = F * tl.where((live & (c <= tok))[:, None], tl.math.exp2(g_c * LOG2E)[None, :], 1.0)
+        X = W * F                                                           # exp(G_r) w^_r
         beta_k = tl.load(beta_ptr + i_b * stride_beta_b + offs_r * stride_beta_t + hv, mask=is_k, other=0.0)
-        ones = tl.where(live, 1.0, 0.0)
-        Cz, Cv = _window_coefficients(WWd, beta_k, ones, strict, key_block, eye, q_diag, is_k, is_q, on_path,
-                                      FP32_DOT, LOG2T)
-        Cu = tl.dot(Cz, Ch, input_precision=FP32_DOT)
+        Cz, Cv = _window_coefficients(WWd, beta_k, strict, key_block, eye, q_diag, is_k, is_q, on_path,
+                                      FP32_DOT, LOG2T, TW2 >= 16)
+        # Z = Cz X: Cz's query columns are the identity, its key columns -Cv's
+        Z = tl.where(is_q[:, None], X, 0.0)
+        for t in tl.static_range(T):
+            cz_t = tl.sum(tl.where((offs_r == t)[None, :], Cz, 0.0), 1)                     # Cz[:, t]
+            Z += cz_t[:, None] * tl.sum(tl.where((offs_r == t)[:, None], X, 0.0), 0)[None, :]
         c_base = coef_ptr + slot * stride_c_slot + hv * stride_c_h
-        tl.store(c_base + offs_r[None, :] * TW2 + offs_r[:, None], Cz, mask=blk)
-        tl.store(c_base + (TW2 + offs_c[None, :]) * TW2 + offs_r[:, None], Cu, mask=out_i)
-        tl.store(c_base + (TW2 + BC + offs_r[None, :]) * TW2 + offs_r[:, None], Cv, mask=blk)
+        w_base = wt_ptr + slot * stride_w_slot + hv * stride_w_h
+        # G_tot first (a sum over the history rows, in-thread): the state vectors are stored before the history
+        # blocks, so that only Z's split operand stays live through them
+        G_tot = tl.sum(tl.load(gr_base + hist_rows[:, None] * stride_gr_l + offs_k[None, :], mask=hmask, other=0.0), 0)
+        decay0 = tl.math.exp2(G_tot * LOG2E)                                   # exp(G_tot)
+        if folds:                                       # the fold's weights: row 0 exp(G_tot), rows 1 + j w_j
+            tl.store(w_base + offs_k, decay0, mask=mask_k)
+        tl.store(x_ptr + slot * stride_x_slot + hv * stride_x_h + offs_r[:, None] * K + offs_k[None, :],
+                 Z * decay0[None, :], mask=live[:, None] & mask_k[None, :])
+        if DOT == "bf16x3":
+            Zh, Zl = split_bf16_trunc(tl.trans(Z))
+        # the history in blocks of HB rows: w_j = exp(G_tot - G_pre_j), G_pre carried across the blocks
+        G_pre = tl.zeros_like(G_tot)
+        for bb in tl.range(0, BC // HB):
+            offs_j = bb * HB + tl.arange(0, HB)
+            rows_j = (origin + offs_j) & ring_mask
+            jmask = (offs_j < h)[:, None] & mask_k[None, :]
+            g_hist = tl.load(gr_base + rows_j[:, None] * stride_gr_l + offs_k[None, :], mask=jmask, other=0.0)
+            w = tl.math.exp2((G_tot - G_pre)[None, :] * LOG2E - tl.cumsum(g_hist, 0) * LOG2E)
+            G_pre += tl.sum(g_hist, 0)
+            if folds:
+                tl.store(w_base + (1 + offs_j[:, None]) * K + offs_k[None, :], w, mask=jmask)
+            Kw = tl.load(kr_base + rows_j[:, None] * stride_kr_l + offs_k[None, :], mask=jmask,
+                         other=0.0).to(tl.float32) * w                              # [HB, BK], 0 past h
+            if DOT == "bf16x3":
+                Kh_, Kl_ = split_bf16_trunc(Kw)
+                CuT = tl.dot(Kl_, Zh, tl.dot(Kh_, Zl, tl.dot(Kh_, Zh)))
+            else:
+                CuT = tl.dot(Kw, tl.trans(Z), input_precision=DOT)                 # [HB, TW2]
+            tl.store(c_base + (TW2 + offs_j[:, None]) * TW2 + offs_r[None, :], CuT)
+        # after the loop (a loop closing the kernel puts its exit inside the loop body: the report's path count)
+        tl.store(c_base + (TW2 + BC + offs_r[None, :]) * TW2 + offs_r[:, None], Cv)
+
+
+@triton.jit
+def spec_prep_kda_tok_kernel(
+    q_ptr, k_ptr, g_ptr, beta_ptr, slots_ptr, wpos_ptr, origin_ptr, flush_ptr, kring_ptr, gring_ptr, coef_ptr,
+    x_ptr, wt_ptr,
+    stride_q_b, stride_q_t, stride_q_h, stride_k_b, stride_k_t, stride_k_h, stride_g_b, stride_g_t, stride_g_h,
+    stride_beta_b, stride_beta_t, stride_kr_slot, stride_kr_h, stride_kr_l, stride_gr_slot, stride_gr_h,
+    stride_gr_l, stride_c_slot, stride_c_h, stride_x_slot, stride_x_h, stride_w_slot, stride_w_h,
+    scale, ring_mask,
+    NULL_ID: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, T: tl.constexpr, TW2: tl.constexpr,
+    BC: tl.constexpr, BK: tl.constexpr, USE_L2NORM: tl.constexpr, FP32_DOT: tl.constexpr, DOT: tl.constexpr,
+    LOG2T: tl.constexpr, HB: tl.constexpr, TP: tl.constexpr,
+):
+    """spec_prep_kda_kernel's algebra token-major, for windows of 2T >= 16 rows (T = 8): the keys and the queries
+    in two [TP, K] tiles (TP = next_pow2(T)) that share the sweep's F_t, the solve on [TP, TP] tiles, Z = Cz X as
+    [Zk; Zq], one [HB, 2 TP] history product per block. Half the [2T, K] kernel's registers per tile: the
+    stacked layout spills 244 B at T = 8. Launched on two warps (spec_launch.default_config). AOT Kimi-Linear
+    b512 T8, Triton 3.7.1: sm_90 148 registers, 4,892 SASS a warp on the path, 404.8 us of issue (the K-chunked
+    version before it: one warp, 255, 7,863, 488.0 us); sm_100 152, no spill (that version spilled 36 B).
+    At T = 4 it needs 140 registers (12 warps per SM; capped at 128 it spills 12 B), the stacked kernel 128."""
+    i_b = tl.program_id(0).to(tl.int64)
+    i_kh = tl.program_id(1).to(tl.int64)
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    if slot == NULL_ID:
+        return
+    h = tl.load(wpos_ptr + slot)
+    origin = tl.load(origin_ptr + slot)
+    folds = (tl.load(flush_ptr + slot) != 0) & (h > 0)          # the fold reads this row's weights
+    offs_t = tl.arange(0, TP)                                    # window tokens: key rows t, query rows T + t
+    live_t = offs_t < T
+    ring_t = (origin + h + offs_t) & ring_mask
+    kr_base = kring_ptr + slot * stride_kr_slot + i_kh * stride_kr_h
+    offs_k = _k_offsets(0, BK)
+    mask_k = offs_k < K
+    wmask = live_t[:, None] & mask_k[None, :]
+    Wk = tl.load(k_ptr + i_b * stride_k_b + i_kh * stride_k_h + offs_t[:, None] * stride_k_t + offs_k[None, :],
+                 mask=wmask, other=0.0).to(tl.float32)                               # [TP, BK]
+    Wq = tl.load(q_ptr + i_b * stride_q_b + i_kh * stride_q_h + offs_t[:, None] * stride_q_t + offs_k[None, :],
+                 mask=wmask, other=0.0).to(tl.float32)
+    if USE_L2NORM:
+        Wk = Wk * tl.math.rsqrt(tl.sum(Wk * Wk, 1) + 1e-6)[:, None]
+        Wq = Wq * (scale * tl.math.rsqrt(tl.sum(Wq * Wq, 1) + 1e-6))[:, None]
+    else:
+        Wq = Wq * scale                                                     # w^: the keys k^_t, the queries q^_t
+    tl.store(kr_base + ring_t[:, None] * stride_kr_l + offs_k[None, :], Wk.to(kring_ptr.dtype.element_ty),
+             mask=wmask)
+    offs_c = tl.arange(0, TP)
+    strict = (offs_t[:, None] > offs_c[None, :]) & live_t[:, None]              # c < t: A's entries
+    on_path = (offs_t[:, None] >= offs_c[None, :]) & live_t[:, None]            # c <= s: M's entries
+    eye = tl.where(offs_t[:, None] == offs_c[None, :], 1.0, 0.0)
+    for j in tl.static_range(GROUP):
+        hv = i_kh * GROUP + j
+        g_base = g_ptr + i_b * stride_g_b + hv * stride_g_h
+        gr_base = gring_ptr + slot * stride_gr_slot + hv * stride_gr_h
+        # G_tot first (a sum over the history rows, in-thread, before the window's tiles are live): the state
+        # vectors are stored before the history blocks, so that only Z's split operand stays live through them
+        hmask = (tl.arange(0, BC) < h)[:, None] & mask_k[None, :]
+        hist_rows = (origin + tl.arange(0, BC)) & ring_mask
+        G_tot = tl.sum(tl.load(gr_base + hist_rows[:, None] * stride_gr_l + offs_k[None, :], mask=hmask,
+                               other=0.0), 0)
+        # the decayed Gram matrix by the sweep of the key columns (docstring): key row t and query row t share
+        # F_t = exp(G_t - G_c) (after the sweep exp(G_t)); WWk[t, c] = k^_t . k^_c F_t, WWq[s, c] = q^_s . k^_c F_s
+        WWk = tl.zeros([TP, TP], dtype=tl.float32)
+        WWq = tl.zeros([TP, TP], dtype=tl.float32)
+        F = tl.zeros([TP, BK], dtype=tl.float32) + 1.0
+        for cc in tl.static_range(T):
+            c = T - 1 - cc
+            g_c = tl.load(g_base + c * stride_g_t + offs_k, mask=mask_k, other=0.0)
+            tl.store(gr_base + ((origin + h + c) & ring_mask) * stride_gr_l + offs_k, g_c, mask=mask_k)
+            kF = tl.sum(tl.where((offs_t == c)[:, None], Wk, 0.0), 0)[None, :] * F     # row c: in-thread
+            WWk += tl.where((offs_c == c)[None, :], tl.sum(Wk * kF, 1)[:, None], 0.0)
+            WWq += tl.where((offs_c == c)[None, :], tl.sum(Wq * kF, 1)[:, None], 0.0)
+            F = F * tl.where((offs_t >= c)[:, None], tl.math.exp2(g_c * LOG2E)[None, :], 1.0)
+        Xk = Wk * F                                                         # X_t = exp(G_t) w^_t
+        Xq = Wq * F
+        beta = tl.load(beta_ptr + i_b * stride_beta_b + offs_t * stride_beta_t + hv, mask=live_t, other=0.0)
+        # (I + A)^-1 of the nilpotent A (A^T = 0): (I - A)(I + A^2)(I + A^4).. , ceil(log2 T) factors
+        A = tl.where(strict, beta[:, None] * WWk, 0.0)
+        N = eye - A
+        Ap = A
+        for _ in tl.static_range(LOG2T - 1):
+            Ap = _mm(Ap, Ap, FP32_DOT, TP >= 16)
+            N = N + _mm(N, Ap, FP32_DOT, TP >= 16)
+        Bf = N * beta[None, :]                                              # Cv's key rows
+        Cq = _mm(tl.where(on_path, WWq, 0.0), Bf, FP32_DOT, TP >= 16)       # Cv's query rows, M Bf
+        # Z = Cz X: Cz's key columns are -Cv's, its query columns the identity
+        Zk = tl.zeros([TP, BK], dtype=tl.float32)
+        Zq = Xq
+        for c in tl.static_range(T):
+            x_c = tl.sum(tl.where((offs_t == c)[:, None], Xk, 0.0), 0)[None, :]
+            Zk -= tl.sum(tl.where((offs_c == c)[None, :], Bf, 0.0), 1)[:, None] * x_c
+            Zq -= tl.sum(tl.where((offs_c == c)[None, :], Cq, 0.0), 1)[:, None] * x_c
+        c_base = coef_ptr + slot * stride_c_slot + hv * stride_c_h
+        w_base = wt_ptr + slot * stride_w_slot + hv * stride_w_h
+        decay0 = tl.math.exp2(G_tot * LOG2E)                                   # exp(G_tot)
+        if folds:                                       # the fold's weights: row 0 exp(G_tot), rows 1 + j w_j
+            tl.store(w_base + offs_k, decay0, mask=mask_k)
+        x_ptrs = x_ptr + slot * stride_x_slot + hv * stride_x_h + offs_t[:, None] * K + offs_k[None, :]
+        tl.store(x_ptrs, Zk * decay0[None, :], mask=wmask)
+        tl.store(x_ptrs + T * K, Zq * decay0[None, :], mask=wmask)
+        # one [2 TP, K] operand for the history product: rows (half, t), the key rows then the query rows
+        Zj = tl.reshape(tl.permute(tl.join(Zk, Zq), (2, 0, 1)), (2 * TP, BK))
+        if DOT == "bf16x3":
+            Zh, Zl = split_bf16_trunc(tl.trans(Zj))
+        offs_i = tl.arange(0, 2 * TP)
+        i_col = offs_i % TP + (offs_i // TP) * T                              # Zj's row -> the workspace's i
+        # the history in blocks of HB rows: w_j = exp(G_tot - G_pre_j), G_pre carried across the blocks
+        G_pre = tl.zeros_like(G_tot)
+        for bb in tl.range(0, BC // HB):
+            offs_j = bb * HB + tl.arange(0, HB)
+            rows_j = (origin + offs_j) & ring_mask
+            jmask = (offs_j < h)[:, None] & mask_k[None, :]
+            g_hist = tl.load(gr_base + rows_j[:, None] * stride_gr_l + offs_k[None, :], mask=jmask, other=0.0)
+            w = tl.math.exp2((G_tot - G_pre)[None, :] * LOG2E - tl.cumsum(g_hist, 0) * LOG2E)
+            G_pre += tl.sum(g_hist, 0)
+            if folds:
+                tl.store(w_base + (1 + offs_j[:, None]) * K + offs_k[None, :], w, mask=jmask)
+            Kw = tl.load(kr_base + rows_j[:, None] * stride_kr_l + offs_k[None, :], mask=jmask,
+                         other=0.0).to(tl.float32) * w                              # [HB, BK], 0 past h
+            if DOT == "bf16x3":
+                Kh_, Kl_ = split_bf16_trunc(Kw)
+                Cu = tl.dot(Kl_, Zh, tl.dot(Kh_, Zl, tl.dot(Kh_, Zh)))
+            else:
+                Cu = tl.dot(Kw, tl.trans(Zj), input_precision=DOT)                 # [HB, 2 TP]
+            tl.store(c_base + (TW2 + offs_j[:, None]) * TW2 + i_col[None, :], Cu, mask=(offs_i % TP < T)[None, :])
+        # after the loop (a loop closing the kernel puts its exit inside the loop body: the report's path count)
+        cv_ptrs = c_base + (TW2 + BC + offs_c[None, :]) * TW2 + offs_t[:, None]   # CvT[c, i]: i = t, T + t
+        tl.store(cv_ptrs, Bf, mask=on_path)
+        tl.store(cv_ptrs + T, Cq, mask=on_path)

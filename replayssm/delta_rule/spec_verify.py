@@ -21,9 +21,16 @@ bf16 split of the state, 3 instructions per element) where the window rows are e
 (fp16 inputs, tf32x2); fp32 inputs take FP32_DOT (tf32x3 on sm_80+, ieee in the interpreter). The history product
 is `replay_dot_rhs` (_tl.py: the split on the coefficients, the u rows exact). The mix (P @ CzT, both fp32) is
 FP32_DOT. DOT / UDOT are chosen by the launcher from the window's and the ring's dtype; KDA's state vectors (fp32,
-the precompute's) take "bf16x3" (_tl.bf16x3_dot, both sides split: 3 MMAs) under 16-bit activations, FP32_DOT
+the precompute's) take "bf16x3" (bf16x3_dot below, both sides split: 3 MMAs) under 16-bit activations, FP32_DOT
 under fp32 ones.
 The K chunks are a static loop: every chunk's loads are issued before the first MMA needs them.
+
+MIXED (KDA; the launcher's per-family workspace fact): the precompute has already applied Cz to its x rows
+(x[i] = decay0 sum_r Cz[i, r] X_r, per value head, spec_prep_kda_kernel), so P = S0 x is the mix itself: no
+CzT load, no [BV, TW] x [TW, TW] tf32x3 dot, the history product accumulates onto P in the MMA, and on sm_90 TW
+is the launcher's TW2 (the 2T rows the prep writes: no dot needs 16 columns any more). AOT sm_90 Kimi-Linear b512 T4,
+Triton 3.7.1: 69 registers, 852 SASS on the path, 141.0 us of issue (the CzT dot and _tl.bf16x3_dot's
+round-to-nearest split: 80 registers, 1,123, 185.9 us).
 """
 
 from __future__ import annotations
@@ -31,7 +38,41 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from replayssm.delta_rule._tl import bf16x3_dot, replay_dot_rhs, state_dot
+from replayssm.delta_rule._tl import replay_dot_rhs, split_bf16, split_tf32, state_dot
+
+
+@triton.jit
+def split_bf16_trunc(a):
+    """fp32 a -> (hi, lo) in bf16, a = hi + lo + r: hi = a with its 16 low bits cleared (one LOP3, exact in bf16,
+    |a - hi| < 2^-7 |a|), lo = bf16(a - hi) (a - hi exact in fp32), |r| <= 2^-7 |a - hi| < 2^-14 |a| under any
+    faithful rounding: _tl.split_bf16's bound, for 3 instructions an element where its round-to-nearest hi costs 5
+    (a convert, hi back to fp32, the subtraction, a convert, a pack)."""
+    hi = (a.to(tl.uint32, bitcast=True) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return hi.to(tl.bfloat16), (a - hi).to(tl.bfloat16)
+
+
+@triton.jit
+def _rhs_dot_acc(a, b, acc, DOT: tl.constexpr):
+    """acc + _tl.replay_dot_rhs(a, b, DOT), the product accumulated onto acc in the MMA (no second accumulator)."""
+    if DOT == "bf16x2":
+        hi, lo = split_bf16(b)
+        aa = a.to(tl.bfloat16)
+        return tl.dot(aa, lo, tl.dot(aa, hi, acc))
+    elif DOT == "tf32x2":
+        hi, lo = split_tf32(b)
+        aa = a.to(tl.float32)
+        return tl.dot(aa, lo, tl.dot(aa, hi, acc, input_precision="tf32"), input_precision="tf32")
+    else:
+        return tl.dot(a.to(tl.float32), b, acc, input_precision=DOT)
+
+
+@triton.jit
+def bf16x3_dot(a, b):
+    """a [M, C] fp32 @ b [C, N] fp32, neither exact in a 16-bit type: _tl.bf16x3_dot (ah bh + ah bl + al bh, fp32
+    accumulation, within (3 * 2^-14 + C 2^-24) (|A| @ |B|)) with split_bf16_trunc's cheaper split on both sides."""
+    ah, al = split_bf16_trunc(a)
+    bh, bl = split_bf16_trunc(b)
+    return tl.dot(al, bh, tl.dot(ah, bl, tl.dot(ah, bh)))
 
 
 @triton.jit
@@ -43,7 +84,7 @@ def spec_verify_kernel(
     ring_mask,
     NULL_ID: tl.constexpr, X_GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     TW: tl.constexpr, TW2: tl.constexpr, BC: tl.constexpr, BV: tl.constexpr, BKT: tl.constexpr,
-    FP32_DOT: tl.constexpr, DOT: tl.constexpr, UDOT: tl.constexpr,
+    FP32_DOT: tl.constexpr, DOT: tl.constexpr, UDOT: tl.constexpr, MIXED: tl.constexpr = False,
 ):
     i_v = tl.program_id(0)
     i_b = tl.program_id(1).to(tl.int64)
@@ -80,14 +121,14 @@ def spec_verify_kernel(
 
     window_outputs(P, v_ptr, out_ptr, ubuf_ptr, coef_ptr, i_b, i_hv, h, origin, offs_v, mask_v, stride_v_b,
                    stride_v_t, stride_v_h, stride_o_b, stride_o_t, stride_o_h, stride_u_l, ring_mask,
-                   T, TW, TW2, BC, FP32_DOT, UDOT)
+                   T, TW, TW2, BC, FP32_DOT, UDOT, MIXED)
 
 
 @triton.jit
 def window_outputs(P, v_ptr, out_ptr, ubuf_ptr, coef_ptr, i_b, i_hv, h, origin, offs_v, mask_v, stride_v_b,
                    stride_v_t, stride_v_h, stride_o_b, stride_o_t, stride_o_h, stride_u_l, ring_mask,
                    T: tl.constexpr, TW: tl.constexpr, TW2: tl.constexpr, BC: tl.constexpr, FP32_DOT: tl.constexpr,
-                   UDOT: tl.constexpr):
+                   UDOT: tl.constexpr, MIXED: tl.constexpr):
     """From P = S0 X [BV, TW]: out = P CzT + u_hist CuT + sum_c v_c CvT[c]; columns i < T are the window's u rows
     (stored at ring rows origin + h + i), columns T + s the outputs o_s (ubuf_ptr, coef_ptr: this row's and
     value head's). Shared by the verify and the fold specialization (spec_fold.py)."""
@@ -101,11 +142,14 @@ def window_outputs(P, v_ptr, out_ptr, ubuf_ptr, coef_ptr, i_b, i_hv, h, origin, 
     Uh = tl.load(ubuf_ptr + hist_rows[None, :] * stride_u_l + offs_v[:, None],
                  mask=mask_v[:, None] & (offs_c < h)[None, :], other=0.0)                       # [BV, BC]
     cols = offs_r < TW2
-    CzT = tl.load(coef_ptr + offs_r[:, None] * TW2 + offs_r[None, :], mask=cols[:, None] & cols[None, :],
-                  other=0.0)                                                                     # [TW, TW]
     CuT = tl.load(coef_ptr + (TW2 + offs_c[:, None]) * TW2 + offs_r[None, :], mask=cols[None, :],
                   other=0.0)                                                                     # [BC, TW]
-    out = tl.dot(P, CzT, input_precision=FP32_DOT) + replay_dot_rhs(Uh, CuT, UDOT)
+    if MIXED:
+        out = _rhs_dot_acc(Uh, CuT, P, UDOT)              # X's rows already mixed by Cz (KDA's prep): P = S0 X Cz^T
+    else:
+        CzT = tl.load(coef_ptr + offs_r[:, None] * TW2 + offs_r[None, :], mask=cols[:, None] & cols[None, :],
+                      other=0.0)                                                                 # [TW, TW]
+        out = tl.dot(P, CzT, input_precision=FP32_DOT) + replay_dot_rhs(Uh, CuT, UDOT)
     for c in tl.static_range(T):
         v_c = tl.load(v_ptr + i_b * stride_v_b + c * stride_v_t + i_hv * stride_v_h + offs_v, mask=mask_v,
                       other=0.0).to(tl.float32)

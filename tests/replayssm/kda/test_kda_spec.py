@@ -14,6 +14,7 @@ import triton.language as tl
 from replayssm.checks import NULL_SLOT, interpreter_active
 from replayssm.cpu.ops import supported_dtypes
 from replayssm.delta_rule._tl import split_bf16
+from replayssm.delta_rule.spec_verify import split_bf16_trunc
 from replayssm.geometry import KDAGeometry, get_geometry
 from replayssm.kda import SpecRing, spec_commit, spec_materialize, spec_reset, spec_verify, tree_commit, tree_verify
 from replayssm.kda.inputs import random_state, random_step
@@ -238,18 +239,20 @@ def test_bad_inputs_raise(gen):
     assert (ring.u == 0).all() and (ring.write_pos == 0).all()
 
 
+@pytest.mark.parametrize("backend", ["triton", "triton:verify_fold"])
 @pytest.mark.parametrize("arch", ["90", "100"])
-def test_gpu_tile_table_under_interpreter(arch, gen, monkeypatch):
+def test_gpu_tile_table_under_interpreter(arch, backend, gen, monkeypatch):
     """The GPU launch table under the interpreter: [32, 16] tiles walk K = 48 in three tiles (per-tile history
     weights, per-tile window decays and decay-weighted dots) and V = 40 in two programs, two value heads per key
-    head. Outputs vs the ground truth and cache contents vs torch, over early flushes."""
+    head (verify_fold: the prep's register cap, the verify's TW2-wide state product on sm_90, TW on sm_100).
+    Outputs vs the ground truth and cache contents vs torch, over early flushes."""
     if not interpreter_active():
         pytest.skip("the forced launch table is an interpreter-only check")
     monkeypatch.setenv("REPLAYSSM_TARGET_ARCH", arch)
     gm = KDAGeometry(H=1, HV=2, K=48, V=40)
     ring = make_ring(gm, 2, 4, 2, gen)
     twin = ring.clone()
-    run = SpecRun([ring, twin], ["triton", "torch"], torch.tensor([1, 0], dtype=torch.int32), gen, True)
+    run = SpecRun([ring, twin], [backend, "torch"], torch.tensor([1, 0], dtype=torch.int32), gen, True)
     for _ in range(4):
         run.step(accepted=torch.tensor([2, 2], dtype=torch.int32))
         assert_same_cache(ring, twin, tolerance(F32))
@@ -269,6 +272,7 @@ def test_ring_allocation_bytes():
     (4, 8, KDAGeometry(H=2, HV=4, K=32, V=16), F32, F32, True),
     (2, 4, KDAGeometry(H=1, HV=2, K=24, V=40), F16, F32, False),    # K, V tails
     (3, 8, KDAGeometry(H=2, HV=2, K=16, V=16), F16, F16, True),     # 2T = 6 of 8 rows
+    (8, 16, KDAGeometry(H=1, HV=2, K=16, V=16), F32, F32, True),    # 2T = 16 rows: the solve's tl.dot branch
 ])
 def test_verify_fold_route_matches_ground_truth_and_torch_cache(T, B, gm, act_dtype, state_dtype, use_qk_l2norm,
                                                                 gen):
@@ -311,16 +315,21 @@ def test_spec_route_accepted_and_checked(backend, gen):
 
 
 @triton.jit
-def _split(a_ptr, hi_ptr, lo_ptr, N: tl.constexpr):
+def _split(a_ptr, hi_ptr, lo_ptr, N: tl.constexpr, TRUNC: tl.constexpr):
     offs = tl.arange(0, N)
-    hi, lo = split_bf16(tl.load(a_ptr + offs))
+    if TRUNC:
+        hi, lo = split_bf16_trunc(tl.load(a_ptr + offs))
+    else:
+        hi, lo = split_bf16(tl.load(a_ptr + offs))
     tl.store(hi_ptr + offs, hi.to(tl.float32))
     tl.store(lo_ptr + offs, lo.to(tl.float32))
 
 
-def test_verify_fold_bf16x3_bound(gen):
+@pytest.mark.parametrize("trunc", [False, True])
+def test_verify_fold_bf16x3_bound(trunc, gen):
     """KDA's verify under 16-bit activations multiplies the state by the prep's decayed vectors, neither bf16-exact:
-    _tl.bf16x3_dot splits both (split_bf16, run here in Triton) and keeps ah bh + ah bl + al bh. Within
+    bf16x3 splits both (_tl.split_bf16, or spec_verify.split_bf16_trunc: hi by clearing the low 16 bits, the
+    verify's, the fold's and the KDA prep's split; run here in Triton) and keeps ah bh + ah bl + al bh. Within
     (3 * 2^-14 + C 2^-24) (|A| @ |B|) of A @ B in float64 (the interpreter truncates where the GPU rounds
     to nearest: the bound covers both); the bf16 products are exact in fp32, so they are formed here in float64
     (the interpreter's bf16 tl.dot is not emulated)."""
@@ -331,7 +340,7 @@ def test_verify_fold_bf16x3_bound(gen):
     for shape in ((M, C), (C, N)):
         X = torch.randn(*shape, generator=gen) * torch.exp(torch.randn(*shape, generator=gen) * 3)
         hi, lo = torch.empty_like(X), torch.empty_like(X)
-        _split[(1,)](X.view(-1), hi.view(-1), lo.view(-1), N=X.numel())
+        _split[(1,)](X.view(-1), hi.view(-1), lo.view(-1), N=X.numel(), TRUNC=trunc)
         assert torch.equal(hi.bfloat16().float(), hi) and torch.equal(lo.bfloat16().float(), lo)
         parts.append((X.double(), hi.double(), lo.double()))
     (A, ah, al), (B, bh, bl) = parts
