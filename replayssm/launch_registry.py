@@ -258,6 +258,11 @@ KERNELS: dict[str, KernelSpec] = _declare(
     KernelSpec("gdn_replay_ar_step", "gdn", ("K", "V", "L"), _FOLD, _FOLD_ROUTE, _fold_route_step_space),
     KernelSpec("gdn_replay_ar_fold", "gdn", ("K", "V", "L"), _FOLD, _FOLD_ROUTE, _fold_route_fold_space),
     *_ring_route("gdn"),
+    # its prep's IS_TREE build (tree_verify(route="verify_fold"), issue 35 item 2; the verify and the fold are the
+    # chain's builds): its own entry, as gdn_replay_tree, so a chain entry never reaches a tree; not launched by a
+    # swept step, not tuned yet
+    KernelSpec("gdn_ring_prep_tree", "gdn", ("K", "V", "history", "window"),
+               "replayssm.delta_rule.spec_launch:default_config"),
     *_ring_route("kda"),
     # KDA's builds of the same phases (its own prep kernel; the step and the fold shared with GDN)
     KernelSpec("kda_replay_ar_prep", "kda", ("K", "V", "L"), _FOLD, _FOLD_ROUTE),

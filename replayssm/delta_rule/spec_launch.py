@@ -12,6 +12,14 @@ through this route):
 Commit and reset stay the cursor moves of replayssm/ring_cursors.py. Each launch's config resolves through
 replayssm/launch_table.py under its own name ({gdn,kda}_ring_prep / _ring_verify / _ring_fold; key K, V, history,
 window) with the default rules below.
+A GDN draft tree (replayssm.gdn.tree_verify(route="verify_fold"), parents=...): the same three launches, the prep
+built with IS_TREE (gdn_ring_prep_tree, reading the ancestor bit sets of replayssm.mamba2.spec_kernels.ancestor_bits,
+a few device-side torch ops: no host sync), N <= MAX_TREE_NODES; the commit is replayssm/tree_ring.py's (moves of
+the accepted branch's entries, then the cursors). AOT at Qwen3.5-122B, b512, history 16, fp32 state, bf16
+activations, sm_90, N = 4 (the full binary tree; kernel_report 'gdn.replay_tree[verify_fold]' --spec-T 4 8),
+Triton 3.7.1 / 3.6.0: prep 143 / 144 registers, no spill, occupancy 0.1875, path 3,913 / 3,967, issue 81.0 / 82.1 us
+(the chain's 80.6 / 83.8); the verify and the fold are the chain's kernels (315.8 / 318.7 us, 618.4 / 621.2 us).
+N = 8: prep 168 / 199 registers, no spill, issue 119.2 / 179.0 us. sm_100 builds spill-free as well.
 """
 
 from __future__ import annotations
@@ -25,14 +33,26 @@ from replayssm.delta_rule._tl import key_dot
 from replayssm.delta_rule.spec_fold import spec_fold_kernel
 from replayssm.delta_rule.spec_prep import spec_prep_kda_kernel, spec_prep_kda_tok_kernel, spec_prep_kernel
 from replayssm.delta_rule.spec_verify import spec_verify_kernel
+from replayssm.mamba2.spec_kernels import ancestor_bits
 
 ROUTE = "verify_fold"
 PHASES = ("ring_prep", "ring_verify", "ring_fold")
+# tree_verify(route="verify_fold"): node s's entries go where a chain's token s goes, so the verify and the fold are
+# the chain's builds (every tree fact is in the prep's coefficients) and only the prep is built with IS_TREE. Its
+# window tile stacks 2N rows padded to TW = max(16, next_pow2(2N)): up to N = 8 the chain's [16, K] tile, built
+# without a spill at N 4 and 8 (Qwen3.5-122B, sm_90 / sm_100, Triton 3.7.1 / 3.6.0; kernel_report
+# 'gdn.replay_tree[verify_fold]'). N = 16 doubles it and spills (sm_90, 3.7.1: 255 registers and 368 B on one warp at
+# history 16; 96 B on two warps, 300 B on four at history 32); N = 32, what one int32 bit set per node allows (the
+# fused tree kernel's limit), more.
+MAX_TREE_NODES = 8
 
 
-def kernel_names(per_channel: bool) -> tuple[str, str, str]:
+def kernel_names(per_channel: bool, tree: bool = False) -> tuple[str, str, str]:
+    """The three launches' launch-table names; a tree's prep is its own build (IS_TREE), gdn_ring_prep_tree, so a
+    chain entry never reaches it (as the fused tree kernel's gdn_replay_tree)."""
     family = "kda" if per_channel else "gdn"
-    return tuple(f"{family}_{p}" for p in PHASES)
+    prep, verify, fold = (f"{family}_{p}" for p in PHASES)
+    return (f"{prep}_tree" if tree else prep), verify, fold
 
 
 def default_config(kernel: str, K: int, V: int, arch: int, window: int = 4) -> dict:
@@ -46,6 +66,7 @@ def default_config(kernel: str, K: int, V: int, arch: int, window: int = 4) -> d
     fold (the verify's work and the fold, on the folding rows): [64, 16] chunks over 4 warps (71 registers,
       1,624 SASS: 538 us were every row folding with the weights recomputed in the kernel; reading the prep's:
       82 registers, 618 us; [64, 32] 106 registers 782 us, [32, 32] / 2 warps 1,009 us)."""
+    kernel = kernel.removesuffix("_tree")            # a tree's prep: the chain's rule (the same tiles up to N = 8)
     BK = max(16, next_pow2(K))
     BV = max(16, next_pow2(V))
     if kernel.endswith("_ring_prep"):
@@ -121,12 +142,33 @@ def workspace(ring, TW: int, TW2: int, BC: int, per_channel: bool, x_dtype) -> t
     return cached[1]
 
 
+def check_tree_route(N: int, per_channel: bool) -> None:
+    """A draft tree of N nodes on this route: GDN only (KDA's prep has no ancestor mask yet), N <= MAX_TREE_NODES.
+    Raises ValueError (called before anything is written or launched)."""
+    if per_channel:
+        raise ValueError("tree_verify(route='verify_fold') is not available for KDA yet (its prep kernel, "
+                         "spec_prep_kda_kernel, has no ancestor mask); it is for GDN (replayssm.gdn.tree_verify) and "
+                         "Mamba-2 (replayssm.mamba2.tree_verify); KDA's tree verify takes route='fused'")
+    if N > MAX_TREE_NODES:
+        raise ValueError(f"N={N} > {MAX_TREE_NODES}: route='verify_fold' verifies trees of up to {MAX_TREE_NODES} "
+                         f"nodes (its prep stacks 2N window rows in one tile, spec_launch.MAX_TREE_NODES); "
+                         f"route='fused' verifies trees of up to 32")
+
+
 def launch_verify_fold(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool, slots: torch.Tensor,
-                       out: torch.Tensor, per_channel: bool = False) -> torch.Tensor:
-    """Inputs already validated (replayssm/gdn/spec.py run_spec_verify); slots int32 [batch]."""
+                       out: torch.Tensor, per_channel: bool = False, parents: torch.Tensor | None = None
+                       ) -> torch.Tensor:
+    """Inputs already validated (replayssm/gdn/spec.py run_spec_verify, replayssm/gdn/tree.py run_tree_verify);
+    slots int32 [batch]. With `parents` int32 [batch, N] (N = ring.window <= MAX_TREE_NODES, GDN only): a draft
+    tree's verify, the prep built with IS_TREE reading one int32 ancestor bit set per node [batch, N]."""
     gm, T, batch = ring.geometry, ring.window, q.shape[0]
+    is_tree = parents is not None
+    if is_tree:
+        check_tree_route(T, per_channel)
+    anc = ancestor_bits(parents).contiguous() if is_tree else None      # the prep reads row i_b at i_b * T
     arch, sd = kernel_arch(q.device), ring.state.dtype
-    prep, verify, fold = (config(name, gm, ring.history_len, T, sd, arch) for name in kernel_names(per_channel))
+    prep, verify, fold = (config(name, gm, ring.history_len, T, sd, arch)
+                          for name in kernel_names(per_channel, is_tree))
     TW, TW2, BC = widths(T, ring.history_len)
     x_dtype = torch.float32 if per_channel else q.dtype
     coef, x, wt = workspace(ring, TW, TW2, BC, per_channel, x_dtype)
@@ -152,7 +194,7 @@ def launch_verify_fold(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool
         )
     else:
         spec_prep_kernel[(batch, gm.H)](
-            q, k, g, beta, slots, ring.write_pos, ring.origin, kr, gr, coef, x, wt,
+            q, k, g, beta, slots, ring.write_pos, ring.origin, kr, gr, coef, x, wt, anc,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1), kr.stride(0), kr.stride(1), kr.stride(2), gr.stride(0), gr.stride(1),
             coef.stride(0), coef.stride(1), x.stride(0), x.stride(1), x.stride(2), wt.stride(0), wt.stride(1),

@@ -35,6 +35,18 @@ rows at their zeros.
 The program also appends the window's normalised keys (rounded to the ring's dtype) at ring rows
 (origin + h + s) & (ring_len - 1) of its key head and the window's log decays at those rows of its value heads:
 one writer per address. It reads only history rows, which no launch of the step writes.
+
+Trees (replayssm.gdn.tree_verify(route="verify_fold"), issue 35 item 2): IS_TREE, set when the launcher passes
+anc_ptr (int32 [batch, N], bit c of entry s: node c is an ancestor of s or s itself). Node s's entries go where a
+chain's token s goes, so only the window's masks and gates change, all here: row r's token sees key c iff c is on
+its path (window_path: on_path, and strict for A), G_r is the sum of g over that path and G of key row c is row c's
+own G (the chain's cumsum). Restricted to ancestors A is still strictly lower triangular in topological order and
+nilpotent: A^m[s, c] is a sum over chains of m strict-ancestor steps from s to c, so A^(d + 1) = 0 when no path has
+more than d + 1 nodes (d <= N - 1, the chain's worst case). The chain's ceil(log2 N) factors sum the series up to
+A^(2^ceil(log2 N) - 1), at least A^(N - 1): exact for every tree of N nodes (the depth is a runtime value of each
+row's tree, so the factor count stays N's). The coefficients carry every tree fact: the verify and
+the fold are the chain's builds, and a flush row's fold of the committed history (a chain after the tree commit's
+moves, replayssm/tree_ring.py) is the chain's.
 """
 
 from __future__ import annotations
@@ -59,6 +71,38 @@ def window_rows(origin, h, ring_mask, T: tl.constexpr, TW: tl.constexpr):
 
 
 LOG2E = tl.constexpr(1.4426950408889634)       # exp(x) = exp2(x log2 e)
+
+
+@triton.jit
+def window_path(anc_ptr, anc_row, offs_r, is_k, live, tok, IS_TREE: tl.constexpr):
+    """The window's path masks [TW, TW] (rows r as window_rows stacks them; columns c < T the key rows):
+    on_path[r, c]: window key c is on the path of row r's token (an ancestor of it, or itself); strict[r, c]: the
+    same on a key row r, c != r (where the system's A lives). Chain: c <= tok(r), c < r. IS_TREE (a draft tree
+    of T nodes, tree_verify(route="verify_fold")): bit c of anc[tok(r)], the row's int32 ancestor-or-self bit sets
+    at anc_ptr + anc_row (spec_launch: replayssm/mamba2/spec_kernels.ancestor_bits, [batch, T] contiguous),
+    loaded here; strict ancestors come first in topological order, so strict stays strictly lower triangular.
+    Also returns anc_r [TW] (0 on padding rows; the chain's: tok) for a sweep of the key columns one at a time:
+    path_holds(anc_r, tok, c, IS_TREE) is on_path's column c without the [TW, TW] tile."""
+    if IS_TREE:
+        anc_r = tl.load(anc_ptr + anc_row + tok, mask=live, other=0)
+        col = tl.where(is_k, offs_r, 0)
+        on_path = is_k[None, :] & (((anc_r[:, None] >> col[None, :]) & 1) != 0)
+        strict = on_path & is_k[:, None] & (offs_r[:, None] != offs_r[None, :])
+    else:
+        anc_r = tok
+        on_path = is_k[None, :] & (offs_r[None, :] <= tok[:, None])
+        strict = is_k[:, None] & is_k[None, :] & (offs_r[:, None] > offs_r[None, :])
+    return anc_r, on_path, strict
+
+
+@triton.jit
+def path_holds(anc_r, tok, c, IS_TREE: tl.constexpr):
+    """[TW] bool: the path of row r's token holds window key c (window_path's anc_r; c a static key index)."""
+    if IS_TREE:
+        holds = ((anc_r >> c) & 1) != 0
+    else:
+        holds = c <= tok
+    return holds
 
 
 @triton.jit
@@ -98,16 +142,19 @@ def _window_coefficients(WWd, beta_k, strict, key_block, eye, q_diag, is_k, is_q
     return Cz, Cv
 
 
+# IS_TREE: a draft tree's window (anc_ptr, its ancestor bit sets, given), a fact of the arguments as Mamba-2's
+@triton.heuristics({"IS_TREE": lambda args: args["anc_ptr"] is not None})
 @triton.jit
 def spec_prep_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, slots_ptr, wpos_ptr, origin_ptr, kring_ptr, gring_ptr, coef_ptr, x_ptr, wt_ptr,
+    anc_ptr,
     stride_q_b, stride_q_t, stride_q_h, stride_k_b, stride_k_t, stride_k_h, stride_g_b, stride_g_t,
     stride_beta_b, stride_beta_t, stride_kr_slot, stride_kr_h, stride_kr_l, stride_gr_slot, stride_gr_h,
     stride_c_slot, stride_c_h, stride_x_slot, stride_x_h, stride_x_r, stride_w_slot, stride_w_h,
     scale, ring_mask,
     NULL_ID: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, T: tl.constexpr, TW: tl.constexpr,
     TW2: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, USE_L2NORM: tl.constexpr, FP32_DOT: tl.constexpr,
-    LOG2T: tl.constexpr, XK: tl.constexpr = 32,
+    LOG2T: tl.constexpr, IS_TREE: tl.constexpr, XK: tl.constexpr = 32,
 ):
     i_b = tl.program_id(0).to(tl.int64)
     i_kh = tl.program_id(1).to(tl.int64)
@@ -156,9 +203,8 @@ def spec_prep_kernel(
     tl.store(kring_ptr + slot * stride_kr_slot + i_kh * stride_kr_h + win_rows[:, None] * stride_kr_l
              + offs_k[None, :], kn.to(kring_ptr.dtype.element_ty), mask=is_k[:, None] & mask_k[None, :])
 
-    # on_path[r, c]: key c is on the path of row r's token (the chain: c <= tok(r))
-    on_path = is_k[None, :] & (offs_r[None, :] <= tok[:, None])
-    strict = is_k[:, None] & is_k[None, :] & (offs_r[:, None] > offs_r[None, :])
+    # on_path[r, c]: key c is on the path of row r's token (the chain: c <= tok(r); a tree: its ancestor bit set)
+    _, on_path, strict = window_path(anc_ptr, i_b * T, offs_r, is_k, live, tok, IS_TREE)
     key_block = is_k[:, None] & is_k[None, :]
     eye = tl.where(offs_r[:, None] == offs_r[None, :], 1.0, 0.0)
     q_diag = is_q[:, None] & (offs_r[:, None] == offs_r[None, :])
@@ -172,7 +218,11 @@ def spec_prep_kernel(
         g_hist = tl.load(gring_ptr + slot * stride_gr_slot + hv * stride_gr_h + hist_rows, mask=valid_c, other=0.0)
         decay0, w = replay_weights(g_hist, valid_c, 0)
         G = tl.sum(tl.where(on_path, g_k[None, :], 0.0), 1)               # gate of row r's token from S_h
-        Gk = tl.cumsum(g_k, 0)                                             # ... of key row c, along the columns
+        # ... of key row c along the columns: the chain's prefix sum; a tree's is key row c's own G (its path)
+        if IS_TREE:
+            Gk = tl.sum(tl.where(diag, G[:, None], 0.0), 0)
+        else:
+            Gk = tl.cumsum(g_k, 0)
         eG = tl.exp(G)
         decay = tl.exp(tl.minimum(G[:, None] - Gk[None, :], 0.0))
         # _window_coefficients, written out: called here, Triton 3.7.1 builds it as a call (128 registers, a 32 B

@@ -11,9 +11,10 @@ The commit moves the accepted nodes' (u, k, g) into chain order and advances the
 exactly spec_verify / spec_commit.
 
 Backends: each is the chain verify of replayssm.gdn.spec with the tree's parents: "triton" (spec_kernels.py,
-the verify kernel with IS_TREE; the commit: replayssm/tree_ring.py), "torch" (spec_torch.py), "cpu" (the fused
-C/OpenMP kernel gdn_tree_replay, replayssm/cpu/tree_body.h, N <= 32; its commit is the torch one), "ref"
-(spec_ref.py, float64 path recurrence).
+the verify kernel with IS_TREE, N <= 32; or with route="verify_fold" replayssm/delta_rule/spec_launch.py's prep /
+verify / fold, the prep built with IS_TREE, N <= 8; the commit: replayssm/tree_ring.py), "torch" (spec_torch.py),
+"cpu" (the fused C/OpenMP kernel gdn_tree_replay, replayssm/cpu/tree_body.h, N <= 32; its commit is the torch one),
+"ref" (spec_ref.py, float64 path recurrence).
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from __future__ import annotations
 import torch
 
 from replayssm import tree_ring
-from replayssm.checks import check_backend, check_cache_type, check_ring_format, check_slots
+from replayssm.checks import (
+    check_backend,
+    check_cache_type,
+    check_ring_format,
+    check_slots,
+    check_spec_route,
+    spec_kernel,
+)
+from replayssm.delta_rule.spec_launch import check_tree_route, launch_verify_fold
 from replayssm.gdn import spec_ref, spec_torch
 from replayssm.gdn.ring import SpecRing
 from replayssm.gdn.spec import check_cache_device, check_window, ring_family
@@ -32,7 +41,7 @@ RING_FIELDS = ("u", "k", "g")
 def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                 beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False, *,
                 parents: torch.Tensor, slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                backend: str = "triton") -> torch.Tensor:
+                backend: str = "triton", route: str = "fused") -> torch.Tensor:
     """Outputs of every node of a draft tree from the committed state; the N nodes go into the ring.
 
     Node s's output depends on the committed state and the inputs on its root-to-node path only: the chunked
@@ -51,12 +60,16 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         slots: int32 [batch] (default arange(batch)); NULL_SLOT rows are skipped.
         out: optional [batch, N, HV, V] output in ring.act_dtype.
         backend: "triton" (default, N <= 32), "torch", "cpu" (N <= 32) or "ref".
+        route: the Triton kernels (replayssm.checks.SPEC_ROUTES), as spec_verify's: "fused" (default;
+            spec_kernels.py, the verify kernel with IS_TREE) or "verify_fold" (replayssm/delta_rule/spec_launch.py:
+            the prep built with the ancestor mask, then the chain's verify and fold kernels; N <= 8). The other
+            backends accept both names and compute the same function.
 
     Returns:
         o [batch, N, HV, V] in ring.act_dtype (`out` when given).
 
     Raises:
-        ValueError: bad inputs or parents, before anything is written.
+        ValueError: bad inputs, parents or route (or N > 8 on route "verify_fold"), before anything is written.
 
     Example:
         >>> import torch
@@ -73,16 +86,21 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         (2, 3, 4, 16)
     """
     check_cache_type(ring, SpecRing)
-    return run_tree_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, parents, slots, out, backend, spec_torch)
+    return run_tree_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, parents, slots, out, backend, spec_torch,
+                           route)
 
 
 def run_tree_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, parents, slots, out, backend: str,
-                    torch_forms) -> torch.Tensor:
+                    torch_forms, route: str = "fused") -> torch.Tensor:
     """tree_verify after the family's ring check, for either decay shape: GDN, and KDA (replayssm/kda/tree.py,
     ring.geometry.PER_CHANNEL_DECAY: g [batch, N, HV, K]). `torch_forms`: the family's torch module (its
-    verify_torch with parents)."""
+    verify_torch with parents). `route` is checked here, before anything is written: "verify_fold" is GDN's
+    only (KDA refuses it on every backend until its prep has the ancestor mask), N <= 8 on the Triton backend."""
+    check_spec_route(route)
     per_channel = ring.geometry.PER_CHANNEL_DECAY
-    check_ring_format(ring, backend, f"{ring_family(ring)}.replay_tree")   # plain only on triton / cpu
+    check_ring_format(ring, backend, spec_kernel(ring_family(ring), "replay_tree", route))  # plain only on triton / cpu
+    if route == "verify_fold" and (per_channel or backend == "triton"):
+        check_tree_route(ring.window, per_channel)
     batch, scale = check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend,
                                 per_channel_g=per_channel)
     check_cache_device(ring, q)
@@ -107,6 +125,8 @@ def run_tree_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, parents, slots
         from replayssm.cpu import ops
         ops.gdn_tree_replay(ring, q, k, v, g, beta, scale, bool(use_qk_l2norm), out, slots, parents)
         return out
+    if route == "verify_fold":
+        return launch_verify_fold(*args[:-1], per_channel=per_channel, parents=parents)
     from replayssm.gdn.spec_kernels import verify_triton
 
     return verify_triton(*args[:-1], parents=parents, per_channel=per_channel)

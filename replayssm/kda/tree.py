@@ -7,7 +7,9 @@ Node s's output depends on S_h and the inputs on its root-to-node path only: the
 replayssm.kda.spec_torch restricted to ancestors, with G_s the per-channel sum of g over s's path. The commit
 moves the accepted nodes' (u, k, g) into chain order (replayssm/tree_ring.py), never a state.
 Backends: "triton" (the verify kernel with IS_TREE and PER_CHANNEL), "torch", "ref" (float64 path recurrence);
-"cpu" (GDN's C tree verify, per-channel mode, N <= 32).
+"cpu" (GDN's C tree verify, per-channel mode, N <= 32). Route "fused" only: route="verify_fold" (GDN's and
+Mamba-2's prep / verify / fold tree) raises ValueError until KDA's prep, spec_prep_kda_kernel, has the ancestor
+mask (replayssm/delta_rule/spec_prep.py window_path / path_holds).
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ RING_FIELDS = ("u", "k", "g")
 def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                 beta: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = False, *,
                 parents: torch.Tensor, slots: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                backend: str = "triton") -> torch.Tensor:
+                backend: str = "triton", route: str = "fused") -> torch.Tensor:
     """Outputs of every node of a draft tree from the committed state; the N nodes go into the ring.
 
     Args: as replayssm.gdn.tree_verify, with g [batch, N, HV, K] float32 (per key channel).
         parents: int32 [batch, N] or [N]: parents[0] = -1, parents[s] < s.
         backend: "triton" (default, N <= 32), "torch", "cpu" (N <= 32) or "ref".
+        route: "fused" (default); "verify_fold" raises ValueError on every backend (GDN and Mamba-2 have it).
 
     Returns:
         o [batch, N, HV, V] in ring.act_dtype.
@@ -50,7 +53,8 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         (2, 3, 4, 16)
     """
     check_cache_type(ring, SpecRing)
-    return run_tree_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, parents, slots, out, backend, spec_torch)
+    return run_tree_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, parents, slots, out, backend, spec_torch,
+                           route)
 
 
 def tree_commit(ring: SpecRing, path: torch.Tensor, num_accepted: torch.Tensor, slots: torch.Tensor | None = None,

@@ -272,16 +272,18 @@ def _first_branch(parents: list[int]) -> list[int]:
     return path
 
 
-def tree_recipe(family: str, route: str | None = None, parents: list[int] | None = None) -> Callable:
+def tree_recipe(family: str, route: str | None = None, parents: list[int] | str | None = None) -> Callable:
     """Tree speculation (replayssm.<family>.tree): a ring with window N = 15 (the full 2-ary tree; every swept
     tree has N <= 16, so the same BLOCK_T = 16 tiles), one plain row and one flush row -> tree_verify ->
     tree_commit of a depth-4 branch (the move and cursor kernels). `route` is tree_verify's (None: its default);
-    `parents` another tree (default TREE_PARENTS; its first branch is committed)."""
-    module = f"replayssm.{family}.tree"
-    tree = TREE_PARENTS if parents is None else parents
-    branch = _first_branch(tree)
+    `parents` another tree (default TREE_PARENTS; its first branch is committed), or "window": the full 2-ary
+    tree of the point's window (--spec-T) nodes, for a route whose tiles follow N."""
 
     def run(geom, device, state_dtype):
+        module = f"replayssm.{family}.tree"
+        tree = (TREE_PARENTS if parents is None else
+                [-1] + [(s - 1) // 2 for s in range(1, POINT.window)] if parents == "window" else parents)
+        branch = _first_branch(tree)
         verify, commit = public(module, "tree_verify"), public(module, "tree_commit")
         Ring = public(f"replayssm.{family}", "SpecRing")
         N = len(tree)
@@ -303,6 +305,9 @@ RECIPES += [
     # the tree on the prep / verify / fold route (replayssm/mamba2/spec_verify_fold.py, IS_TREE): issue 35 item 2
     Recipe("mamba2.replay_tree[verify_fold]", "mamba2", tree_recipe("mamba2", "verify_fold"), ar=False),
     Recipe("gdn.replay_tree", "gdn", tree_recipe("gdn"), ar=False),
+    # the tree on the ring verify's prep / verify / fold route (replayssm/delta_rule/, the prep with IS_TREE): issue
+    # 35 item 2; its prep's tiles follow N (2N window rows), so built at the point's window, N = T
+    Recipe("gdn.replay_tree[verify_fold]", "gdn", tree_recipe("gdn", "verify_fold", parents="window"), ar=False),
     # KDA (replayssm.kda): GDN's kernels with PER_CHANNEL set, built at Kimi-Linear's geometry
     Recipe("kda.replay", "kda", replay_ar_recipe("kda", "replayssm.kda.cache"), ar=True),      # output-only
     Recipe("kda.replay[state_and_output]", "kda",
