@@ -13,10 +13,11 @@ State formats (replayssm/state_format.py): a bare tensor is float32 / float16 / 
 FormattedState carries any format (float16_sr, bfloat16_sr, int8, float8_e4m3fn on torch / ref: the step runs on
 a float working copy of the live rows and writes the state back by the format's rule, every step). On Triton the
 kernel writes float16_sr / bfloat16_sr itself: its store goes through stochastic_rounding.sr_round with key
-(sr_seed, sr_step[slot]) and counter (slot, the element's flat index in the slot's [HV, V, K] block), the bits of
-the torch / ref write, and a one-program launch after it advances the live rows' sr_step on the device (no host
-state per step: graph-capturable). int8 / e4m3 stay torch / ref: the per-(slot, head) scale is an absmax across
-the head's V-tile programs, a reduction the one-pass tile write cannot take.
+(sr_seed, sr_step[slot]) and the element's flat index in the slot's [HV, V, K] block (one Philox call per 4
+elements along K when K % 4 == 0), the bits of the torch / ref write, and a one-program launch after it advances
+the live rows' sr_step on the device (no host state per step: graph-capturable). int8 / e4m3 stay torch / ref:
+the per-(slot, head) scale is an absmax across the head's V-tile programs, a reduction the one-pass tile write
+cannot take.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from replayssm.gdn.decode import check_step_inputs
 from replayssm.gdn.decode_torch import fold_into_state_, prepare_qk_fp32, state_times
 from replayssm.gdn.ref import gdn_step_ref
 from replayssm.state_format import formatted_work, unwrap_state
-from replayssm.stochastic_rounding import sr_counter, sr_key, sr_round
+from replayssm.stochastic_rounding import sr_key, sr_round
 
 
 @dataclass(frozen=True)
@@ -125,10 +126,10 @@ def _gdn_recurrent_step_kernel(
     u = beta * (v - tl.sum(S * k[None, :], 1))
     S = S + u[:, None] * k[None, :]
     o = tl.sum(S * q[None, :], 1)
-    if SR:                                      # the slot's element index: (hv, v, k) of its [HV, V, K] block
-        elem = i_hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
+    if SR:                                      # each row's first element index: (hv, v, 0) of its [HV, V, K] block
+        first = i_hv * (V * K) + offs_v * K
         key = sr_key(sr_seed, tl.load(sr_step_ptr + slot))
-        tl.store(s_ptrs, sr_round(S, key, sr_counter(slot, elem), state_ptr.dtype.element_ty)
+        tl.store(s_ptrs, sr_round(S, key, slot, first, state_ptr.dtype.element_ty, ALIGNED=K % 4 == 0)
                  .to(state_ptr.dtype.element_ty), mask=s_mask)
     else:
         tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from replayssm import launch_registry, launch_table
 from replayssm.checks import kernel_arch, next_pow2
-from replayssm.stochastic_rounding import sr_counter, sr_key, sr_round
+from replayssm.stochastic_rounding import sr_key, sr_round
 
 MAX_DSTATE = 256  # dstate is held whole in one tile row; beyond this the tile would spill
 
@@ -119,9 +119,10 @@ def ssu_ar_kernel(
     state [num_slots, nheads, headdim, dstate]; x, z, out [batch, nheads, headdim]; dt [batch, nheads];
     B, C [batch, ngroups, dstate]; A, D, dt_bias [nheads]; slots [batch] int32.
     SR (sr_step_ptr given: a float16_sr / bfloat16_sr state): the store goes through stochastic_rounding.sr_round
-    with key (sr_seed, sr_step[slot]) and counter (slot, the element's flat index in the slot's [nheads, headdim,
-    dstate] block), the torch / ref write's bits; y is read from the unrounded S, as there. The caller advances
-    sr_step after the launch (delta_rule/ar_fold.py's sr_advance_kernel)."""
+    with key (sr_seed, sr_step[slot]) and the element's flat index in the slot's [nheads, headdim, dstate] block
+    (one Philox call per 4 elements along dstate when DSTATE % 4 == 0), the torch / ref write's bits; y is read
+    from the unrounded S, as there. The caller advances sr_step after the launch (delta_rule/ar_fold.py's
+    sr_advance_kernel)."""
     pid_m = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     h = tl.program_id(2).to(tl.int64)
@@ -146,9 +147,9 @@ def ssu_ar_kernel(
 
     S = S * decay + (dt * x)[:, None] * Bv[None, :]
     if SR:
-        elem = h * (HEADDIM * DSTATE) + offs_m[:, None] * DSTATE + offs_n[None, :]
+        first = h * (HEADDIM * DSTATE) + offs_m * DSTATE                     # each row's first element index
         key = sr_key(sr_seed, tl.load(sr_step_ptr + slot))
-        tl.store(s_ptrs, sr_round(S, key, sr_counter(slot, elem), state_ptr.dtype.element_ty)
+        tl.store(s_ptrs, sr_round(S, key, slot, first, state_ptr.dtype.element_ty, ALIGNED=DSTATE % 4 == 0)
                  .to(state_ptr.dtype.element_ty), mask=mask)
     else:
         tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=mask)

@@ -5,16 +5,29 @@ under round-to-nearest (RN): a slowly decaying or slowly growing state stalls, a
 noise. SR rounds x up to its upper neighbour with probability (x - lo) / (hi - lo), so E[SR(x)] = x exactly and
 the per-step errors are zero-mean and independent, growing like sqrt(steps) instead of steps.
 
-Random bits: one uint32 per element from Triton's Philox4x32-10 (`tl.randint`), a pure function of
-    key     = (seed, step)            64 bits: low word the 32-bit seed, high word the step (mod 2^32)
-    counter = (element index, slot)   64 bits: low word the flat index inside the slot's [nheads, ...] block,
-                                      high word the cache slot id
-so two slots, two steps or two elements never share a (key, counter) pair, the draws are reproducible from
-the seed, and they do not depend on which row of a batch carries the slot. The step lives in the key, not the
-counter: a 64-bit counter cannot hold a 32-bit slot, a 32-bit element index and a step without wrapping. There
-is no host state per step: the step is read from a device tensor ([] or per slot [slots], e.g. derived from the
-cache's cursor) inside the kernel, so a captured CUDA graph replays with fresh draws. (A Python int step is
-accepted for convenience and copied to a tensor per call: not capturable.)
+Random bits: one uint32 per element from Triton's Philox4x32-10 (`tl.randint4x`, 10 rounds), a pure function of
+    key     = (seed, step)          64 bits: low word the 32-bit seed, high word the step (mod 2^32)
+    counter = (e >> 2, slot)        64 bits: low word the element's group of four (e: its flat index inside the
+                                    slot's [nheads, ...] block, < 2^31), high word the cache slot id
+and element e takes output word e mod 4 of its group's call (element 4i + j: word j of counter i). One call thus
+feeds four consecutive elements, where tl.randint spends a whole call on one element and drops three words.
+Using all four words is how Philox is meant to be consumed (a 4 x 32-bit block per counter, as tl.randint4x,
+curand and Random123 hand them out; the BigCrush results of Salmon et al. are for that whole-block stream), so
+the draws stay uniform and independent-looking. Two slots, two steps or two elements never share a (key,
+counter, word) triple, the draws are reproducible from the seed, and they do not depend on which row of a batch
+carries the slot. The step lives in the key, not the counter: a 64-bit counter cannot hold a 32-bit slot, a
+32-bit element index and a step without wrapping. There is no host state per step: the step is read from a
+device tensor ([] or per slot [slots], e.g. derived from the cache's cursor) inside the kernel, so a captured
+CUDA graph replays with fresh draws. (A Python int step is accepted for convenience and copied to a tensor per
+call: not capturable.) The torch reference (philox_words / sr_round_torch) and the C backend
+(replayssm/cpu/kernels.c) draw the same bits.
+
+What a kernel needs for one call per four elements (sr_round / sr_draws with ALIGNED): the tile's last dim runs
+along the slot's unit-stride axis (the state's K / dstate) and is a multiple of 4 wide, and every tile row starts
+on a flat index that is a multiple of 4 (a row length and a tile offset that are multiples of 4: every call site
+and production geometry). Draws are then made on a tile a quarter as wide and interleaved back. A caller that
+cannot promise the alignment (a row length not a multiple of 4) passes ALIGNED=False: each element then runs its
+own group's call and keeps its word, the same bits at one call per element.
 
 Rounding, with r the element's uint32 draw and x first made finite (the guard below):
   bf16  integer add on the fp32 bit pattern: bits' = (|x|bits + (r & 0xFFFF)) & ~0xFFFF. The low 16 bits are
@@ -60,24 +73,51 @@ def sr_key(seed, step):
 
 
 @triton.jit
-def sr_counter(slot, elem):
-    """The Philox counter (tl.randint's int64 offset) of elements `elem` of cache slot `slot`."""
-    return (slot.to(tl.int64) << 32) | (elem.to(tl.int64) & 0xFFFFFFFF)
+def sr_counter(slot, group):
+    """The Philox counter (tl.randint4x's int64 offset) of element group `group` (flat index >> 2) of cache slot
+    `slot`: its four output words are the draws of elements 4 group .. 4 group + 3."""
+    return (slot.to(tl.int64) << 32) | (group.to(tl.int64) & 0xFFFFFFFF)
 
 
 @triton.jit
-def _sr_bits(key, offsets):
-    """One uint32 draw per offset, widened to int64 (a separate function so a test can swap it for a mutant)."""
-    return tl.randint(key, offsets).to(tl.int64)
+def _sr_words(key, counters):
+    """The four uint32 Philox words at each counter (a separate function so a test can swap it for a mutant)."""
+    return tl.randint4x(key, counters)
 
 
 @triton.jit
-def sr_round(x, key, offsets, DTYPE: tl.constexpr):
-    """Stochastically round fp32 `x` to DTYPE (tl.float16 / tl.bfloat16) with the draws at (key, offsets).
+def sr_draws(key, slot, first, COLS: tl.constexpr, ALIGNED: tl.constexpr):
+    """The uint32 draws of a [R, COLS] tile whose row r holds the slot's elements first[r] .. first[r] + COLS - 1
+    (first: [R] int). ALIGNED (the caller's promise: every first[r] is a multiple of 4) and COLS a multiple of 4:
+    one Philox call per 4 elements on a [R, COLS / 4] tile, its words interleaved back, so out[r, 4i + j] is
+    word j of group first[r] / 4 + i. Where the tile being rounded is in a blocked layout with 4 consecutive
+    columns per thread (the baselines' steps) the interleave only regroups registers; where it comes out of an
+    MMA (the folds: 2 columns per thread) the compiler moves the draws into its layout through shared memory, a
+    few STS / LDS per tile, far less than the three Philox calls per 4 elements it saves. Otherwise (not
+    ALIGNED) the same bits with one call per element, each keeping word (e mod 4)."""
+    if ALIGNED and COLS % 4 == 0:
+        group = (first >> 2)[:, None] + tl.arange(0, COLS // 4)[None, :]
+        r0, r1, r2, r3 = _sr_words(key, sr_counter(slot, group))
+        # interleave(a, b)[2i] = a[i], [2i + 1] = b[i]: twice gives out[4i + j] = r_j[i]
+        r = tl.interleave(tl.interleave(r0, r2), tl.interleave(r1, r3))
+    else:
+        elem = first[:, None] + tl.arange(0, COLS)[None, :]
+        r0, r1, r2, r3 = _sr_words(key, sr_counter(slot, elem >> 2))
+        w = elem & 3
+        r = tl.where(w == 0, r0, tl.where(w == 1, r1, tl.where(w == 2, r2, r3)))
+    return r.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def sr_round(x, key, slot, first, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
+    """Stochastically round fp32 `x` [R, C] to DTYPE (tl.float16 / tl.bfloat16): row r holds the slot's elements
+    first[r] .. first[r] + C - 1 (first [R] int: the flat index of the row's first element in the slot's block),
+    drawn with key `key` and slot `slot`; ALIGNED: every first[r] is a multiple of 4 (sr_draws).
 
     Returns fp32 values exactly representable in DTYPE (store them into a DTYPE pointer: the conversion is
-    exact), finite whatever `x` holds. Method and guard: see the module docstring."""
-    r = _sr_bits(key, offsets)
+    exact), finite whatever `x` holds. Method and guard: see the module docstring. The draws and the rounding
+    stay in 32-bit integers: r, the bf16 sum (< 2^31) and the fp16 threshold (< 2^32) all fit."""
+    r = sr_draws(key, slot, first, x.shape[1], ALIGNED)
     bits = x.to(tl.int32, bitcast=True)
     sign = bits & -0x80000000
     mag = bits & 0x7FFFFFFF
@@ -86,7 +126,7 @@ def sr_round(x, key, offsets, DTYPE: tl.constexpr):
     mag = tl.where(nan, 0, mag)
     if DTYPE == tl.bfloat16:
         mag = tl.minimum(mag, 0x7F7F0000)                                    # inf / beyond max -> max
-        mag = ((mag.to(tl.int64) + (r & 0xFFFF)) & 0x7FFF0000).to(tl.int32)
+        mag = (mag + (r & 0xFFFF).to(tl.int32, bitcast=True)) & 0x7FFF0000  # <= 0x7F7FFFFF: no overflow
         y = sign | mag
     else:
         tl.static_assert(DTYPE == tl.float16, "sr_round: DTYPE must be tl.float16 or tl.bfloat16")
@@ -97,7 +137,7 @@ def sr_round(x, key, offsets, DTYPE: tl.constexpr):
         inv_ulp = ((254 - e_ulp) << 23).to(tl.float32, bitcast=True)
         t = a * inv_ulp                                                      # < 2^11, exact
         lo = t.to(tl.int32).to(tl.float32)                                   # floor (t >= 0)
-        threshold = ((t - lo) * 4294967296.0).to(tl.int64)                   # frac * 2^32
+        threshold = ((t - lo) * 4294967296.0).to(tl.uint32)                  # frac * 2^32 < 2^32
         q = lo + tl.where(r < threshold, 1.0, 0.0)
         y = sign | (q * ulp).to(tl.int32, bitcast=True)
     return y.to(tl.float32, bitcast=True)
@@ -109,13 +149,14 @@ def _stochastic_round_kernel(x_ptr, out_ptr, slot_ptr, step_ptr, step_stride, se
     """Grid (rows, cdiv(N, BLOCK)): row `row` of x [rows, N] fp32 -> out [rows, N] (DTYPE, or its int16 bit
     pattern when AS_BITS: the interpreter has no bf16 arithmetic, and a bit store is exact on GPU too)."""
     row = tl.program_id(0)
-    elem = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    first = tl.program_id(1) * BLOCK + tl.zeros([1], dtype=tl.int32)       # one [1, BLOCK] row: aligned
+    elem = first[:, None] + tl.arange(0, BLOCK)[None, :]
     mask = elem < N
     slot = tl.load(slot_ptr + row)
     step = tl.load(step_ptr + row * step_stride)
     base = row.to(tl.int64) * N
     x = tl.load(x_ptr + base + elem, mask=mask, other=0.0)
-    y = sr_round(x, sr_key(seed, step), sr_counter(slot, elem), DTYPE)
+    y = sr_round(x, sr_key(seed, step), slot, first, DTYPE, ALIGNED=True)
     if AS_BITS:
         y = (y.to(tl.int32, bitcast=True) >> 16).to(tl.int16)
     tl.store(out_ptr + base + elem, y, mask=mask)
@@ -177,12 +218,12 @@ def _mul32(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     return mid >> 16, ((mid & 0xFFFF) << 16) | (p_lo & 0xFFFF)
 
 
-def philox_bits(seed: int, slot, step, elem: torch.Tensor) -> torch.Tensor:
-    """The uint32 draws (as int64) that sr_round uses at (seed, slot, step, elem): Philox4x32-10 with key
-    (seed, step mod 2^32) and counter (elem, slot, 0, 0), word 0 of the output, as tl.randint defines it.
-    slot, step: ints or int tensors broadcastable against elem."""
-    as_t = lambda v: torch.as_tensor(v, dtype=torch.int64, device=elem.device) & U32
-    c0, c1 = elem.to(torch.int64) & U32, as_t(slot)
+def philox_words(seed: int, slot, step, group: torch.Tensor) -> torch.Tensor:
+    """The four uint32 Philox4x32-10 output words (as int64, stacked on a new last dim) at key (seed, step mod
+    2^32) and counter (group, slot, 0, 0), as tl.randint4x defines them. slot, step: ints or int tensors
+    broadcastable against group."""
+    as_t = lambda v: torch.as_tensor(v, dtype=torch.int64, device=group.device) & U32
+    c0, c1 = group.to(torch.int64) & U32, as_t(slot)
     c0, c1 = torch.broadcast_tensors(c0, c1)
     c2 = c3 = torch.zeros_like(c0)
     k0, k1 = as_t(seed), as_t(step)
@@ -191,7 +232,16 @@ def philox_bits(seed: int, slot, step, elem: torch.Tensor) -> torch.Tensor:
         hi_b, lo_b = _mul32(c2, _MUL_B)
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
         k0, k1 = (k0 + _KEY_A) & U32, (k1 + _KEY_B) & U32
-    return c0
+    return torch.stack((c0, c1, c2, c3), dim=-1)
+
+
+def philox_bits(seed: int, slot, step, elem: torch.Tensor) -> torch.Tensor:
+    """The uint32 draws (as int64) that sr_round uses at (seed, slot, step, elem): word elem mod 4 of
+    philox_words at group elem >> 2 (elem taken mod 2^32). slot, step: ints or int tensors broadcastable
+    against elem."""
+    e = elem.to(torch.int64) & U32
+    words = philox_words(seed, slot, step, e >> 2)
+    return words.gather(-1, (e & 3).expand(words.shape[:-1]).unsqueeze(-1)).squeeze(-1)
 
 
 def sr_round_torch(x: torch.Tensor, seed: int, slot, step, dtype: torch.dtype) -> torch.Tensor:
@@ -205,8 +255,11 @@ def sr_round_torch(x: torch.Tensor, seed: int, slot, step, dtype: torch.dtype) -
     else:
         flat, slot_col, step_col = x32.reshape(x32.shape[0], -1), slot, torch.as_tensor(step).reshape(-1)
     dev = x.device
-    elem = torch.arange(flat.shape[1], dtype=torch.int64, device=dev)[None, :]
-    r = philox_bits(seed, slot_col.to(dev, torch.int64)[:, None], step_col.to(dev, torch.int64)[:, None], elem)
+    n = flat.shape[1]
+    group = torch.arange((n + 3) // 4, dtype=torch.int64, device=dev)[None, :]
+    words = philox_words(seed, slot_col.to(dev, torch.int64)[:, None], step_col.to(dev, torch.int64)[:, None],
+                         group)                                          # [slots, groups, 4]: element 4 g + j
+    r = words.reshape(words.shape[0], -1)[:, :n]
     bits = flat.view(torch.int32).to(torch.int64)
     sign, mag = bits & ~0x7FFFFFFF, bits & 0x7FFFFFFF
     nan = mag > FP32_INF_BITS

@@ -138,9 +138,11 @@ static inline void kda_weight_key(float *kj, float *run, const float *gj, const 
 
 /* Stochastic rounding (SR) of the fp32 value a kernel stores into a float16_sr / bfloat16_sr state: the C form of
  * replayssm/stochastic_rounding.py, bit for bit (sr_round_torch is the reference; tests/replayssm/test_cpu_sr_state.py
- * checks it). One uint32 draw per element, word 0 of Philox4x32-10 (Salmon et al. 2011) with
+ * checks it). One uint32 draw per element: element e takes output word e mod 4 of Philox4x32-10 (Salmon et al. 2011)
+ * at counter group e >> 2, one call feeding four consecutive elements (the mapping of the Triton kernels, which use
+ * all four words of tl.randint4x), with
  *   key     (k0, k1) = (seed, step)          step: the slot's write counter sr_step[slot], mod 2^32
- *   counter (c0, c1, c2, c3) = (element, slot, 0, 0)   element: the flat index in the slot's [heads, a, b] block
+ *   counter (c0, c1, c2, c3) = (e >> 2, slot, 0, 0)   e: the flat index in the slot's [heads, a, b] block (uint32)
  * Ten rounds, each (c0, c1, c2, c3) <- (hi(B c2) ^ c1 ^ k0, lo(B c2), hi(A c0) ^ c3 ^ k1, lo(A c0)) with
  * A = 0xD2511F53, B = 0xCD9E8D57 and 32 x 32 -> 64-bit products, then the key bumped by the Weyl constants
  * (0x9E3779B9, 0xBB67AE85). Rounding of x (NaN -> +0, |x| clamped to the format's largest finite value first):
@@ -158,16 +160,18 @@ static inline void kda_weight_key(float *kj, float *run, const float *gj, const 
 #define SR_BF16 2
 typedef struct { uint32_t seed, step, slot, mask; int fmt; } sr_ctx;
 
-static inline uint32_t philox_word0(uint32_t c0, uint32_t c1, uint32_t k0, uint32_t k1)
+/* the draw of element e: word e mod 4 of the call at counter (e >> 2, slot) */
+static inline uint32_t philox_draw(uint32_t e, uint32_t c1, uint32_t k0, uint32_t k1)
 {
-    uint32_t c2 = 0, c3 = 0;
+    uint32_t c0 = e >> 2, c2 = 0, c3 = 0;
     for (int i = 0; i < 10; i++) {
         const uint64_t pa = (uint64_t)c0 * 0xD2511F53u, pb = (uint64_t)c2 * 0xCD9E8D57u;
         const uint32_t n0 = (uint32_t)(pb >> 32) ^ c1 ^ k0, n2 = (uint32_t)(pa >> 32) ^ c3 ^ k1;
         c1 = (uint32_t)pb; c3 = (uint32_t)pa; c0 = n0; c2 = n2;
         k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
     }
-    return c0;
+    const uint32_t w[4] = {c0, c1, c2, c3};
+    return w[e & 3];
 }
 /* the 16-bit pattern SR stores for fp32 bits u with draw r (fmt SR_F16 or SR_BF16): the scalar form */
 static inline uint16_t sr_bits16(uint32_t u, uint32_t r, int fmt)
@@ -186,11 +190,12 @@ static inline uint16_t sr_bits16(uint32_t u, uint32_t r, int fmt)
     const uint32_t q = lo + (r < thr);
     return (uint16_t)((((E > 113 ? E : 113) - 113) << 10) + q) | (uint16_t)(sign >> 16);
 }
-/* The same for 8 elements at once. The even and the odd elements run as two sets of 4 uint64 lanes, a 32-bit
- * word in the low half of each, so every 32 x 32 -> 64-bit product is one lane multiply (vpmuludq on x86; its
- * high word is the product >> 32, its low word the lane as is) and no lane moves until the end. High halves may
- * hold garbage (a product's high word, xored on): the multiply reads only the low halves, and so does the output.
- * Two independent chains also hide the multiply's latency; a lane-by-lane loop ran ~16 ns per element here. */
+/* The draws of 8 consecutive elements e .. e + 7 at once: they span the four-word groups of elements (e & ~3) + 4 l,
+ * l = 0, 1, 2 (two when e is a multiple of 4, as every kernel row is), each one call, run as the 4 uint64 lanes of
+ * one vector chain, a 32-bit word in the low half of each lane, so every 32 x 32 -> 64-bit product is one lane
+ * multiply (vpmuludq on x86; its high word is the product >> 32, its low word the lane as is) and no lane moves
+ * until the end. High halves may hold garbage (a product's high word, xored on): the multiply reads only the low
+ * halves, and so does the output. The group index is taken after the add (mod 2^32), so the groups wrap as e does. */
 typedef uint64_t v4u64 __attribute__((vector_size(32)));
 static inline v8u32 v8u32_set1(uint32_t a) { return (v8u32){a, a, a, a, a, a, a, a}; }
 static inline v4u64 mul32x4(v4u64 a, uint32_t m)
@@ -201,27 +206,27 @@ static inline v4u64 mul32x4(v4u64 a, uint32_t m)
     return (a & 0xFFFFFFFFu) * (uint64_t)m;
 #endif
 }
-static inline v8u32 philox8(uint32_t e0, uint32_t slot, uint32_t k0, uint32_t k1)
+static inline v8u32 philox8(uint32_t e, uint32_t slot, uint32_t k0, uint32_t k1)
 {
-    v4u64 c0[2], c1[2], c2[2] = {{0}, {0}}, c3[2] = {{0}, {0}};
-    for (int h = 0; h < 2; h++) {
-        c0[h] = (v4u64){(uint32_t)(e0 + h), (uint32_t)(e0 + h + 2), (uint32_t)(e0 + h + 4), (uint32_t)(e0 + h + 6)};
-        c1[h] = (v4u64){slot, slot, slot, slot};
-    }
+    const uint32_t a = e & ~3u;
+    v4u64 c0 = {(a >> 2), (uint32_t)(a + 4) >> 2, (uint32_t)(a + 8) >> 2, 0}, c1 = {slot, slot, slot, slot};
+    v4u64 c2 = {0, 0, 0, 0}, c3 = {0, 0, 0, 0};
     for (int i = 0; i < 10; i++) {
-        for (int h = 0; h < 2; h++) {
-            const v4u64 pa = mul32x4(c0[h], 0xD2511F53u), pb = mul32x4(c2[h], 0xCD9E8D57u);
-            c0[h] = (pb >> 32) ^ c1[h] ^ (uint64_t)k0;
-            c2[h] = (pa >> 32) ^ c3[h] ^ (uint64_t)k1;
-            c1[h] = pb;
-            c3[h] = pa;
-        }
+        const v4u64 pa = mul32x4(c0, 0xD2511F53u), pb = mul32x4(c2, 0xCD9E8D57u);
+        c0 = (pb >> 32) ^ c1 ^ (uint64_t)k0;
+        c2 = (pa >> 32) ^ c3 ^ (uint64_t)k1;
+        c1 = pb;
+        c3 = pa;
         k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
     }
-    v8u32 e, o;
-    memcpy(&e, &c0[0], sizeof e);
-    memcpy(&o, &c0[1], sizeof o);
-    return __builtin_shufflevector(e, o, 0, 8, 2, 10, 4, 12, 6, 14);
+    uint32_t w[12];                                  /* w[4 l + j]: word j of group l */
+    for (int l = 0; l < 3; l++) {
+        w[4 * l] = (uint32_t)c0[l]; w[4 * l + 1] = (uint32_t)c1[l];
+        w[4 * l + 2] = (uint32_t)c2[l]; w[4 * l + 3] = (uint32_t)c3[l];
+    }
+    v8u32 r;
+    memcpy(&r, w + (e & 3), sizeof r);
+    return r;
 }
 /* sr_bits16 below on 8 lanes (comparisons are lane masks: -1 true, 0 false) */
 static inline v8u32 v8u32_sel(v8i32 m, v8u32 a, v8u32 b) { return ((v8u32)m & a) | (~(v8u32)m & b); }
@@ -263,7 +268,7 @@ static inline void sr_store1(void *p, float v, const sr_ctx *c, uint32_t e)
 {
     uint32_t u;
     memcpy(&u, &v, 4);
-    const uint16_t h = sr_bits16(u, philox_word0(e, c->slot, c->seed, c->step) & c->mask, c->fmt);
+    const uint16_t h = sr_bits16(u, philox_draw(e, c->slot, c->seed, c->step) & c->mask, c->fmt);
     memcpy(p, &h, 2);
 }
 
@@ -289,7 +294,7 @@ void replayssm_cpu_philox(uint32_t *out, int64_t n, uint32_t e0, uint32_t slot, 
         const v8u32 r = philox8(e0 + (uint32_t)j, slot, seed, step);
         memcpy(out + j, &r, sizeof r);
     }
-    for (; j < n; j++) out[j] = philox_word0(e0 + (uint32_t)j, slot, seed, step);
+    for (; j < n; j++) out[j] = philox_draw(e0 + (uint32_t)j, slot, seed, step);
 }
 
 #if defined(__FLT16_MAX__)

@@ -149,7 +149,8 @@ def sr_round(x: torch.Tensor, seed: int, slots: torch.Tensor, steps: torch.Tenso
 
 
 def philox(n: int, elem0: int, slot: int, seed: int, step: int) -> torch.Tensor:
-    """The kernels' Philox draws (tests): word 0 for elements elem0 .. elem0 + n - 1, as int64 [n]."""
+    """The kernels' Philox draws (tests) of elements elem0 .. elem0 + n - 1 (element e: word e mod 4 of counter
+    e >> 2, indices mod 2^32), as int64 [n]."""
     out = torch.empty(n, dtype=torch.int32)
     _call(library().replayssm_cpu_philox, out, ctypes.c_int64(n), *(ctypes.c_uint32(v) for v in (elem0, slot, seed,
                                                                                                   step)))

@@ -29,8 +29,9 @@ replayed entry already has.
 
 Stochastic-rounding state formats (float16_sr / bfloat16_sr, replayssm/state_format.py; SR, a heuristic: the
 launcher passes the cache's sr_step counter, None for every other format, whose build is unchanged): each stored
-chunk goes through stochastic_rounding.sr_round with key (sr_seed, sr_step[slot]) and counter (slot, the element's
-flat index in the slot's [HV, V, K] block), the bits sr_round_torch draws for the torch / ref backends' write, with
+chunk goes through stochastic_rounding.sr_round with key (sr_seed, sr_step[slot]) and the element's flat index in
+the slot's [HV, V, K] block (one Philox call per 4 consecutive elements along K: rows aligned when K % 4 == 0, else
+the per-element fallback), the bits sr_round_torch draws for the torch / ref backends' write, with
 its non-finite guard (NaN -> 0, saturation at the format's max). Every program of the row reads the same counter;
 sr_advance_kernel (below, launched after the fold) advances it on the device, so no host state changes per step.
 int8 / e4m3 (SCALED, a heuristic: the launcher passes the cache's state_scale, None otherwise): the per-(slot,
@@ -50,7 +51,7 @@ import triton.language as tl
 
 from replayssm.delta_rule._tl import key_dot, replay_dot_rhs, replay_weights
 from replayssm.scaled_rounding import finite_absmax_rows, head_scale, quantize
-from replayssm.stochastic_rounding import sr_counter, sr_key, sr_round
+from replayssm.stochastic_rounding import sr_key, sr_round
 
 
 @triton.jit
@@ -126,10 +127,9 @@ def ar_fold_kernel(
         S, s_ptrs, s_mask = _folded_chunk(state_ptr, kbuf_ptr, gbuf_ptr, U, offs_v, mask_v, offs_c, mask_c, kt,
                                           in_scale, stride_s_v, stride_kb_l, stride_gb_l, stride_gb_k, K, BKT, DOT,
                                           SCALED)
-        if SR:                                  # the slot's element index: (hv, v, k) of its [HV, V, K] block
-            offs_k = kt * BKT + tl.arange(0, BKT)
-            elem = i_hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
-            S = sr_round(S, key, sr_counter(slot, elem), state_ptr.dtype.element_ty)
+        if SR:                                  # each row's first element index: (hv, v, kt BKT) of [HV, V, K]
+            first = i_hv * (V * K) + offs_v * K + kt * BKT
+            S = sr_round(S, key, slot, first, state_ptr.dtype.element_ty, ALIGNED=K % 4 == 0)
         if SCALED:
             S = quantize(S, out_scale, QMAX, IS_INT8)
         tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)

@@ -36,8 +36,9 @@ L2-hot, and before the cursor advance, which both read.
 
 Stochastic-rounding state formats (float16_sr / bfloat16_sr; SR, a heuristic on sr_step_ptr, None for every other
 format, whose build is unchanged): each stored chunk goes through stochastic_rounding.sr_round with key (sr_seed,
-sr_step[slot]) and counter (slot, the element's flat index in the slot's [nheads, headdim, dstate] block): the bits
-the torch / ref backends' write draws (sr_round_torch), with its non-finite guard. The counter is advanced on the
+sr_step[slot]) and the element's flat index in the slot's [nheads, headdim, dstate] block (one Philox call per 4
+consecutive elements along dstate: rows aligned when dstate % 4 == 0, else the per-element fallback): the bits the
+torch / ref backends' write draws (sr_round_torch), with its non-finite guard. The counter is advanced on the
 device after the fold (delta_rule/ar_fold.py's sr_advance_kernel, flush rows only).
 
 int8 / e4m3 checkpoints (SCALED, a heuristic on scale_ptr, the cache's state_scale): the readout applies the
@@ -53,7 +54,7 @@ import triton.language as tl
 from replayssm.delta_rule._tl import key_dot, replay_dot
 from replayssm.mamba2.decode_kernels import _process_dt
 from replayssm.scaled_rounding import finite_absmax_rows, head_scale, quantize
-from replayssm.stochastic_rounding import sr_counter, sr_key, sr_round
+from replayssm.stochastic_rounding import sr_key, sr_round
 
 
 @triton.heuristics({"EVEN_M": lambda a: a["headdim"] % a["BLOCK_M"] == 0,
@@ -233,10 +234,9 @@ def mamba2_ar_fold_kernel(
     for kt in tl.range(0, (dstate + BLOCK_K - 1) // BLOCK_K):     # constexpr bound: a loop, one chunk live
         S, s_ptrs, s_mask = _folded_chunk(state_ptr, bbuf, b_row, xs, abar, in_scale, offs_m, mask_m, offs_l, hist,
                                           cur, kt, stride_state_p, stride_Bbuf_l, dstate, BLOCK_K, DOT, SCALED)
-        if SR:                                  # the slot's element index: (head, m, n) of its state block
-            offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-            elem = head * (headdim * dstate) + offs_m[:, None] * dstate + offs_k[None, :]
-            S = sr_round(S, key, sr_counter(slot64, elem), state_ptr.dtype.element_ty)
+        if SR:                                  # each row's first element index: (head, m, kt BLOCK_K) of the block
+            first = head * (headdim * dstate) + offs_m * dstate + kt * BLOCK_K
+            S = sr_round(S, key, slot64, first, state_ptr.dtype.element_ty, ALIGNED=dstate % 4 == 0)
         if SCALED:
             S = quantize(S, out_scale, QMAX, IS_INT8)
         tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=s_mask)

@@ -1,8 +1,10 @@
-"""Counter-based stochastic rounding (replayssm/stochastic_rounding.py): the torch Philox and rounding reference
-against the Triton kernel bit for bit (fp16 and bf16: bf16 is rounded on int32 bit patterns and stored as int16
-bits, which the interpreter runs exactly), the statistics (unbiased, Bernoulli variance, tracks an fp64 sum where
-round-to-nearest stalls; a deterministic-bits mutant is caught), the keying of the draws (fresh per slot, step
-and seed, repeatable, independent of the row that carries the slot) and the non-finite guard."""
+"""Counter-based stochastic rounding (replayssm/stochastic_rounding.py): the torch Philox (against tl.randint4x
+and Philox4x32-10's known answer) and rounding reference against the Triton kernel bit for bit (fp16 and bf16:
+bf16 is rounded on int32 bit patterns and stored as int16 bits, which the interpreter runs exactly), the mapping
+of draws to elements (element 4i + j: word j of counter i, on the one-call-per-four path and its fallback), the
+statistics (unbiased, Bernoulli variance, tracks an fp64 sum where round-to-nearest stalls; a deterministic-bits
+mutant is caught), the keying of the draws (fresh per slot, step and seed, repeatable, independent of the row
+that carries the slot) and the non-finite guard."""
 
 from __future__ import annotations
 
@@ -15,7 +17,15 @@ import triton.language as tl
 
 import replayssm.stochastic_rounding as sr
 from replayssm.checks import interpreter_active
-from replayssm.stochastic_rounding import philox_bits, quantize_sr, sr_counter, sr_key, sr_round_torch
+from replayssm.stochastic_rounding import (
+    philox_bits,
+    philox_words,
+    quantize_sr,
+    sr_counter,
+    sr_draws,
+    sr_key,
+    sr_round_torch,
+)
 
 DTYPES = [torch.float16, torch.bfloat16]
 MBITS = {torch.float16: 10, torch.bfloat16: 7}             # stored mantissa bits
@@ -64,24 +74,54 @@ def sr_of_constant(x: float, dtype, gen, n: int = 1 << 15, device: str = "cpu") 
 # ------------------------------------------------------------------------------------ bit-exact agreement
 
 @triton.jit
-def _bits_kernel(out_ptr, seed, slot, step_ptr, N, BLOCK: tl.constexpr):
-    elem = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def _words_kernel(out_ptr, seed, slot, step_ptr, N, BLOCK: tl.constexpr):
+    group = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     step = tl.load(step_ptr)
-    r = tl.randint(sr_key(seed, step), sr_counter(slot, elem)).to(tl.int64)
-    tl.store(out_ptr + elem, r, mask=elem < N)
+    r0, r1, r2, r3 = tl.randint4x(sr_key(seed, step), sr_counter(slot, group))
+    tl.store(out_ptr + group * 4, r0.to(tl.int64), mask=group < N)
+    tl.store(out_ptr + group * 4 + 1, r1.to(tl.int64), mask=group < N)
+    tl.store(out_ptr + group * 4 + 2, r2.to(tl.int64), mask=group < N)
+    tl.store(out_ptr + group * 4 + 3, r3.to(tl.int64), mask=group < N)
 
 
-def test_philox_reference_matches_tl_randint(gen, device):
+@triton.jit
+def _draws_kernel(out_ptr, seed, slot, step, first_ptr, COLS: tl.constexpr, ROWS: tl.constexpr,
+                  ALIGNED: tl.constexpr):
+    rows = tl.arange(0, ROWS)
+    first = tl.load(first_ptr + rows)
+    r = sr_draws(sr_key(seed, step), slot, first, COLS, ALIGNED)
+    tl.store(out_ptr + rows[:, None] * COLS + tl.arange(0, COLS)[None, :], r.to(tl.int64))
+
+
+def test_philox_reference_matches_tl_randint4x(gen, device):
     n = 300
     for _ in range(4):
         seed, slot, step = rand_int(gen, 2**32), rand_int(gen, 2**31), rand_int(gen, 2**32)
-        out = torch.empty(n, dtype=torch.int64, device=device)
-        _bits_kernel[(triton.cdiv(n, 128),)](out, seed, slot, torch.tensor([step], device=device), n, BLOCK=128)
-        ref = philox_bits(seed, slot, step, torch.arange(n, device=device))
+        out = torch.empty(n, 4, dtype=torch.int64, device=device)
+        _words_kernel[(triton.cdiv(n, 128),)](out, seed, slot, torch.tensor([step], device=device), n, BLOCK=128)
+        ref = philox_words(seed, slot, step, torch.arange(n, device=device))
         assert torch.equal(out, ref)
-        assert out.min() >= 0 and out.max() < 2**32 and out.unique().numel() == n
+        assert out.min() >= 0 and out.max() < 2**32 and out.unique().numel() == 4 * n
     # the step enters the key mod 2^32 (documented wrap)
-    assert torch.equal(philox_bits(7, 3, 5, torch.arange(8)), philox_bits(7, 3, 5 + 2**32, torch.arange(8)))
+    assert torch.equal(philox_words(7, 3, 5, torch.arange(8)), philox_words(7, 3, 5 + 2**32, torch.arange(8)))
+    # Philox4x32-10's known answer (Random123's kat_vectors, key 0, counter 0): the words in their standard order
+    assert philox_words(0, 0, 0, torch.zeros(1)).tolist() == [[0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]]
+
+
+def test_element_4i_plus_j_draws_word_j_of_counter_i(gen, device):
+    """The mapping: element e draws word e mod 4 of the call at counter (slot, e >> 2), in the reference, in the
+    kernel's one-call-per-four path (aligned rows) and in its one-call-per-element fallback (any row start)."""
+    seed, slot, step = rand_int(gen, 2**32), rand_int(gen, 2**31), rand_int(gen, 2**32)
+    words = philox_words(seed, slot, step, torch.arange(64))
+    assert torch.equal(philox_bits(seed, slot, step, torch.arange(256)), words.reshape(-1))
+    assert torch.equal(philox_bits(seed, slot, step, torch.tensor([4 * 9 + 2])), words[9, 2:3])
+    cols = 32
+    for aligned, first in ((True, [0, 36, 4 * 1000, 2**31 - 32]), (False, [0, 37, 4 * 1000 + 3, 2**31 - 33])):
+        first_t = torch.tensor(first, dtype=torch.int64)
+        out = torch.empty(len(first), cols, dtype=torch.int64, device=device)
+        _draws_kernel[(1,)](out, seed, slot, step, first_t.to(device), COLS=cols, ROWS=len(first), ALIGNED=aligned)
+        ref = philox_bits(seed, slot, step, first_t[:, None] + torch.arange(cols)[None, :])
+        assert torch.equal(out.cpu(), ref), aligned
 
 
 def mixed_inputs(gen, shape, dtype) -> torch.Tensor:
@@ -154,10 +194,11 @@ def test_deterministic_bits_mutant_fails_the_unbiasedness_check(dtype, gen, monk
     assert_unbiased(sr_of_constant(x, dtype, gen), x, gap, p)          # the real draws pass
 
     @triton.jit
-    def constant_bits(key, offsets):
-        return (offsets * 0 + 0x80000000).to(tl.int64)                # half-way: round-to-nearest in disguise
+    def constant_words(key, counters):
+        half = (counters * 0 + 0x80000000).to(tl.uint32)              # half-way: round-to-nearest in disguise
+        return half, half, half, half
 
-    monkeypatch.setattr(sr, "_sr_bits", constant_bits)
+    monkeypatch.setattr(sr, "_sr_words", constant_words)
     with pytest.raises(AssertionError, match="SE"):
         assert_unbiased(sr_of_constant(x, dtype, gen), x, gap, p)
 
