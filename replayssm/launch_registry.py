@@ -264,6 +264,10 @@ KERNELS: dict[str, KernelSpec] = _declare(
     KernelSpec("gdn_ring_prep_tree", "gdn", ("K", "V", "history", "window"),
                "replayssm.delta_rule.spec_launch:default_config"),
     *_ring_route("kda"),
+    # KDA's prep built with IS_TREE (kda.tree_verify(route="verify_fold")), as gdn_ring_prep_tree: its own entry, not
+    # launched by a swept step, not tuned yet
+    KernelSpec("kda_ring_prep_tree", "kda", ("K", "V", "history", "window"),
+               "replayssm.delta_rule.spec_launch:default_config"),
     # KDA's builds of the same phases (its own prep kernel; the step and the fold shared with GDN)
     KernelSpec("kda_replay_ar_prep", "kda", ("K", "V", "L"), _FOLD, _FOLD_ROUTE),
     KernelSpec("kda_replay_ar_step", "kda", ("K", "V", "L"), _FOLD, _FOLD_ROUTE, _fold_route_step_space),

@@ -295,6 +295,7 @@ SPEC_GATE_TESTS = (
     "tests/replayssm/mamba2/test_spec_verify_fold.py::test_bf16_matches_torch_on_gpu",
     "tests/replayssm/mamba2/test_tree_verify_fold.py",
     "tests/replayssm/gdn/test_gdn_tree_verify_fold.py",
+    "tests/replayssm/kda/test_kda_tree_verify_fold.py",
     "tests/baselines/test_gdn_spec_baselines.py::test_gpu_production_geometry",
 )
 _SPEC_TUNE = (tune("kernel_spec:gpu_tune_spec:baseline_spec,replay_spec,commit_replay_spec"),)

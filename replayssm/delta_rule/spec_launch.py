@@ -12,14 +12,20 @@ through this route):
 Commit and reset stay the cursor moves of replayssm/ring_cursors.py. Each launch's config resolves through
 replayssm/launch_table.py under its own name ({gdn,kda}_ring_prep / _ring_verify / _ring_fold; key K, V, history,
 window) with the default rules below.
-A GDN draft tree (replayssm.gdn.tree_verify(route="verify_fold"), parents=...): the same three launches, the prep
-built with IS_TREE (gdn_ring_prep_tree, reading the ancestor bit sets of replayssm.mamba2.spec_kernels.ancestor_bits,
-a few device-side torch ops: no host sync), N <= MAX_TREE_NODES; the commit is replayssm/tree_ring.py's (moves of
-the accepted branch's entries, then the cursors). AOT at Qwen3.5-122B, b512, history 16, fp32 state, bf16
-activations, sm_90, N = 4 (the full binary tree; kernel_report 'gdn.replay_tree[verify_fold]' --spec-T 4 8),
-Triton 3.7.1 / 3.6.0: prep 143 / 144 registers, no spill, occupancy 0.1875, path 3,913 / 3,967, issue 81.0 / 82.1 us
-(the chain's 80.6 / 83.8); the verify and the fold are the chain's kernels (315.8 / 318.7 us, 618.4 / 621.2 us).
-N = 8: prep 168 / 199 registers, no spill, issue 119.2 / 179.0 us. sm_100 builds spill-free as well.
+A draft tree (tree_verify(route="verify_fold") of replayssm.gdn and replayssm.kda, parents=...): the same three
+launches, the prep built with IS_TREE (gdn_ring_prep_tree / kda_ring_prep_tree, reading the ancestor bit sets of
+replayssm.mamba2.spec_kernels.ancestor_bits, a few device-side torch ops: no host sync), N <= MAX_TREE_NODES; the
+commit is replayssm/tree_ring.py's (moves of the accepted branch's entries, then the cursors). AOT at Qwen3.5-122B,
+b512, history 16, fp32 state, bf16 activations, sm_90, N = 4 (the full binary tree; kernel_report
+'gdn.replay_tree[verify_fold]' --spec-T 4 8), Triton 3.7.1 / 3.6.0: prep 143 / 144 registers, no spill, occupancy
+0.1875, path 3,913 / 3,967, issue 81.0 / 82.1 us (the chain's 80.6 / 83.8); the verify and the fold are the chain's
+kernels (315.8 / 318.7 us, 618.4 / 621.2 us). N = 8: prep 168 / 199 registers, no spill, issue 119.2 / 179.0 us.
+sm_100 builds spill-free as well.
+KDA (kernel_report 'kda.replay_tree[verify_fold]' at Kimi-Linear b512, history 16, the full binary tree of N = T
+nodes; default_config's tree rules), Triton 3.7.1 / 3.6.0, sm_90: N = 4 (spec_prep_kda_kernel, one warp) 156 / 167
+registers, no spill, occupancy 0.1875, issue 147.7 / 149.0 us (the chain's capped build 101.3 / 102.4); N = 8
+(spec_prep_kda_tok_kernel, four warps) 122 / 128, occupancy 0.25, 473.2 / 465.8 us (the chain's 404.9 / 408.5).
+sm_100 and bf16 states build spill-free as well; the chain builds' SASS is the same as without the tree code.
 """
 
 from __future__ import annotations
@@ -48,8 +54,8 @@ MAX_TREE_NODES = 8
 
 
 def kernel_names(per_channel: bool, tree: bool = False) -> tuple[str, str, str]:
-    """The three launches' launch-table names; a tree's prep is its own build (IS_TREE), gdn_ring_prep_tree, so a
-    chain entry never reaches it (as the fused tree kernel's gdn_replay_tree)."""
+    """The three launches' launch-table names; a tree's prep is its own build (IS_TREE), {gdn,kda}_ring_prep_tree,
+    so a chain entry never reaches it (as the fused tree kernel's gdn_replay_tree)."""
     family = "kda" if per_channel else "gdn"
     prep, verify, fold = (f"{family}_{p}" for p in PHASES)
     return (f"{prep}_tree" if tree else prep), verify, fold
@@ -66,6 +72,7 @@ def default_config(kernel: str, K: int, V: int, arch: int, window: int = 4) -> d
     fold (the verify's work and the fold, on the folding rows): [64, 16] chunks over 4 warps (71 registers,
       1,624 SASS: 538 us were every row folding with the weights recomputed in the kernel; reading the prep's:
       82 registers, 618 us; [64, 32] 106 registers 782 us, [32, 32] / 2 warps 1,009 us)."""
+    tree = kernel.endswith("_tree")
     kernel = kernel.removesuffix("_tree")            # a tree's prep: the chain's rule (the same tiles up to N = 8)
     BK = max(16, next_pow2(K))
     BV = max(16, next_pow2(V))
@@ -75,11 +82,16 @@ def default_config(kernel: str, K: int, V: int, arch: int, window: int = 4) -> d
         # where its 139 leave 12 (the issue rate 0.67 against 0.5; 120 is the same occupancy, 104 and below spill;
         # on sm_100 the cap spills 48 B, uncapped 132-141). 2T = 16 (spec_prep_kda_tok_kernel): two warps, 148-168
         # registers (one: 255 and a 4-12 B spill on sm_100, the same issue time).
+        # KDA's tree builds (IS_TREE) differ: data-dependent path masks where the chain's fold per register (rows
+        # in-thread), every row of F scaled at every column of the sweep. Token-major on two warps: 181-183
+        # registers (8 warps per SM; capped at 168 it spills 4 B on sm_90, 44 B on sm_100), on four 115-128 and 16
+        # warps per SM: 0.70x the issue time. Stacked: one warp, uncapped: 141-168 registers, 12 warps per SM (on
+        # sm_90 capped at 128 it spills 36 B, at 136 4 B); two warps 1.25x the issue time.
         if kernel.startswith("kda_"):
             if window > 4:
-                return {"BV": 0, "BKT": BK, "HB": 8, "num_warps": 2, "num_stages": 1}
+                return {"BV": 0, "BKT": BK, "HB": 8, "num_warps": 4 if tree else 2, "num_stages": 1}
             return {"BV": 0, "BKT": BK, "HB": 8, "num_warps": 1, "num_stages": 1,
-                    **({"maxnreg": 128} if arch == 90 else {})}
+                    **({"maxnreg": 128} if arch == 90 and not tree else {})}
         return {"BV": 0, "BKT": BK, "num_warps": 1 if BK <= 128 else 2, "num_stages": 1}
     if arch == 0:
         return {"BV": BV, "BKT": BK, "num_warps": 4, "num_stages": 1}
@@ -143,12 +155,8 @@ def workspace(ring, TW: int, TW2: int, BC: int, per_channel: bool, x_dtype) -> t
 
 
 def check_tree_route(N: int, per_channel: bool) -> None:
-    """A draft tree of N nodes on this route: GDN only (KDA's prep has no ancestor mask yet), N <= MAX_TREE_NODES.
-    Raises ValueError (called before anything is written or launched)."""
-    if per_channel:
-        raise ValueError("tree_verify(route='verify_fold') is not available for KDA yet (its prep kernel, "
-                         "spec_prep_kda_kernel, has no ancestor mask); it is for GDN (replayssm.gdn.tree_verify) and "
-                         "Mamba-2 (replayssm.mamba2.tree_verify); KDA's tree verify takes route='fused'")
+    """A draft tree of N nodes on this route (GDN or KDA, `per_channel`: both preps build with IS_TREE):
+    N <= MAX_TREE_NODES. Raises ValueError (called before anything is written or launched)."""
     if N > MAX_TREE_NODES:
         raise ValueError(f"N={N} > {MAX_TREE_NODES}: route='verify_fold' verifies trees of up to {MAX_TREE_NODES} "
                          f"nodes (its prep stacks 2N window rows in one tile, spec_launch.MAX_TREE_NODES); "
@@ -159,8 +167,9 @@ def launch_verify_fold(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool
                        out: torch.Tensor, per_channel: bool = False, parents: torch.Tensor | None = None
                        ) -> torch.Tensor:
     """Inputs already validated (replayssm/gdn/spec.py run_spec_verify, replayssm/gdn/tree.py run_tree_verify);
-    slots int32 [batch]. With `parents` int32 [batch, N] (N = ring.window <= MAX_TREE_NODES, GDN only): a draft
-    tree's verify, the prep built with IS_TREE reading one int32 ancestor bit set per node [batch, N]."""
+    slots int32 [batch]. With `parents` int32 [batch, N] (N = ring.window <= MAX_TREE_NODES): a draft tree's
+    verify, the prep (GDN's, or KDA's stacked / token-major one) built with IS_TREE reading one int32 ancestor bit
+    set per node [batch, N]."""
     gm, T, batch = ring.geometry, ring.window, q.shape[0]
     is_tree = parents is not None
     if is_tree:
@@ -184,7 +193,7 @@ def launch_verify_fold(ring, q, k, v, g, beta, scale: float, use_qk_l2norm: bool
         # 2T <= 8 window rows: one stacked [2T, K] tile; 16: keys and queries token-major (registers)
         kda_prep, wide = (spec_prep_kda_kernel, {}) if TW2 <= 8 else (spec_prep_kda_tok_kernel, {"TP": next_pow2(T)})
         kda_prep[(batch, gm.H)](
-            q, k, g, beta, slots, ring.write_pos, ring.origin, ring.is_flush, kr, gr, coef, x, wt,
+            q, k, g, beta, slots, ring.write_pos, ring.origin, ring.is_flush, kr, gr, coef, x, wt, anc,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), g.stride(0), g.stride(1),
             g.stride(2), beta.stride(0), beta.stride(1), kr.stride(0), kr.stride(1), kr.stride(2), gr.stride(0),
             gr.stride(1), gr.stride(2), coef.stride(0), coef.stride(1), x.stride(0), x.stride(1), wt.stride(0),

@@ -36,17 +36,18 @@ The program also appends the window's normalised keys (rounded to the ring's dty
 (origin + h + s) & (ring_len - 1) of its key head and the window's log decays at those rows of its value heads:
 one writer per address. It reads only history rows, which no launch of the step writes.
 
-Trees (replayssm.gdn.tree_verify(route="verify_fold"), issue 35 item 2): IS_TREE, set when the launcher passes
-anc_ptr (int32 [batch, N], bit c of entry s: node c is an ancestor of s or s itself). Node s's entries go where a
-chain's token s goes, so only the window's masks and gates change, all here: row r's token sees key c iff c is on
-its path (window_path: on_path, and strict for A), G_r is the sum of g over that path and G of key row c is row c's
-own G (the chain's cumsum). Restricted to ancestors A is still strictly lower triangular in topological order and
-nilpotent: A^m[s, c] is a sum over chains of m strict-ancestor steps from s to c, so A^(d + 1) = 0 when no path has
-more than d + 1 nodes (d <= N - 1, the chain's worst case). The chain's ceil(log2 N) factors sum the series up to
-A^(2^ceil(log2 N) - 1), at least A^(N - 1): exact for every tree of N nodes (the depth is a runtime value of each
-row's tree, so the factor count stays N's). The coefficients carry every tree fact: the verify and
-the fold are the chain's builds, and a flush row's fold of the committed history (a chain after the tree commit's
-moves, replayssm/tree_ring.py) is the chain's.
+Trees (tree_verify(route="verify_fold") of replayssm.gdn and replayssm.kda, issue 35 item 2): IS_TREE, set when the
+launcher passes anc_ptr (int32 [batch, N], bit c of entry s: node c is an ancestor of s or s itself). Node s's
+entries go where a chain's token s goes, so only the window's masks and gates change, all here: row r's token sees
+key c iff c is on its path (window_path: on_path, and strict for A), G_r is the sum of g over that path and G of key
+row c is row c's own G (the chain's cumsum). Restricted to ancestors A is still strictly lower triangular in
+topological order and nilpotent: A^m[s, c] is a sum over chains of m strict-ancestor steps from s to c, so A^(d + 1)
+= 0 when no path has more than d + 1 nodes (d <= N - 1, the chain's worst case). The chain's ceil(log2 N) factors
+sum the series up to A^(2^ceil(log2 N) - 1), at least A^(N - 1): exact for every tree of N nodes (the depth is a
+runtime value of each row's tree, so the factor count stays N's). The coefficients carry every tree fact: the verify
+and the fold are the chain's builds, and a flush row's fold of the committed history (a chain after the tree
+commit's moves, replayssm/tree_ring.py) is the chain's. KDA's preps (spec_prep_kda_kernel, _tok_kernel) take the
+same anc_ptr and IS_TREE: their per-channel gates come from a sweep over the path (their docstrings).
 """
 
 from __future__ import annotations
@@ -249,17 +250,18 @@ def spec_prep_kernel(
         tl.store(w_base + 1 + offs_c, w)
 
 
+@triton.heuristics({"IS_TREE": lambda args: args["anc_ptr"] is not None})      # as spec_prep_kernel's
 @triton.jit
 def spec_prep_kda_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, slots_ptr, wpos_ptr, origin_ptr, flush_ptr, kring_ptr, gring_ptr, coef_ptr,
-    x_ptr, wt_ptr,
+    x_ptr, wt_ptr, anc_ptr,
     stride_q_b, stride_q_t, stride_q_h, stride_k_b, stride_k_t, stride_k_h, stride_g_b, stride_g_t, stride_g_h,
     stride_beta_b, stride_beta_t, stride_kr_slot, stride_kr_h, stride_kr_l, stride_gr_slot, stride_gr_h,
     stride_gr_l, stride_c_slot, stride_c_h, stride_x_slot, stride_x_h, stride_w_slot, stride_w_h,
     scale, ring_mask,
     NULL_ID: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, T: tl.constexpr, TW2: tl.constexpr,
     BC: tl.constexpr, BK: tl.constexpr, USE_L2NORM: tl.constexpr, FP32_DOT: tl.constexpr, DOT: tl.constexpr,
-    LOG2T: tl.constexpr, HB: tl.constexpr,
+    LOG2T: tl.constexpr, HB: tl.constexpr, IS_TREE: tl.constexpr,
 ):
     """KDA (a log decay per key channel): the per-channel decays are applied here, once per (row, value head),
     so that the verify is GDN's with precomputed vectors. For row r (token tok(r)), G_r [K] the window's prefix
@@ -275,6 +277,12 @@ def spec_prep_kda_kernel(
     (never exp(G_r) exp(-G_c), which overflows fp32 once a channel's window decay passes e^88), and after the
     sweep F = exp(G_r). w_j = exp(G_tot - G_pre_j) is one exp2 of a non-positive sum (G_tot - G_pre_j is the sum
     of the log decays after j).
+    Trees (IS_TREE, anc_ptr given; spec_launch.launch_verify_fold(parents=...)): G_r is the sum over the path of
+    row r's node, "c on r's path" its ancestor-or-self bit (window_path / path_holds in place of c <= tok), the
+    rest unchanged. The sweep still ends at F = exp(G_r) and gives exp(G_r - G_c) at column c: the path nodes of
+    index > c are, for c on the path, exactly c's descendants on it (indices grow down a branch), the factors the
+    sweep has applied on that row when it reaches c. The solve keeps ceil(log2 T) factors (A nilpotent on
+    ancestors: spec_prep.py's module docstring). Nodes sit where a chain's tokens go (ring rows, x and coef rows).
 
     Layout (why it is fast): one warp, the whole K in one tile, 4 channels a lane and every row of a tile in-thread
     (_k_offsets): the history's prefix sums and the row extractions are register moves, only the K sums (the L2
@@ -310,8 +318,8 @@ def spec_prep_kda_kernel(
     W = W * mult[:, None]                                                    # w^_r [TW2, BK]
     tl.store(kr_base + win_rows[:, None] * stride_kr_l + offs_k[None, :], W.to(kring_ptr.dtype.element_ty),
              mask=is_k[:, None] & mask_k[None, :])
-    on_path = is_k[None, :] & (offs_r[None, :] <= tok[:, None])
-    strict = is_k[:, None] & is_k[None, :] & (offs_r[:, None] > offs_r[None, :])
+    # the chain's masks, or a tree's (bit c of the row's ancestor set): the only chain facts of this kernel
+    anc_r, on_path, strict = window_path(anc_ptr, i_b * T, offs_r, is_k, live, tok, IS_TREE)
     key_block = is_k[:, None] & is_k[None, :]
     eye = tl.where(offs_r[:, None] == offs_r[None, :], 1.0, 0.0)
     q_diag = is_q[:, None] & (offs_r[:, None] == offs_r[None, :])
@@ -329,7 +337,8 @@ def spec_prep_kda_kernel(
             k_c = tl.sum(tl.where((offs_r == c)[:, None], W, 0.0), 0)            # row c: in-thread
             col = tl.sum(W * (k_c[None, :] * F), 1)
             WWd += tl.where((offs_r == c)[None, :], col[:, None], 0.0)
-            F = F * tl.where((live & (c <= tok))[:, None], tl.math.exp2(g_c * LOG2E)[None, :], 1.0)
+            holds = live & path_holds(anc_r, tok, c, IS_TREE)
+            F = F * tl.where(holds[:, None], tl.math.exp2(g_c * LOG2E)[None, :], 1.0)
         X = W * F                                                           # exp(G_r) w^_r
         beta_k = tl.load(beta_ptr + i_b * stride_beta_b + offs_r * stride_beta_t + hv, mask=is_k, other=0.0)
         Cz, Cv = _window_coefficients(WWd, beta_k, strict, key_block, eye, q_diag, is_k, is_q, on_path,
@@ -374,17 +383,18 @@ def spec_prep_kda_kernel(
         tl.store(c_base + (TW2 + BC + offs_r[None, :]) * TW2 + offs_r[:, None], Cv)
 
 
+@triton.heuristics({"IS_TREE": lambda args: args["anc_ptr"] is not None})
 @triton.jit
 def spec_prep_kda_tok_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, slots_ptr, wpos_ptr, origin_ptr, flush_ptr, kring_ptr, gring_ptr, coef_ptr,
-    x_ptr, wt_ptr,
+    x_ptr, wt_ptr, anc_ptr,
     stride_q_b, stride_q_t, stride_q_h, stride_k_b, stride_k_t, stride_k_h, stride_g_b, stride_g_t, stride_g_h,
     stride_beta_b, stride_beta_t, stride_kr_slot, stride_kr_h, stride_kr_l, stride_gr_slot, stride_gr_h,
     stride_gr_l, stride_c_slot, stride_c_h, stride_x_slot, stride_x_h, stride_w_slot, stride_w_h,
     scale, ring_mask,
     NULL_ID: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, T: tl.constexpr, TW2: tl.constexpr,
     BC: tl.constexpr, BK: tl.constexpr, USE_L2NORM: tl.constexpr, FP32_DOT: tl.constexpr, DOT: tl.constexpr,
-    LOG2T: tl.constexpr, HB: tl.constexpr, TP: tl.constexpr,
+    LOG2T: tl.constexpr, HB: tl.constexpr, TP: tl.constexpr, IS_TREE: tl.constexpr,
 ):
     """spec_prep_kda_kernel's algebra token-major, for windows of 2T >= 16 rows (T = 8): the keys and the queries
     in two [TP, K] tiles (TP = next_pow2(T)) that share the sweep's F_t, the solve on [TP, TP] tiles, Z = Cz X as
@@ -392,7 +402,9 @@ def spec_prep_kda_tok_kernel(
     stacked layout spills 244 B at T = 8. Launched on two warps (spec_launch.default_config). AOT Kimi-Linear
     b512 T8, Triton 3.7.1: sm_90 148 registers, 4,892 SASS a warp on the path, 404.8 us of issue (the K-chunked
     version before it: one warp, 255, 7,863, 488.0 us); sm_100 152, no spill (that version spilled 36 B).
-    At T = 4 it needs 140 registers (12 warps per SM; capped at 128 it spills 12 B), the stacked kernel 128."""
+    At T = 4 it needs 140 registers (12 warps per SM; capped at 128 it spills 12 B), the stacked kernel 128.
+    Trees (IS_TREE): the stacked kernel's, with window_path on the token axis; the CvT block is stored whole (its
+    entries off the ancestors are exact zeros) so that a slot's previous tree leaves no entry of its own there."""
     i_b = tl.program_id(0).to(tl.int64)
     i_kh = tl.program_id(1).to(tl.int64)
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
@@ -420,8 +432,16 @@ def spec_prep_kda_tok_kernel(
     tl.store(kr_base + ring_t[:, None] * stride_kr_l + offs_k[None, :], Wk.to(kring_ptr.dtype.element_ty),
              mask=wmask)
     offs_c = tl.arange(0, TP)
-    strict = (offs_t[:, None] > offs_c[None, :]) & live_t[:, None]              # c < t: A's entries
-    on_path = (offs_t[:, None] >= offs_c[None, :]) & live_t[:, None]            # c <= s: M's entries
+    if IS_TREE:
+        # window_path on the token axis (key row t and query row T + t share node t's path): the tile rows are the
+        # tokens, the columns the keys
+        anc_t, on_path, strict = window_path(anc_ptr, i_b * T, offs_t, live_t, live_t, offs_t, True)
+        cv_mask = live_t[:, None] & live_t[None, :]
+    else:                   # the chain's masks as they were written before the tree (its build's SASS unchanged)
+        anc_t = offs_t
+        strict = (offs_t[:, None] > offs_c[None, :]) & live_t[:, None]          # c < t: A's entries
+        on_path = (offs_t[:, None] >= offs_c[None, :]) & live_t[:, None]        # c <= s: M's entries
+        cv_mask = on_path
     eye = tl.where(offs_t[:, None] == offs_c[None, :], 1.0, 0.0)
     for j in tl.static_range(GROUP):
         hv = i_kh * GROUP + j
@@ -445,7 +465,11 @@ def spec_prep_kda_tok_kernel(
             kF = tl.sum(tl.where((offs_t == c)[:, None], Wk, 0.0), 0)[None, :] * F     # row c: in-thread
             WWk += tl.where((offs_c == c)[None, :], tl.sum(Wk * kF, 1)[:, None], 0.0)
             WWq += tl.where((offs_c == c)[None, :], tl.sum(Wq * kF, 1)[:, None], 0.0)
-            F = F * tl.where((offs_t >= c)[:, None], tl.math.exp2(g_c * LOG2E)[None, :], 1.0)
+            if IS_TREE:
+                holds = path_holds(anc_t, offs_t, c, True)
+            else:
+                holds = offs_t >= c
+            F = F * tl.where(holds[:, None], tl.math.exp2(g_c * LOG2E)[None, :], 1.0)
         Xk = Wk * F                                                         # X_t = exp(G_t) w^_t
         Xq = Wq * F
         beta = tl.load(beta_ptr + i_b * stride_beta_b + offs_t * stride_beta_t + hv, mask=live_t, other=0.0)
@@ -500,5 +524,5 @@ def spec_prep_kda_tok_kernel(
             tl.store(c_base + (TW2 + offs_j[:, None]) * TW2 + i_col[None, :], Cu, mask=(offs_i % TP < T)[None, :])
         # after the loop (a loop closing the kernel puts its exit inside the loop body: the report's path count)
         cv_ptrs = c_base + (TW2 + BC + offs_c[None, :]) * TW2 + offs_t[:, None]   # CvT[c, i]: i = t, T + t
-        tl.store(cv_ptrs, Bf, mask=on_path)
-        tl.store(cv_ptrs + T, Cq, mask=on_path)
+        tl.store(cv_ptrs, Bf, mask=cv_mask)
+        tl.store(cv_ptrs + T, Cq, mask=cv_mask)

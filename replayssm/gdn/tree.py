@@ -94,12 +94,12 @@ def run_tree_verify(ring, q, k, v, g, beta, scale, use_qk_l2norm, parents, slots
                     torch_forms, route: str = "fused") -> torch.Tensor:
     """tree_verify after the family's ring check, for either decay shape: GDN, and KDA (replayssm/kda/tree.py,
     ring.geometry.PER_CHANNEL_DECAY: g [batch, N, HV, K]). `torch_forms`: the family's torch module (its
-    verify_torch with parents). `route` is checked here, before anything is written: "verify_fold" is GDN's
-    only (KDA refuses it on every backend until its prep has the ancestor mask), N <= 8 on the Triton backend."""
+    verify_torch with parents). `route` is checked here, before anything is written: "verify_fold" takes N <= 8
+    on the Triton backend (either family: the prep is built with IS_TREE); the other backends accept both names."""
     check_spec_route(route)
     per_channel = ring.geometry.PER_CHANNEL_DECAY
     check_ring_format(ring, backend, spec_kernel(ring_family(ring), "replay_tree", route))  # plain only on triton / cpu
-    if route == "verify_fold" and (per_channel or backend == "triton"):
+    if route == "verify_fold" and backend == "triton":
         check_tree_route(ring.window, per_channel)
     batch, scale = check_window(ring.geometry, ring.window, ring.act_dtype, q, k, v, g, beta, out, scale, backend,
                                 per_channel_g=per_channel)

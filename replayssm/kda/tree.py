@@ -7,9 +7,10 @@ Node s's output depends on S_h and the inputs on its root-to-node path only: the
 replayssm.kda.spec_torch restricted to ancestors, with G_s the per-channel sum of g over s's path. The commit
 moves the accepted nodes' (u, k, g) into chain order (replayssm/tree_ring.py), never a state.
 Backends: "triton" (the verify kernel with IS_TREE and PER_CHANNEL), "torch", "ref" (float64 path recurrence);
-"cpu" (GDN's C tree verify, per-channel mode, N <= 32). Route "fused" only: route="verify_fold" (GDN's and
-Mamba-2's prep / verify / fold tree) raises ValueError until KDA's prep, spec_prep_kda_kernel, has the ancestor
-mask (replayssm/delta_rule/spec_prep.py window_path / path_holds).
+"cpu" (GDN's C tree verify, per-channel mode, N <= 32). The Triton backend takes route="fused" (the default) or
+route="verify_fold" (N <= 8): replayssm/delta_rule/spec_launch.py's prep / verify / fold, KDA's prep
+(spec_prep_kda_kernel, or spec_prep_kda_tok_kernel at N > 4) built with IS_TREE, the ancestor mask of
+window_path / path_holds; the verify and the fold are the chain's builds.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def tree_verify(ring: SpecRing, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     Args: as replayssm.gdn.tree_verify, with g [batch, N, HV, K] float32 (per key channel).
         parents: int32 [batch, N] or [N]: parents[0] = -1, parents[s] < s.
         backend: "triton" (default, N <= 32), "torch", "cpu" (N <= 32) or "ref".
-        route: "fused" (default); "verify_fold" raises ValueError on every backend (GDN and Mamba-2 have it).
+        route: the Triton kernels, as replayssm.gdn.tree_verify's: "fused" (default) or "verify_fold" (the ring
+            verify's prep / verify / fold, the prep with the ancestor mask; N <= 8). The other backends accept both
+            names and compute the same function.
 
     Returns:
         o [batch, N, HV, V] in ring.act_dtype.

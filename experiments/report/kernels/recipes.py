@@ -319,6 +319,8 @@ RECIPES += [
     Recipe("kda.replay_spec[verify_fold]", "kda",
            spec_recipe("kda", ("replayssm.kda.spec", "replayssm.kda.cache"), "SpecRing", "verify_fold"), ar=False),
     Recipe("kda.replay_tree", "kda", tree_recipe("kda"), ar=False),
+    # KDA's tree on the same route (its prep with IS_TREE: stacked at N <= 4, token-major above), built at N = T
+    Recipe("kda.replay_tree[verify_fold]", "kda", tree_recipe("kda", "verify_fold", parents="window"), ar=False),
     Recipe("kda.recurrent", "kda", baseline_ar_recipe("kda", "baselines.kda_recurrent", "fused_recurrent_step"),
            ar=True),
     Recipe("kda.recurrent_spec", "kda", spec_recipe("kda", "baselines.kda_recurrent_spec", "SpecStates"), ar=False),

@@ -6,8 +6,9 @@ committed state against a float64 serial replay of the accepted tokens; random t
 slots (desynchronised cursors), early flushes and ring wrap, outputs NaN-poisoned before each verify. Added here:
 the GPU tiles run by the interpreter, a chain tree against spec_verify on the same route, ring rows past the
 committed history poisoned after a tree commit (the verify and the fold read only the moved, committed entries),
-the prep's path masks against tree_ring's ancestor tables (the helpers KDA's prep will reuse), the route name
-taken by every backend, and a bad route, N > 8 and KDA's verify_fold refused before anything is written.
+the prep's path masks against tree_ring's ancestor tables (the helpers KDA's preps call too: their tree is
+tests/replayssm/kda/test_kda_tree_verify_fold.py), the route name taken by every backend, and a bad route and
+N > 8 refused before anything is written.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm import gdn, kda
+from replayssm import gdn
 from replayssm.checks import NULL_SLOT, interpreter_active
 from replayssm.delta_rule.spec_launch import MAX_TREE_NODES
 from replayssm.delta_rule.spec_prep import path_holds, window_path, window_rows
 from replayssm.gdn.inputs import random_state, random_step
-from replayssm.geometry import GDNGeometry, KDAGeometry, get_geometry
+from replayssm.geometry import GDNGeometry, get_geometry
 from replayssm.testing import rel_err, tolerance
 from tests.replayssm.test_tree import _run_trees, steps_forcing_flush
 from tests.replayssm.tree_cases import GDNFamily, chain, depth_of, full_binary, random_commit, random_tree, star
@@ -200,7 +201,7 @@ def test_chain_tree_is_the_chain_route(gen):
 @triton.jit
 def _mask_kernel(anc_ptr, onp_ptr, strict_ptr, holds_ptr, T: tl.constexpr, TW: tl.constexpr, IS_TREE: tl.constexpr):
     """The prep's masks for batch row b as int32: on_path and strict [TW, TW], path_holds [T, TW] (the helpers KDA's
-    prep will call)."""
+    preps call as well)."""
     b = tl.program_id(0)
     offs_r, is_k, is_q, live, tok, _ = window_rows(0, 0, 1023, T, TW)
     anc_r, on_path, strict = window_path(anc_ptr, b * T, offs_r, is_k, live, tok, IS_TREE)
@@ -296,23 +297,6 @@ def test_tree_beyond_the_route_limit_refused(gen):
     _unchanged(ring, snapshot)
     assert not hasattr(ring, "_verify_fold_workspace")
     assert torch.isfinite(gdn.tree_verify(ring, **w, parents=parents, route="fused")).all()
-
-
-@pytest.mark.parametrize("backend", ["triton", "torch", "ref", "cpu"])
-def test_kda_refuses_the_route_on_every_backend(backend, gen):
-    """KDA's prep has no ancestor mask yet: kda.tree_verify(route="verify_fold") raises a ValueError naming the
-    families that have it, before anything is written; route="fused" (the default) still verifies."""
-    from replayssm.kda.inputs import random_step as kda_step
-
-    geo = KDAGeometry(H=1, HV=2, K=16, V=8)
-    ring = kda.SpecRing.allocate(geo, 2, 8, 3)
-    snapshot = ring.clone()
-    w = kda_step(geo, 2, window=3, generator=gen)
-    parents = torch.tensor(star(3), dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"not available for KDA.*replayssm\.gdn\.tree_verify.*replayssm\.mamba2"):
-        kda.tree_verify(ring, **w, parents=parents, backend=backend, route=ROUTE)
-    _unchanged(ring, snapshot)
-    assert torch.isfinite(kda.tree_verify(ring, **w, parents=parents, backend="torch", route="fused")).all()
 
 
 @pytest.mark.gpu
