@@ -132,16 +132,24 @@ def _fold_route_fold_space(key: dict) -> list:
     return grid(block_v=fits((16, 32, 64), max(16, key["V"])), block_k=(32,), num_warps=(2, 4), num_stages=(1, 2))
 
 
-def _ring_route(family: str) -> list:
+def _ring_row_space(key: dict) -> list:
+    """The ring verify's and fold's tiles (replayssm/delta_rule/spec_verify.py, spec_fold.py): BV value rows x BKT
+    state columns per chunk x warps; the defaults (spec_launch.default_config: [64, 32] / [64, 16], 4 warps) are
+    members. 18 candidates, the tuner's budget."""
+    return grid(BV=fits((32, 64), key["V"]), BKT=fits((16, 32, 64), key["K"]), num_warps=(2, 4, 8))
+
+
+def _ring_route(family: str, dropped: Mapping[str, Mapping[tuple, str]] | None = None) -> list:
     """The ring verify's "verify_fold" route (replayssm/delta_rule/spec_*.py, issue 35): prep, verify and fold,
-    three launches per window, keyed as the fused ring kernel; the KDA builds are their own entries. Not tuned
-    yet (space None): the candidates are the verify's and the fold's BV (32, 64) x BKT (16, 32, 64) x warps
-    (2, 4, 8) (at Qwen3.5-122B, sm_90: BV 32 over 4 warps splits each state row twice; [64, 64] and the fold's
-    [64, 32] pass 100 registers; spec_launch.default_config has the builds), and a KDA space needs its AOT audit
-    (experiments/tune_audit.json) before the tuner may time it."""
+    three launches per window, keyed as the fused ring kernel; the KDA builds are their own entries. The verify
+    and the fold are tuned over _ring_row_space (their spilling candidates: `dropped` {phase: drops} for GDN, the
+    AOT audit record experiments/tune_audit.json for KDA); the prep is not (one warp per (row, key head), its
+    tiles fixed by the window: spec_launch.default_config)."""
     ring, default = ("K", "V", "history", "window"), "replayssm.delta_rule.spec_launch:default_config"
     route = (("replay_spec", ("verify_fold",)),)
-    return [KernelSpec(f"{family}_ring_{phase}", family, ring, default, route) for phase in ("prep", "verify", "fold")]
+    return [KernelSpec(f"{family}_ring_prep", family, ring, default, route),
+            *(KernelSpec(f"{family}_ring_{phase}", family, ring, default, route, _ring_row_space,
+                         (dropped or {}).get(phase, {})) for phase in ("verify", "fold"))]
 
 
 # ------------------------------------------------------------------------------------- dropped candidates
@@ -210,6 +218,14 @@ def _delta_rule(family: str, dropped_replay_ar=None, dropped_spec_verify=None) -
     ]
 
 
+# The GDN ring verify_fold route's spilling tiles (kernel_report.py --tune-space, Qwen3.5-122B and Qwen3.5-4B,
+# b512 T4, fp32 state): the fold's [64, 64] chunk on 2 warps at sm_90 / sm_100 under both Tritons; the verify's
+# [64, 64] on 8 warps at sm_100 (Triton 3.7.1).
+_RING = ("BV", "BKT", "num_warps")
+_GDN_RING_DROPPED = {
+    "fold": _spills(None, ((64, 64, 2, 255, 128),), names=_RING),
+    "verify": {(None, tuple(zip(_RING, (64, 64, 8)))): "sm_100 spills 4 B (48 registers)"},
+}
 _GDN_SHARED = _delta_rule("gdn", _GDN_REPLAY_AR_DROPPED, _GDN_SPEC_VERIFY_DROPPED)
 _KDA_SHARED = _delta_rule("kda")     # KDA's spilling candidates come from the AOT audit record (experiments/tune.py)
 _SSU = "baselines.mamba2_ssu_kernels:default_launch_config"
@@ -257,7 +273,7 @@ KERNELS: dict[str, KernelSpec] = _declare(
     KernelSpec("gdn_replay_ar_prep", "gdn", ("K", "V", "L"), _FOLD, _FOLD_ROUTE),
     KernelSpec("gdn_replay_ar_step", "gdn", ("K", "V", "L"), _FOLD, _FOLD_ROUTE, _fold_route_step_space),
     KernelSpec("gdn_replay_ar_fold", "gdn", ("K", "V", "L"), _FOLD, _FOLD_ROUTE, _fold_route_fold_space),
-    *_ring_route("gdn"),
+    *_ring_route("gdn", _GDN_RING_DROPPED),
     # its prep's IS_TREE build (tree_verify(route="verify_fold"), issue 35 item 2; the verify and the fold are the
     # chain's builds): its own entry, as gdn_replay_tree, so a chain entry never reaches a tree; not launched by a
     # swept step, not tuned yet
