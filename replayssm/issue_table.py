@@ -19,7 +19,7 @@ instructions per warp on the shortest storing path, on the longest path) per lau
 """
 
 TRITON = '3.6.0'
-COMMIT = 'f16d7a4'
+COMMIT = '5e01a78 (dirty)'
 GENERATED = '2026-12-06'
 COMMAND = 'python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry qwen35_4b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --issue-table replayssm/issue_table.py --json /tmp/kr/t90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry qwen35_4b --geometry qwen35_122b_a10b --geometry nemotron3_super_120b --geometry kimi_linear_48b_a3b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay[output_only_fold] --method kda.replay --method kda.recurrent --method kda.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --geometry qwen35_122b_a10b --buffer-len 16 4 8 32 --spec-T 6 --method mamba2.replay[output_only] --method mamba2.ssu --method gdn.replay --method gdn.recurrent --method gdn.replay_spec --method gdn.recurrent_spec --method gdn.replay[output_only_fold] --issue-table replayssm/issue_table.py --json /tmp/kr/t100.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 512 --target 90 --geometry qwen35_122b_a10b --geometry kimi_linear_48b_a3b --geometry nemotron3_super_120b --spec-T 4 --method gdn.replay_spec --method gdn.replay_spec[verify_fold] --method gdn.recurrent_spec --method gdn.commit_replay --method kda.replay_spec --method kda.replay_spec[verify_fold] --method kda.recurrent_spec --method kda.commit_replay --method mamba2.replay_spec --method mamba2.replay_spec[verify_fold] --method mamba2.ssu_spec --method mamba2.commit_replay --issue-table replayssm/issue_table.py --json /tmp/kr/spec90.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 128 --target 100 --geometry qwen35_122b_a10b --spec-T 6 --method gdn.replay_spec[verify_fold] --method gdn.replay_spec --method gdn.recurrent_spec --issue-table replayssm/issue_table.py --json /tmp/kr/spec100.json; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 90 --geometry nemotron3_nano_4b --geometry nemotron3_super_120b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --issue-table replayssm/issue_table.py; python scripts/kernels/kernel_report.py --fp32-state-only --batch 256 --target 100 --geometry nemotron3_super_120b --geometry nemotron3_ultra_550b --buffer-len 16 4 8 32 --method mamba2.replay[output_only] --issue-table replayssm/issue_table.py'
 STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
@@ -77,7 +77,7 @@ STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
     (100, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'replay_spec', 'verify_fold', 0, 6, 16, 4): (
         ('spec_prep_kernel', 1, 8, 16, 0, 6076, 6078),
         ('spec_verify_kernel', 4, 20, 128, 0, 1216, 1539),
-        ('spec_fold_kernel', 4, 20, 128, 0, 0, 2661),
+        ('spec_fold_kernel', 2, 24, 256, 0, 0, 1557),
         ('_commit_kernel', 1, 32, 0, 1, 56, 58),
     ),
     (100, 'Mamba2Geometry(nheads=128, headdim=64, dstate=128, ngroups=8)', 'baseline_ar', '', 0, 0, 0, 4): (
@@ -235,7 +235,7 @@ STEPS: dict[tuple, tuple[tuple[str, int, int, int, int, int, int], ...]] = {
     (90, 'GDNGeometry(H=16, HV=64, K=128, V=128)', 'replay_spec', 'verify_fold', 0, 4, 16, 4): (
         ('spec_prep_kernel', 1, 12, 16, 0, 4050, 4104),
         ('spec_verify_kernel', 4, 24, 128, 0, 963, 965),
-        ('spec_fold_kernel', 4, 20, 128, 0, 0, 1614),
+        ('spec_fold_kernel', 2, 24, 256, 0, 0, 1622),
         ('_commit_kernel', 1, 32, 0, 1, 56, 58),
     ),
     (90, 'KDAGeometry(H=32, HV=32, K=128, V=128)', 'baseline_ar', '', 0, 0, 0, 4): (

@@ -69,9 +69,11 @@ def default_config(kernel: str, K: int, V: int, arch: int, window: int = 4) -> d
       operand (74 registers, 24 warps per SM, 989 SASS per warp: 327 us). [32, 32] over 4 warps puts two warps
       on the same rows, splitting each state element twice (678 us before the truncating split); [32, 32] over
       2 warps 350 us, [64, 64] 96 registers (395 us).
-    fold (the verify's work and the fold, on the folding rows): [64, 16] chunks over 4 warps (71 registers,
-      1,624 SASS: 538 us were every row folding with the weights recomputed in the kernel; reading the prep's:
-      82 registers, 618 us; [64, 32] 106 registers 782 us, [32, 32] / 2 warps 1,009 us)."""
+    fold (the verify's work and the fold, on the folding rows): GDN [32, 16] chunks over 2 warps (72 / 78
+      registers, 28 warps per SM: 515 / 520 us under Triton 3.7.1 / 3.6.0, sm_100 443 / 436 us) where [64, 16]
+      over 4 warps takes 82 / 84 registers and 20 warps per SM (618 / 621 us, sm_100 672 / 652); [64, 32] 106
+      registers 782 us, [32, 32] / 2 warps 1,009 us (the tuning space's sweep, kernel_report.py --tune-space). KDA
+      keeps [64, 16] over 4 warps (73 registers, 261 us; [32, 16] / 2 warps 85 registers, 381 us)."""
     tree = kernel.endswith("_tree")
     kernel = kernel.removesuffix("_tree")            # a tree's prep: the chain's rule (the same tiles up to N = 8)
     BK = max(16, next_pow2(K))
@@ -95,8 +97,10 @@ def default_config(kernel: str, K: int, V: int, arch: int, window: int = 4) -> d
         return {"BV": 0, "BKT": BK, "num_warps": 1 if BK <= 128 else 2, "num_stages": 1}
     if arch == 0:
         return {"BV": BV, "BKT": BK, "num_warps": 4, "num_stages": 1}
-    # the fold specialization: the verify's [64, .] rows over one warpgroup, 16-column state chunks (32 columns:
-    # 106 registers and 16 warps per SM, the issue floor 1.4x)
+    # the fold specialization: 16-column state chunks (32 columns: 106 registers and 16 warps per SM, the issue
+    # floor 1.4x); GDN's on [32, .] rows over 2 warps (the docstring), KDA's the verify's [64, .] over 4
+    if kernel == "gdn_ring_fold":
+        return {"BV": min(32, BV), "BKT": min(16, BK), "num_warps": 2, "num_stages": 1}
     return {"BV": min(64, BV), "BKT": min(16 if kernel.endswith("_ring_fold") else 32, BK), "num_warps": 4,
             "num_stages": 1}
 
