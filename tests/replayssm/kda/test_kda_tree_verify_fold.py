@@ -103,7 +103,10 @@ def test_fp16_activations_and_l2norm(N, gen):
         ys = {b: kda.tree_verify(r, **w, use_qk_l2norm=True, parents=parents, backend=b, route=ROUTE)
               for b, r in rings.items()}
         assert rel_err(ys["triton"], ys["ref"]) <= tolerance(F32)
-        path, acc = random_commit(trees, max(depth_of(t) for t in trees), gen)
+        # the path padded to N: the early-flush rule (write_pos + depth + N > L, depth = the path's width) must cover
+        # the next step's tree, redrawn and possibly deeper than this one (a width of this step's depth let a
+        # chain accepted in full overflow the ring: write_pos 9 + N 8 > L 16)
+        path, acc = random_commit(trees, N, gen)
         for b, r in rings.items():
             kda.tree_commit(r, path, acc, backend=b)
     assert rel_err(rings["triton"].state, rings["ref"].state) <= tolerance(F32)
@@ -138,7 +141,10 @@ def test_trees_redrawn_every_step(N, gen):
         w = fam.window(3, N)
         ys = {b: fam.verify(r, w, parents, b, slots=slots) for b, r in rings.items()}
         assert rel_err(ys["triton"], ys["ref"]) <= tolerance(F32), step
-        path, acc = random_commit(trees, max(depth_of(t) for t in trees), gen)
+        # the path padded to N: the early-flush rule (write_pos + depth + N > L, depth = the path's width) must cover
+        # the next step's tree, redrawn and possibly deeper than this one (a width of this step's depth let a
+        # chain accepted in full overflow the ring: write_pos 9 + N 8 > L 16)
+        path, acc = random_commit(trees, N, gen)
         for b, r in rings.items():
             kda.tree_commit(r, path, acc, slots, backend=b)
         assert rel_err(rings["triton"].state, rings["ref"].state) <= tolerance(F32), step
@@ -261,7 +267,10 @@ def test_other_backends_take_the_route(backend, gen):
         w = fams["fused"].window(2, N)
         ys = {r: f.verify(rings[r], w, parents, backend) for r, f in fams.items()}
         assert torch.equal(ys[ROUTE], ys["fused"])
-        path, acc = random_commit(trees, max(depth_of(t) for t in trees), gen)
+        # the path padded to N: the early-flush rule (write_pos + depth + N > L, depth = the path's width) must cover
+        # the next step's tree, redrawn and possibly deeper than this one (a width of this step's depth let a
+        # chain accepted in full overflow the ring: write_pos 9 + N 8 > L 16)
+        path, acc = random_commit(trees, N, gen)
         for r in fams:
             kda.tree_commit(rings[r], path, acc, backend=backend)
     for n in CACHE:
