@@ -160,7 +160,9 @@ def test_gpu_tiles_under_interpreter(gen, monkeypatch):
         ys = {b: gdn.tree_verify(r, **w, use_qk_l2norm=True, parents=parents, slots=slots, backend=b, route=ROUTE)
               for b, r in rings.items()}
         assert rel_err(ys["triton"][[0, 2]], ys["torch"][[0, 2]]) <= tolerance(F16), step
-        assert rel_err(rings["triton"].state, rings["torch"].state) <= 1e-5, step
+        # the state passed through the ring's fp16 u rows: one backend's u a rounding step from the other's moves
+        # the fold by ~1e-5 (seed 5: 1.1e-5 against a bare 1e-5); a wrong mask or tile errs by O(1)
+        assert rel_err(rings["triton"].state, rings["torch"].state) <= tolerance(F32, F16), step
         path, acc = random_commit(trees, depth, gen)
         for b, r in rings.items():
             gdn.tree_commit(r, path, acc, slots, backend=b)
@@ -324,4 +326,5 @@ def test_bf16_matches_torch_on_gpu(N, gen):
         path, acc = random_commit(trees, depth_of(trees[0]), gen)
         for b, r in rings.items():
             gdn.tree_commit(r, path.cuda(), acc.cuda(), slots, backend=b)
-    assert rel_err(rings["triton"].state, rings["torch"].state) <= 1e-5
+    # the state passed through the ring's bf16 u rows (each backend rounds its own u): bf16-keyed
+    assert rel_err(rings["triton"].state, rings["torch"].state) <= tolerance(torch.float32, torch.bfloat16)

@@ -216,7 +216,7 @@ def test_gpu_tiles_under_interpreter(N, gen, monkeypatch):
         ys = {b: kda.tree_verify(r, **w, use_qk_l2norm=True, parents=parents, slots=slots, backend=b, route=ROUTE)
               for b, r in rings.items()}
         assert rel_err(ys["triton"][[0, 2]], ys["torch"][[0, 2]]) <= tolerance(F32), step
-        assert rel_err(rings["triton"].state, rings["torch"].state) <= 1e-5, step
+        assert rel_err(rings["triton"].state, rings["torch"].state) <= tolerance(F32), step
         path, acc = random_commit(trees, depth, gen)
         for b, r in rings.items():
             kda.tree_commit(r, path, acc, slots, backend=b)
@@ -328,4 +328,5 @@ def test_bf16_matches_torch_on_gpu(N, gen):
         path, acc = random_commit(trees, depth_of(trees[0]), gen)
         for b, r in rings.items():
             kda.tree_commit(r, path.cuda(), acc.cuda(), slots, backend=b)
-    assert rel_err(rings["triton"].state, rings["torch"].state) <= 1e-5
+    # the state passed through the ring's bf16 u rows (each backend rounds its own u): bf16-keyed
+    assert rel_err(rings["triton"].state, rings["torch"].state) <= tolerance(torch.float32, torch.bfloat16)
